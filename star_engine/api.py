@@ -1,0 +1,201 @@
+"""The contracts between the core and its plugins.
+
+Every component a plugin registers is a *factory*: a callable taking the keyword
+options from its TOML table and returning an object of one of the protocols
+below. The core only ever talks to these protocols; it knows no task, checker or
+model.
+
+Shape glossary used across the project: B batch, T time (tokens), D d_model,
+H heads, K head dim, V vocabulary, F d_ff, L layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+Progress = Callable[[int], None]
+"""Called with the number of items just finished (for progress bars)."""
+
+
+# ----------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class Example:
+    """One question of a split.
+
+    ``id`` is unique within the split and stable across runs. ``answer`` is the
+    gold answer as the task's checker expects it ("" when the split has none,
+    e.g. the CQA test split). ``cls`` is the class for per-class accuracy (a
+    task without classes uses "all"). ``fields`` holds the task's own data
+    (choices, the gold rationale, ...), JSON-serialisable.
+    """
+
+    id: str
+    question: str
+    answer: str
+    cls: str = "all"
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrainExample:
+    """A fine-tuning example: the loss is taken on ``completion`` only.
+
+    ``completion`` already ends with whatever the task wants the model to emit
+    last (the backend appends its own end-of-text token).
+    """
+
+    prompt: str
+    completion: str
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A generated rationale on its way to the training set (one Parquet row)."""
+
+    question_id: str
+    iteration: int
+    sample: int
+    prompt: str  # stored (hint-free unless p_show_hint_save fired) context
+    rationale: str  # generated text: rationale and answer
+    predicted: str | None
+    gold: str
+    correct: bool
+    was_hinted: bool
+    leak_strings: tuple[str, ...] = ()  # hint text that must not survive into `rationale`
+
+
+@dataclass(frozen=True)
+class Verdict:
+    predicted: str | None
+    correct: bool
+
+
+@dataclass(frozen=True)
+class GenSpec:
+    """How to sample. ``temperature == 0`` means greedy."""
+
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    stop: tuple[str, ...]
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    """One sequence to sample; ``seed`` alone decides its randomness."""
+
+    prompt: str
+    seed: int
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """One fine-tuning job. ``optimizer`` is the TOML ``[training.optimizer]`` table
+    (lr, warmup_steps, end_lr, schedule, weight_decay, clip_norm, ...)."""
+
+    steps: int
+    batch_size: int
+    grad_accum: int
+    seed: int
+    optimizer: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    checkpoint: str  # a reference the same backend can load (a path)
+    checkpoint_id: str  # stable content id (e.g. sha256 of its manifest)
+    steps: int
+    tokens: int  # tokens that carried loss
+    losses: tuple[float, ...]  # one per optimizer step
+
+
+# ----------------------------------------------------------------------------- components
+
+
+@runtime_checkable
+class Task(Protocol):
+    """A dataset and how to talk to a model about it."""
+
+    default_checker: str
+    default_hint: str
+
+    def load(self, split: str, path: str | None) -> list[Example]:
+        """Examples of ``split``; ``path`` is ``task.data.<split>`` from the TOML
+        (relative paths already resolved) or None for tasks that generate data.
+        Raises ``star_engine.errors.UserError`` naming ``file:line`` on bad data."""
+
+    def context(self, example: Example) -> str:
+        """The hint-free question context, ending in the answer cue ("A:")."""
+
+    def prompt(self, kind: str) -> str:
+        """Few-shot prefix; ``kind`` is "rationale", "direct" or "hint". May be ""."""
+
+    def extract(self, generation: str) -> str | None:
+        """The answer stated in ``generation`` (None when there is none)."""
+
+    def gold_completion(self, example: Example, direct: bool) -> str:
+        """The training completion built from gold data (direct answer, or the
+        dataset's own rationale when it has one). Raises UserError if impossible."""
+
+    def seed_examples(self) -> list[TrainExample]:
+        """Worked examples used to train a base model from scratch (may be [])."""
+
+    stop: tuple[str, ...]
+    """Strings that end a generation (the generation is cut before them)."""
+
+
+class Checker(Protocol):
+    def check(self, generation: str, extracted: str | None, gold: str) -> Verdict:
+        """Judge one generation; ``extracted`` is the task's extraction."""
+
+
+class HintFormatter(Protocol):
+    def context(self, task: Task, example: Example) -> str:
+        """The context with the gold answer given as a hint."""
+
+    def leak_strings(self, task: Task, example: Example) -> tuple[str, ...]:
+        """Text that betrays the hint if it appears in a stored rationale."""
+
+
+class RationaleFilter(Protocol):
+    def keep(self, candidates: Sequence[Candidate], history: Sequence[Candidate]) -> list[bool]:
+        """One flag per candidate. ``history`` is what earlier iterations kept.
+        Must be deterministic."""
+
+
+class StepSchedule(Protocol):
+    def steps(self, iteration: int, n_examples: int, batch_size: int, grad_accum: int) -> int:
+        """Optimizer steps for STaR iteration ``iteration`` (1-based)."""
+
+
+class Backend(Protocol):
+    """A model family. Checkpoints are directories the backend writes atomically."""
+
+    def base(self, workdir: Path, seed: int) -> str:
+        """The base checkpoint: the configured weights, or a fresh random
+        initialisation written under ``workdir`` (idempotent)."""
+
+    def checkpoint_id(self, checkpoint: str) -> str:
+        """Stable content id of a checkpoint."""
+
+    def train(self, init: str, out: Path, examples: Sequence[TrainExample], spec: TrainSpec,
+              progress: Progress | None = None) -> TrainResult:
+        """Fine-tune from ``init`` and write the result to ``out`` atomically.
+        Same inputs give the same parameters."""
+
+    def generate(self, checkpoint: str, requests: Sequence[GenRequest], spec: GenSpec,
+                 progress: Progress | None = None) -> list[str]:
+        """One completion per request, cut before the first stop string."""
+
+    def describe(self) -> Mapping[str, Any]:
+        """JSON-serialisable description (config, tokenizer) for the run manifest."""
+
+
+ComponentFactory = Callable[..., Any]
+Register = Callable[[str, ComponentFactory], None]
+"""``register(name, factory)``: what each ``register_*`` hook receives."""
