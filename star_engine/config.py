@@ -1,0 +1,274 @@
+"""Experiment TOML files: parsing, ``--set`` overrides, schema validation, defaults.
+
+Every error names the file and either ``line:col`` (syntax) or the dotted key
+path (schema), and is raised as :class:`UserError` (exit code 2).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import UserError
+from .registry import close_matches
+
+REQUIRED = object()
+FREE = object()  # a table whose keys are options for a plugin (checked against its factory)
+
+
+@dataclass(frozen=True)
+class F:
+    """One schema field: its type, default and allowed range."""
+
+    type: str  # str | int | float | bool | strlist | component | components | table
+    default: Any = REQUIRED
+    check: Callable[[Any], bool] | None = None
+    rule: str = ""  # what ``check`` demands, for the error message
+
+
+def _rng(lo: float, hi: float = math.inf, lo_open: bool = False) -> tuple[Callable[[Any], bool], str]:
+    def ok(v: Any) -> bool:
+        return (v > lo if lo_open else v >= lo) and v <= hi
+    left = "(" if lo_open else "["
+    return ok, f"must be in {left}{lo}, {hi}]" if hi != math.inf else f"must be {'>' if lo_open else '>='} {lo}"
+
+
+def _f(type_: str, default: Any = REQUIRED, lo: float | None = None, hi: float = math.inf,
+       lo_open: bool = False, choices: tuple[str, ...] | None = None) -> F:
+    if choices is not None:
+        return F(type_, default, lambda v: v in choices, f"must be one of {', '.join(choices)}")
+    if lo is None:
+        return F(type_, default)
+    check, rule = _rng(lo, hi, lo_open)
+    return F(type_, default, check, rule)
+
+
+OPTIMIZER = {
+    "lr": _f("float", 1e-6, 0, lo_open=True),
+    "warmup_steps": _f("int", 100, 0),
+    "schedule": _f("str", "constant", choices=("constant", "linear", "cosine")),
+    "end_lr": _f("float", 1e-6, 0),
+    "weight_decay": _f("float", 0.0, 0),
+    "clip_norm": _f("float", 1.0, 0, lo_open=True),
+    "b1": _f("float", 0.9, 0, 1),
+    "b2": _f("float", 0.999, 0, 1),
+}
+
+SCHEMA: dict[str, dict[str, Any]] = {
+    "experiment": {
+        "name": _f("str"),
+        "seed": _f("int", 0, 0),
+        "output_dir": _f("str", ""),
+        "iterations": _f("int", REQUIRED, 1),
+        "early_stop_patience": _f("int", 0, 0),
+        "limit": _f("int", 0, 0),
+    },
+    "task": {
+        "dataset": _f("str"),
+        "options": F("table", {}),
+        "data": F("table", {}),
+        "checker": F("component", ""),
+        "hint": F("component", ""),
+        "filters": F("components", []),
+        "direct": _f("bool", False),
+        "few_shot_train": _f("bool", False),
+    },
+    "generation": {
+        "max_new_tokens": _f("int", 96, 1),
+        "temperature": _f("float", 0.0, 0),
+        "top_p": _f("float", 1.0, 0, 1, lo_open=True),
+        "batch_size": _f("int", 8, 1),
+        "samples_per_question": _f("int", 1, 1),
+        "n_train_samples": _f("int", 0, 0),
+        "chunk_size": _f("int", 256, 1),
+    },
+    "rationalization": {
+        "enabled": _f("bool", True),
+        "p_rationalization": _f("float", 1.0, 0, 1),
+        "p_show_hint_save": _f("float", 0.0, 0, 1),
+    },
+    "base_training": {
+        "steps": _f("int", 0, 0),
+        "batch_size": _f("int", 8, 1),
+        "grad_accum": _f("int", 1, 1),
+        "optimizer": OPTIMIZER,
+    },
+    "training": {
+        "schedule": F("component", {"name": "exponential_grow"}),
+        "restart_from_base": _f("bool", True),
+        "source": _f("str", "generated", choices=("generated", "gold")),
+        "batch_size": _f("int", 8, 1),
+        "grad_accum": _f("int", 1, 1),
+        "optimizer": OPTIMIZER,
+    },
+    "evaluation": {
+        "splits": F("strlist", ["dev"]),
+        "no_prompt": _f("bool", False),
+        "every": _f("int", 1, 1),
+        "at_start": _f("bool", True),
+        "max_new_tokens": _f("int", 0, 0),
+    },
+    "model": FREE,
+}
+_TYPE_NAMES = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
+               "strlist": "a list of strings", "table": "a table", "component": "a name or a table with 'name'",
+               "components": "a list of names or tables with 'name'"}
+_LINECOL = re.compile(r"\(at line (\d+), column (\d+)\)")
+
+
+def _type_ok(type_: str, v: Any) -> bool:
+    if type_ == "str":
+        return isinstance(v, str)
+    if type_ == "int":
+        return isinstance(v, int) and not isinstance(v, bool)
+    if type_ == "float":
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if type_ == "bool":
+        return isinstance(v, bool)
+    if type_ == "strlist":
+        return isinstance(v, list) and all(isinstance(x, str) for x in v)
+    if type_ == "table":
+        return isinstance(v, dict)
+    if type_ == "component":
+        return isinstance(v, str) or (isinstance(v, dict) and isinstance(v.get("name"), str))
+    if type_ == "components":
+        return isinstance(v, list) and all(_type_ok("component", x) for x in v)
+    raise AssertionError(type_)
+
+
+def _describe(v: Any) -> str:
+    kind = {str: "string", bool: "boolean", int: "integer", float: "number", list: "array", dict: "table"}
+    return f"{kind.get(type(v), type(v).__name__)} {v!r}"
+
+
+def _validate(src: str, data: dict[str, Any], schema: dict[str, Any], prefix: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in data:
+        if key not in schema:
+            where = f"{prefix}{key}"
+            raise UserError(f"{src}: unknown key '{where}'{close_matches(key, list(schema))}; "
+                            f"allowed in [{prefix.rstrip('.') or 'top level'}]: {', '.join(schema)}")
+    for key, spec in schema.items():
+        path = f"{prefix}{key}"
+        if spec is FREE:
+            value = data.get(key, REQUIRED)
+            if value is REQUIRED:
+                raise UserError(f"{src}: missing required table '{path}'")
+            if not isinstance(value, dict):
+                raise UserError(f"{src}: {path}: expected a table, got {_describe(value)}")
+            out[key] = copy.deepcopy(value)
+            continue
+        if isinstance(spec, dict):
+            value = data.get(key, {})
+            if not isinstance(value, dict):
+                raise UserError(f"{src}: {path}: expected a table, got {_describe(value)}")
+            out[key] = _validate(src, value, spec, path + ".")
+            continue
+        if key not in data:
+            if spec.default is REQUIRED:
+                raise UserError(f"{src}: missing required key '{path}'")
+            out[key] = copy.deepcopy(spec.default)
+            continue
+        value = data[key]
+        if not _type_ok(spec.type, value):
+            raise UserError(f"{src}: {path}: expected {_TYPE_NAMES[spec.type]}, got {_describe(value)}")
+        if spec.check is not None and not spec.check(value):
+            raise UserError(f"{src}: {path}: {spec.rule}, got {value!r}")
+        out[key] = float(value) if spec.type == "float" else copy.deepcopy(value)
+    return out
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` -> (["a","b","c"], value); the value is read as TOML, else as a string."""
+    if "=" not in item:
+        raise UserError(f"--set {item}: expected dotted.key=value")
+    key, raw = item.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise UserError(f"--set {item}: bad key '{key}'")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:
+    for item in overrides:
+        parts, value = parse_override(item)
+        node = data
+        for p in parts[:-1]:
+            child = node.setdefault(p, {})
+            if not isinstance(child, dict):
+                raise UserError(f"--set {item}: '{p}' is not a table")
+            node = child
+        node[parts[-1]] = value
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read ({e})") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        msg = str(e)
+        m = _LINECOL.search(msg)
+        where = f"{path}:{m.group(1)}:{m.group(2)}" if m else str(path)
+        raise UserError(f"{where}: {_LINECOL.sub('', msg).strip()}") from None
+
+
+def _resolve_paths(node: Any, base: Path) -> Any:
+    """Option values under keys ending in _file/_path/_dir are relative to the TOML file."""
+    if isinstance(node, dict):
+        out = {}
+        for k, v in node.items():
+            if isinstance(v, str) and v and k.endswith(("_file", "_path", "_dir")) and not Path(v).is_absolute():
+                out[k] = str((base / v).resolve())
+            else:
+                out[k] = _resolve_paths(v, base)
+        return out
+    if isinstance(node, list):
+        return [_resolve_paths(x, base) for x in node]
+    return node
+
+
+def normalize_component(value: Any) -> dict[str, Any]:
+    """A component reference as ``{"name": ..., **options}``."""
+    return {"name": value} if isinstance(value, str) else dict(value)
+
+
+def load_experiment(path: Path, overrides: list[str] | None = None, limit: int | None = None) -> dict[str, Any]:
+    """Parse, override, validate and resolve one experiment file."""
+    data = load_toml(path)
+    apply_overrides(data, overrides or [])
+    if limit is not None:
+        data.setdefault("experiment", {})["limit"] = limit
+    cfg = _validate(str(path), data, SCHEMA, "")
+    base = path.resolve().parent
+    task = cfg["task"]
+    task["data"] = {k: str((base / v).resolve()) if isinstance(v, str) else v for k, v in task["data"].items()}
+    for split, v in task["data"].items():
+        if not isinstance(v, str):
+            raise UserError(f"{path}: task.data.{split}: expected a path string, got {_describe(v)}")
+    task["options"] = _resolve_paths(task["options"], base)
+    task["filters"] = [_resolve_paths(normalize_component(f), base) for f in task["filters"]]
+    for key in ("checker", "hint"):
+        task[key] = _resolve_paths(normalize_component(task[key]), base) if task[key] else {}
+    cfg["training"]["schedule"] = normalize_component(cfg["training"]["schedule"])
+    if "backend" not in cfg["model"] or not isinstance(cfg["model"]["backend"], str):
+        raise UserError(f"{path}: missing required key 'model.backend' (a backend name)")
+    cfg["model"] = _resolve_paths(cfg["model"], base)
+    if not cfg["experiment"]["output_dir"]:
+        cfg["experiment"]["output_dir"] = f"runs/{cfg['experiment']['name']}"
+    if not cfg["evaluation"]["splits"]:
+        raise UserError(f"{path}: evaluation.splits: needs at least one split")
+    return cfg

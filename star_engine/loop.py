@@ -1,0 +1,91 @@
+"""The STaR outer loop, as Algorithm 1 of Zelikman et al. (2022).
+
+    M0 <- base model (optionally trained from the task's seed examples)
+    for n in 1..N:
+        r_i, y_i   <- M_{n-1}(few-shot prompt + x_i)            rationale generation
+        r'_i, y'_i <- M_{n-1}(hint prompt + hint(x_i, y_i))      rationalization, for wrong i
+        D_n <- {(x_i, r_i, y_i) | y_i = y} + {(x_i, r'_i, y) | y'_i = y}    filtered, hint-free x_i
+        M_n <- train(M0 or M_{n-1}, D_n, steps(n))
+        evaluate M_n on dev
+
+Each call below is a stage of :mod:`star_engine.stages`: it returns its stored
+result when it already ran, so rerunning this function resumes a run.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import structlog
+
+from .experiment import Experiment
+from .metrics import METRICS_SCHEMA, coverage, dev_accuracy, iteration_rows
+from .stages import Stages, derive_seed, it_dir, training_examples
+from .store import RunStore
+
+log = structlog.get_logger("star_engine")
+
+
+def run_star(exp: Experiment, store: RunStore) -> list[dict]:
+    cfg, stages = exp.cfg, Stages(exp, store)
+    N, rat, tr, ev = (cfg["experiment"]["iterations"], cfg["rationalization"], cfg["training"],
+                      cfg["evaluation"])
+    all_rows: list[dict] = []
+
+    def record(n: int, rationales: list[dict], train: dict, evals: dict, solved: set[str], t0: float) -> list[dict]:
+        rel = f"{it_dir(n)}/metrics.parquet"
+        if store.done(rel):
+            rows = store.read_rows(rel)
+        else:
+            rows = iteration_rows(n, rationales, evals, train, coverage(solved, exp.splits["train"]),
+                                  time.perf_counter() - t0)
+            store.write_table(rel, rows, METRICS_SCHEMA)
+        all_rows.extend(rows)
+        store.write_table("metrics.parquet", all_rows, METRICS_SCHEMA)
+        exp.registry.notify("on_iteration_end", run_dir=store.root, iteration=n, metrics=rows,
+                            losses=train.get("losses", []))
+        log.info("iteration_done", iteration=n, **{f"{r['split']}_accuracy": round(r["accuracy"], 4)
+                                                   for r in rows if r["class"] == "all"})
+        return rows
+
+    M0 = stages.base_model()
+    M = M0
+    if ev["at_start"]:
+        t0 = time.perf_counter()
+        exp.registry.notify("on_iteration_start", run_dir=store.root, iteration=0)
+        evals = {s: stages.evaluate(0, M0, s) for s in ev["splits"]}
+        record(0, [], {}, evals, set(), t0)
+
+    solved: set[str] = set()  # train questions answered correctly without a hint, so far
+    best, stale = -math.inf, 0
+    for n in range(1, N + 1):
+        t0 = time.perf_counter()
+        exp.registry.notify("on_iteration_start", run_dir=store.root, iteration=n)
+        D = stages.train_questions(n)
+        if tr["source"] == "gold":
+            rationales = stages.gold(n, D)
+        else:
+            R = stages.generate(n, M, D)                                      # rationale generation
+            right = {r["question_id"] for r in R if r["correct"]}
+            solved |= right
+            wrong = [x for x in D if x.id not in right]                       # answer filter
+            Rr = stages.rationalize(n, M, wrong) if rat["enabled"] else []    # rationalization
+            rationales = stages.select(n, R + Rr)                             # checker + filters
+        kept = training_examples(rationales)
+        init = M0 if tr["restart_from_base"] else M                           # restart from base
+        steps = exp.schedule.steps(n, len(kept), tr["batch_size"], tr["grad_accum"])
+        M, train = stages.fine_tune(it_dir(n), init, kept, steps, tr, derive_seed(cfg["experiment"]["seed"], n,
+                                                                                   "train"))
+        due = n % ev["every"] == 0 or n == N
+        evals = {s: stages.evaluate(n, M, s) for s in ev["splits"]} if due else {}   # evaluate
+        rows = record(n, rationales, train, evals, solved, t0)
+
+        acc = dev_accuracy(rows, ev["splits"][0])
+        patience = cfg["experiment"]["early_stop_patience"]
+        if acc is not None and patience:
+            best, stale = (acc, 0) if acc > best else (best, stale + 1)
+            if stale >= patience:
+                log.info("early_stop", iteration=n, best_accuracy=best, patience=patience)
+                break
+    return all_rows

@@ -1,0 +1,270 @@
+"""Plugin discovery and the component registry (a typed façade over ``pm.hook``).
+
+Entry points of the ``star_engine`` group are loaded one at a time: a plugin
+that fails to import, has a hook with a wrong signature or a misspelled hook is
+recorded with its distribution and version and left out; it is fatal only when
+an experiment names one of its components (or, for unknown components, when a
+broken plugin might have provided them).
+
+Environment switches:
+    STAR_ENGINE_DISABLE_AUTOLOAD=1   load no entry points (tests register by hand)
+    STAR_ENGINE_BLOCK_PLUGINS=a,b    skip the named entry points
+    STAR_ENGINE_PLUGINS=mod1,mod2    also load these importable modules as plugins
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import os
+import traceback
+from dataclasses import dataclass, field
+from importlib import metadata
+from types import ModuleType
+from typing import Any, Callable, Mapping
+
+import pluggy
+
+from . import hooks
+from .errors import PluginError, UserError
+
+GROUP = "star_engine"
+KINDS = {  # kind -> the register_* hook that fills it
+    "task": "register_tasks",
+    "checker": "register_checkers",
+    "hint": "register_hint_formatters",
+    "filter": "register_filters",
+    "schedule": "register_schedules",
+    "backend": "register_backends",
+}
+OBSERVER_HOOKS = ("on_run_start", "on_iteration_start", "on_iteration_end", "on_run_end")
+
+
+@dataclass
+class PluginInfo:
+    name: str
+    distribution: str
+    version: str
+    hooks: list[str] = field(default_factory=list)
+    components: dict[str, list[str]] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"plugin '{self.name}' ({self.distribution} {self.version})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "distribution": self.distribution, "version": self.version,
+                "hooks": self.hooks, "components": self.components, "error": self.error}
+
+
+@dataclass
+class Component:
+    kind: str
+    name: str
+    factory: Callable[..., Any]
+    plugin: PluginInfo
+
+
+def close_matches(name: str, names: list[str]) -> str:
+    m = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    return f" (did you mean {', '.join(repr(x) for x in m)}?)" if m else ""
+
+
+def _short_error(exc: BaseException) -> str:
+    frame = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+    where = f" at {frame[0].filename}:{frame[0].lineno}" if frame else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+class Registry:
+    def __init__(self, autoload: bool | None = None, blocked: set[str] | None = None):
+        self.pm = pluggy.PluginManager(GROUP)
+        self.pm.add_hookspecs(hooks)
+        self.plugins: dict[str, PluginInfo] = {}
+        self.components: dict[str, dict[str, Component]] = {k: {} for k in KINDS}
+        self.conflicts: dict[tuple[str, str], list[PluginInfo]] = {}
+        if autoload is None:
+            autoload = os.environ.get("STAR_ENGINE_DISABLE_AUTOLOAD", "") in ("", "0")
+        if blocked is None:
+            blocked = {b.strip() for b in os.environ.get("STAR_ENGINE_BLOCK_PLUGINS", "").split(",") if b.strip()}
+        self.blocked = blocked
+        if autoload:
+            self._load_entry_points()
+        for mod in filter(None, (m.strip() for m in os.environ.get("STAR_ENGINE_PLUGINS", "").split(","))):
+            self._load_module(mod)
+
+    # -- loading ------------------------------------------------------------------
+    def _load_entry_points(self) -> None:
+        eps = sorted(metadata.entry_points(group=GROUP), key=lambda e: e.name)
+        for ep in eps:
+            if ep.name in self.blocked:
+                continue
+            dist = ep.dist.name if ep.dist else "unknown"
+            version = ep.dist.version if ep.dist else "unknown"
+            info = PluginInfo(ep.name, dist, version)
+            try:
+                module = ep.load()
+            except Exception as e:  # noqa: BLE001 -- any import failure is the plugin's, not ours
+                info.error = f"failed to import {ep.value}: {_short_error(e)}"
+                self.plugins[ep.name] = info
+                continue
+            self.add(module, info)
+
+    def _load_module(self, name: str) -> None:
+        info = PluginInfo(name, "<STAR_ENGINE_PLUGINS>", "0")
+        try:
+            module = importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001
+            info.error = f"failed to import {name}: {_short_error(e)}"
+            self.plugins[name] = info
+            return
+        self.add(module, info)
+
+    def add(self, plugin: ModuleType | object, info: PluginInfo | None = None) -> PluginInfo:
+        """Register one plugin object (a module or instance with hook implementations)."""
+        if info is None:
+            name = getattr(plugin, "__name__", type(plugin).__name__)
+            info = PluginInfo(name, "<local>", "0")
+        self.plugins[info.name] = info
+        try:
+            self.pm.register(plugin, name=info.name)
+            self.pm.check_pending()  # misspelled hooks fail here, one plugin at a time
+        except pluggy.PluginValidationError as e:
+            if self.pm.is_registered(plugin):
+                self.pm.unregister(plugin)
+            info.error = self._explain_validation(plugin, e)
+            return info
+        except ValueError as e:  # duplicate plugin name
+            info.error = str(e)
+            return info
+        info.hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
+        for kind, hook in KINDS.items():
+            impls = [i for i in getattr(self.pm.hook, hook).get_hookimpls() if i.plugin is plugin]
+            for impl in impls:
+                try:
+                    impl.function(register=self._registrar(kind, info))
+                except Exception as e:  # noqa: BLE001
+                    info.error = f"{hook} raised {_short_error(e)}"
+        return info
+
+    def _explain_validation(self, plugin: object, e: pluggy.PluginValidationError) -> str:
+        known = sorted(n for n in dir(hooks) if n.startswith(("register_", "on_")))
+        for attr in dir(plugin):
+            fn = getattr(plugin, attr, None)
+            if callable(fn) and hasattr(fn, "star_engine_impl") and attr not in known:
+                return f"hook '{attr}' is not a star_engine hook{close_matches(attr, known)}"
+        return f"invalid hook implementation: {e}"
+
+    def _registrar(self, kind: str, info: PluginInfo) -> Callable[[str, Callable[..., Any]], None]:
+        def register(name: str, factory: Callable[..., Any]) -> None:
+            if not isinstance(name, str) or not name or not callable(factory):
+                raise TypeError(f"register(name, factory) needs a name and a callable, got {name!r}, {factory!r}")
+            table = self.components[kind]
+            if name in table and table[name].plugin is not info:
+                self.conflicts.setdefault((kind, name), [table[name].plugin]).append(info)
+            table[name] = Component(kind, name, factory, info)
+            info.components.setdefault(kind, []).append(name)
+        return register
+
+    # -- lookup -------------------------------------------------------------------
+    def names(self, kind: str) -> list[str]:
+        return sorted(self.components[kind])
+
+    def get(self, kind: str, name: str, key: str) -> Component:
+        """The component ``name`` of ``kind``; ``key`` is the TOML key path for errors."""
+        if (kind, name) in self.conflicts:
+            who = " and ".join(f"{p.distribution} {p.version}" for p in self.conflicts[(kind, name)])
+            raise PluginError(f"{key}: {kind} '{name}' is registered by both {who}; block one with "
+                              f"STAR_ENGINE_BLOCK_PLUGINS")
+        comp = self.components[kind].get(name)
+        if comp is not None:
+            if comp.plugin.error:
+                raise PluginError(f"{key}: {kind} '{name}' comes from broken {comp.plugin.label}: {comp.plugin.error}")
+            return comp
+        available = self.names(kind)
+        msg = (f"{key}: unknown {kind} '{name}'; available: {', '.join(available) or '(none)'}"
+               f"{close_matches(name, available)}")
+        broken = [p for p in self.plugins.values() if p.error]
+        if broken:
+            msg += "; broken plugins that may provide it: " + "; ".join(f"{p.label}: {p.error}" for p in broken)
+        raise PluginError(msg)
+
+    def create(self, kind: str, name: str, options: Mapping[str, Any], key: str) -> Any:
+        """Build a component from its TOML options, after checking them against its factory."""
+        comp = self.get(kind, name, key)
+        check_options(comp.factory, options, key, f"{kind} '{name}'")
+        try:
+            obj = comp.factory(**options)
+        except UserError as e:
+            raise UserError(f"{key}: {e}") from None
+        except Exception as e:  # noqa: BLE001
+            raise PluginError(f"{key}: {comp.plugin.label} failed to create {kind} '{name}': {_short_error(e)}") from None
+        return Guarded(obj, comp)
+
+    # -- observers ----------------------------------------------------------------
+    def notify(self, hook: str, **kwargs: Any) -> None:
+        """Call an observer hook on every plugin, naming the plugin if one fails."""
+        assert hook in OBSERVER_HOOKS
+        for impl in getattr(self.pm.hook, hook).get_hookimpls():
+            info = self.plugins.get(self.pm.get_name(impl.plugin) or "")
+            try:
+                impl.function(**{k: kwargs[k] for k in impl.argnames})
+            except UserError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                label = info.label if info else repr(impl.plugin)
+                raise PluginError(f"{label} failed in hook {hook}: {_short_error(e)}") from None
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [self.plugins[n].as_dict() for n in sorted(self.plugins)]
+
+    def requirements(self) -> list[str]:
+        dists = {(p.distribution, p.version) for p in self.plugins.values() if p.distribution != "<local>"}
+        dists.add(("star-engine", metadata.version("star-engine")))
+        return sorted(f"{d}=={v}" for d, v in dists)
+
+
+def check_options(factory: Callable[..., Any], options: Mapping[str, Any], key: str, what: str) -> None:
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return
+    params = [p for p in sig.parameters.values() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    accepted = [p.name for p in params]
+    if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        for opt in options:
+            if opt not in accepted:
+                raise UserError(f"{key}.{opt}: unknown option for {what}; accepted: "
+                                f"{', '.join(accepted) or '(none)'}{close_matches(opt, accepted)}")
+    missing = [p.name for p in params if p.default is p.empty and p.name not in options]
+    if missing:
+        raise UserError(f"{key}: {what} needs option(s) {', '.join(missing)}")
+
+
+class Guarded:
+    """Proxy that names the plugin when a component's method raises."""
+
+    def __init__(self, obj: Any, comp: Component):
+        self._obj, self._comp = obj, comp
+
+    def __getattr__(self, attr: str) -> Any:
+        value = getattr(self._obj, attr)
+        if not callable(value):
+            return value
+        comp = self._comp
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return value(*args, **kwargs)
+            except (UserError, KeyboardInterrupt):
+                raise
+            except Exception as e:  # noqa: BLE001
+                raise PluginError(f"{comp.plugin.label}: {comp.kind} '{comp.name}'.{attr} raised "
+                                  f"{_short_error(e)}") from e
+        return call
+
+    @property
+    def unwrapped(self) -> Any:
+        return self._obj

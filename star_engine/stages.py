@@ -1,0 +1,295 @@
+"""The stages of one STaR iteration, each resumable and idempotent.
+
+A stage first asks the store whether its output is already there (and intact);
+if so it returns it without touching the model. Generation is split into
+fixed chunks, each stored on its own, so a killed run loses at most one chunk.
+Every random choice takes its seed from (experiment seed, iteration, question,
+sample, purpose), never from batch position, so results do not depend on
+batching or on where a run was interrupted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import pyarrow as pa
+import structlog
+
+from . import ui
+from .api import Candidate, Example, GenRequest, GenSpec, TrainExample, TrainSpec
+from .experiment import Experiment
+from .store import RunStore
+
+log = structlog.get_logger("star_engine")
+
+CHUNK_SCHEMA = pa.schema([("index", pa.int64()), ("text", pa.string())])
+RATIONALE_SCHEMA = pa.schema([
+    ("question_id", pa.string()), ("class", pa.string()), ("iteration", pa.int32()), ("sample", pa.int32()),
+    ("prompt", pa.string()), ("rationale", pa.string()), ("predicted", pa.string()), ("gold", pa.string()),
+    ("correct", pa.bool_()), ("was_hinted", pa.bool_()), ("kept", pa.bool_()), ("rejected_by", pa.string()),
+    ("checker", pa.string()), ("model_checkpoint", pa.string()), ("prompt_hash", pa.string()),
+    ("seed", pa.int64()), ("leak_strings", pa.list_(pa.string())),
+])
+EVAL_SCHEMA = pa.schema([
+    ("question_id", pa.string()), ("class", pa.string()), ("iteration", pa.int32()), ("split", pa.string()),
+    ("generation", pa.string()), ("predicted", pa.string()), ("gold", pa.string()), ("correct", pa.bool_()),
+    ("model_checkpoint", pa.string()), ("prompt_hash", pa.string()),
+])
+
+
+def derive_seed(*parts: Any) -> int:
+    """A 31-bit seed from the parts' text: stable across runs, machines and batching."""
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def coin(p: float, *parts: Any) -> bool:
+    return derive_seed(*parts) / 0x80000000 < p
+
+
+def prompt_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def it_dir(n: int) -> str:
+    return f"iterations/{n:03d}"
+
+
+class Stages:
+    def __init__(self, exp: Experiment, store: RunStore):
+        self.exp, self.store, self.cfg = exp, store, exp.cfg
+        self.seed = self.cfg["experiment"]["seed"]
+        self.task, self.backend = exp.task, exp.backend
+        g = self.cfg["generation"]
+        self.stop = tuple(self.task.stop)
+        self.sample_spec = GenSpec(g["max_new_tokens"], g["temperature"], g["top_p"], self.stop, g["batch_size"])
+        eval_tokens = self.cfg["evaluation"]["max_new_tokens"] or g["max_new_tokens"]
+        self.greedy_spec = GenSpec(eval_tokens, 0.0, 1.0, self.stop, g["batch_size"])
+        self.kind = "direct" if self.cfg["task"]["direct"] else "rationale"
+        self.timings: dict[str, float] = {}
+
+    # -- references to checkpoints (relative inside the run directory) -------------
+    def _ref(self, path: str | Path) -> str:
+        p = Path(path).resolve()
+        root = self.store.root.resolve()
+        return str(p.relative_to(root)) if p.is_relative_to(root) else str(p)
+
+    def path(self, ref: str) -> str:
+        return str(self.store.root / ref) if not Path(ref).is_absolute() else ref
+
+    def checkpoint_id(self, ref: str) -> str:
+        return self.backend.checkpoint_id(self.path(ref))
+
+    # -- timing --------------------------------------------------------------------
+    def _timed(self, name: str, start: float) -> None:
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
+
+    # -- generation in stored chunks ----------------------------------------------
+    def _generate(self, rel_dir: str, prompts: Sequence[str], seeds: Sequence[int], spec: GenSpec,
+                  model: str, what: str) -> list[str]:
+        size = self.cfg["generation"]["chunk_size"]
+        texts: list[str] = []
+        with ui.progress(what, len(prompts)) as advance:
+            for i, start in enumerate(range(0, len(prompts), size)):
+                rel = f"{rel_dir}/chunk-{i:05d}.parquet"
+                if not self.store.done(rel):
+                    reqs = [GenRequest(p, s) for p, s in zip(prompts[start:start + size], seeds[start:start + size])]
+                    out = self.backend.generate(self.path(model), reqs, spec, progress=advance)
+                    if len(out) != len(reqs):
+                        raise RuntimeError(f"backend returned {len(out)} texts for {len(reqs)} requests")
+                    self.store.write_table(rel, [{"index": start + j, "text": t} for j, t in enumerate(out)],
+                                           CHUNK_SCHEMA)
+                else:
+                    advance(min(size, len(prompts) - start))
+                texts.extend(self.store.read_table(rel).column("text").to_pylist())
+        return texts
+
+    def _finish(self, rel: str, rows: list[dict], schema: pa.Schema, chunk_dir: str | None) -> list[dict]:
+        self.store.write_table(rel, rows, schema)
+        if chunk_dir:  # the chunks are now inside the stage's file
+            self.store.forget(chunk_dir + "/")
+            shutil.rmtree(self.store.root / chunk_dir, ignore_errors=True)
+        return rows
+
+    # -- the train questions of an iteration ----------------------------------------
+    def train_questions(self, n: int) -> list[Example]:
+        qs = self.exp.splits["train"]
+        k = self.cfg["generation"]["n_train_samples"]
+        if k and k < len(qs):
+            order = sorted(range(len(qs)), key=lambda i: derive_seed(self.seed, n, qs[i].id, "subset"))
+            qs = [qs[i] for i in sorted(order[:k])]
+        return qs
+
+    def _stored_prompt(self, context: str, kind: str) -> str:
+        return (self.task.prompt(kind) + context) if self.cfg["task"]["few_shot_train"] else context
+
+    def _row(self, n: int, ex: Example, s: int, text: str, stored: str, full: str, seed: int, hinted: bool,
+             model_id: str, leaks: Sequence[str] = ()) -> dict:
+        verdict = self.exp.checker.check(text, self.task.extract(text), ex.answer)
+        return {"question_id": ex.id, "class": ex.cls, "iteration": n, "sample": s, "prompt": stored,
+                "rationale": text, "predicted": verdict.predicted, "gold": ex.answer,
+                "correct": bool(verdict.correct), "was_hinted": hinted, "kept": False, "rejected_by": None,
+                "checker": self.exp.checker_name, "model_checkpoint": model_id,
+                "prompt_hash": prompt_hash(full), "seed": seed, "leak_strings": list(leaks)}
+
+    # -- 1. rationale generation ----------------------------------------------------
+    def generate(self, n: int, model: str, questions: Sequence[Example]) -> list[dict]:
+        rel = f"{it_dir(n)}/generated.parquet"
+        if self.store.done(rel):
+            return self.store.read_rows(rel)
+        t0, k = time.perf_counter(), self.cfg["generation"]["samples_per_question"]
+        items = [(ex, s) for ex in questions for s in range(k)]
+        prefix = self.task.prompt(self.kind)
+        prompts = [prefix + self.task.context(ex) for ex, _ in items]
+        seeds = [derive_seed(self.seed, n, ex.id, s, "generate") for ex, s in items]
+        texts = self._generate(f"{it_dir(n)}/generate", prompts, seeds, self.sample_spec, model,
+                               f"iter {n}: generate")
+        mid = self.checkpoint_id(model)
+        rows = [self._row(n, ex, s, text, self._stored_prompt(self.task.context(ex), self.kind), full, seed,
+                          False, mid)
+                for (ex, s), text, full, seed in zip(items, texts, prompts, seeds)]
+        self._timed("generate", t0)
+        return self._finish(rel, rows, RATIONALE_SCHEMA, f"{it_dir(n)}/generate")
+
+    # -- 3. rationalization ---------------------------------------------------------
+    def rationalize(self, n: int, model: str, wrong: Sequence[Example]) -> list[dict]:
+        rel = f"{it_dir(n)}/rationalized.parquet"
+        if self.store.done(rel):
+            return self.store.read_rows(rel)
+        t0, r = time.perf_counter(), self.cfg["rationalization"]
+        chosen = [ex for ex in wrong if coin(r["p_rationalization"], self.seed, n, ex.id, "rationalize")]
+        k = self.cfg["generation"]["samples_per_question"]
+        items = [(ex, s) for ex in chosen for s in range(k)]
+        prefix = self.task.prompt("hint")
+        hinted = [self.exp.hint.context(self.task, ex) for ex, _ in items]
+        prompts = [prefix + h for h in hinted]
+        seeds = [derive_seed(self.seed, n, ex.id, s, "rationalize") for ex, s in items]
+        texts = self._generate(f"{it_dir(n)}/rationalize", prompts, seeds, self.sample_spec, model,
+                               f"iter {n}: rationalize")
+        mid = self.checkpoint_id(model)
+        rows = []
+        for (ex, s), text, h, full, seed in zip(items, texts, hinted, prompts, seeds):
+            # Stored as if no hint had been given, unless p_show_hint_save says otherwise.
+            show = coin(r["p_show_hint_save"], self.seed, n, ex.id, s, "show_hint")
+            stored = self._stored_prompt(h, "hint") if show else self._stored_prompt(self.task.context(ex), self.kind)
+            leaks = self.exp.hint.leak_strings(self.task, ex)
+            rows.append(self._row(n, ex, s, text, stored, full, seed, True, mid, leaks))
+        self._timed("rationalize", t0)
+        return self._finish(rel, rows, RATIONALE_SCHEMA, f"{it_dir(n)}/rationalize")
+
+    # -- 2. + filters: what goes into the fine-tuning set ---------------------------
+    def history(self, n: int) -> list[dict]:
+        rows: list[dict] = []
+        for m in range(1, n):
+            rel = f"{it_dir(m)}/rationales.parquet"
+            if self.store.done(rel):
+                rows.extend(r for r in self.store.read_rows(rel) if r["kept"])
+        return rows
+
+    def select(self, n: int, rows: list[dict]) -> list[dict]:
+        rel = f"{it_dir(n)}/rationales.parquet"
+        if self.store.done(rel):
+            return self.store.read_rows(rel)
+        for r in rows:
+            r["kept"], r["rejected_by"] = bool(r["correct"]), (None if r["correct"] else "checker")
+        history = [_candidate(r) for r in self.history(n)]
+        for name, flt in self.exp.filters:
+            alive = [r for r in rows if r["kept"]]
+            flags = flt.keep([_candidate(r) for r in alive], history)
+            if len(flags) != len(alive):
+                raise RuntimeError(f"filter '{name}' returned {len(flags)} flags for {len(alive)} candidates")
+            for r, ok in zip(alive, flags):
+                if not ok:
+                    r["kept"], r["rejected_by"] = False, name
+        self.store.write_table(rel, rows, RATIONALE_SCHEMA)
+        return rows
+
+    def gold(self, n: int, questions: Sequence[Example]) -> list[dict]:
+        """Source "gold": the training set is the dataset's own completions."""
+        rel = f"{it_dir(n)}/rationales.parquet"
+        if self.store.done(rel):
+            return self.store.read_rows(rel)
+        direct = self.cfg["task"]["direct"]
+        rows = []
+        for ex in questions:
+            ctx = self._stored_prompt(self.task.context(ex), self.kind)
+            rows.append({"question_id": ex.id, "class": ex.cls, "iteration": n, "sample": 0, "prompt": ctx,
+                         "rationale": self.task.gold_completion(ex, direct), "predicted": ex.answer,
+                         "gold": ex.answer, "correct": True, "was_hinted": False, "kept": True,
+                         "rejected_by": None, "checker": "gold", "model_checkpoint": "",
+                         "prompt_hash": prompt_hash(ctx), "seed": 0, "leak_strings": []})
+        self.store.write_table(rel, rows, RATIONALE_SCHEMA)
+        return rows
+
+    # -- 4. fine-tuning ---------------------------------------------------------------
+    def fine_tune(self, rel_dir: str, init: str, examples: Sequence[TrainExample], steps: int,
+                  section: dict[str, Any], seed: int) -> tuple[str, dict[str, Any]]:
+        rel = f"{rel_dir}/train.json"
+        model_rel = f"{rel_dir}/model"
+        if self.store.done(rel):
+            info = self.store.read_json(rel)
+            if info["checkpoint"] != model_rel or self.store.checkpoint_done(model_rel, self.backend.checkpoint_id):
+                return info["checkpoint"], info
+            self.store.forget(rel)
+        t0 = time.perf_counter()
+        if steps == 0 or not examples:
+            info = {"checkpoint": init, "checkpoint_id": self.checkpoint_id(init), "steps": 0, "tokens": 0,
+                    "losses": [], "examples": len(examples)}
+        else:
+            shutil.rmtree(self.store.root / model_rel, ignore_errors=True)  # a stale, unrecorded attempt
+            spec = TrainSpec(steps, section["batch_size"], section["grad_accum"], seed, section["optimizer"])
+            with ui.progress(f"{rel_dir}: train", steps) as advance:
+                res = self.backend.train(self.path(init), self.store.root / model_rel, examples, spec,
+                                         progress=advance)
+            self.store.record_checkpoint(model_rel, res.checkpoint_id)
+            info = {"checkpoint": model_rel, "checkpoint_id": res.checkpoint_id, "steps": res.steps,
+                    "tokens": res.tokens, "losses": list(res.losses), "examples": len(examples)}
+        info["seconds"] = time.perf_counter() - t0
+        self.store.write_json(rel, info)
+        self._timed("train", t0)
+        return info["checkpoint"], info
+
+    def base_model(self) -> str:
+        """The base model: the backend's, or one trained from the task's seed examples."""
+        init = self._ref(self.backend.base(self.store.root / "base", self.seed))
+        bt = self.cfg["base_training"]
+        if bt["steps"] == 0:
+            return init
+        ref, _ = self.fine_tune("base", init, self.task.seed_examples(), bt["steps"], bt,
+                                derive_seed(self.seed, 0, "base_training"))
+        return ref
+
+    # -- 5. evaluation ------------------------------------------------------------------
+    def evaluate(self, n: int, model: str, split: str) -> list[dict]:
+        rel = f"{it_dir(n)}/eval_{split}.parquet"
+        if self.store.done(rel):
+            return self.store.read_rows(rel)
+        t0, examples = time.perf_counter(), self.exp.splits[split]
+        # no_prompt drops the few-shot prompt once the model has been fine-tuned (as the original).
+        prefix = "" if (self.cfg["evaluation"]["no_prompt"] and n > 0) else self.task.prompt(self.kind)
+        prompts = [prefix + self.task.context(ex) for ex in examples]
+        seeds = [derive_seed(self.seed, n, ex.id, split, "evaluate") for ex in examples]
+        texts = self._generate(f"{it_dir(n)}/eval_{split}", prompts, seeds, self.greedy_spec, model,
+                               f"iter {n}: evaluate {split}")
+        mid = self.checkpoint_id(model)
+        rows = []
+        for ex, text, full in zip(examples, texts, prompts):
+            v = self.exp.checker.check(text, self.task.extract(text), ex.answer)
+            rows.append({"question_id": ex.id, "class": ex.cls, "iteration": n, "split": split,
+                         "generation": text, "predicted": v.predicted, "gold": ex.answer,
+                         "correct": bool(v.correct), "model_checkpoint": mid, "prompt_hash": prompt_hash(full)})
+        self._timed("evaluate", t0)
+        return self._finish(rel, rows, EVAL_SCHEMA, f"{it_dir(n)}/eval_{split}")
+
+
+def _candidate(r: dict) -> Candidate:
+    return Candidate(r["question_id"], r["iteration"], r["sample"], r["prompt"], r["rationale"], r["predicted"],
+                     r["gold"], r["correct"], r["was_hinted"], tuple(r["leak_strings"] or ()))
+
+
+def training_examples(rows: Sequence[dict]) -> list[TrainExample]:
+    return [TrainExample(r["prompt"], r["rationale"]) for r in rows if r["kept"]]

@@ -1,0 +1,202 @@
+"""The run directory: atomic files, checksums, and a manifest that describes the run.
+
+Every artifact is written to a temporary file in its final folder, fsynced and
+renamed into place, then recorded with its sha256 in ``manifest.json`` (itself
+written the same way). An artifact counts as done only when the file's sha256
+equals the manifest's record, so a crash between the two writes, a truncated
+file or a flipped bit all make the stage that produced it run again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import io
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import structlog
+
+from .errors import IntegrityError, UserError
+
+TMP_PREFIX = ".tmp-"
+MANIFEST = "manifest.json"
+log = structlog.get_logger("star_engine.store")
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never a mix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if e.errno == errno.ENOSPC:
+            raise UserError(f"{path}: no space left on device; the previous version is intact") from None
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode())
+
+
+def parquet_bytes(table: pa.Table, metadata: Mapping[str, str] | None = None) -> bytes:
+    if metadata:
+        meta = dict(table.schema.metadata or {})
+        meta.update({k.encode(): v.encode() for k, v in metadata.items()})
+        table = table.replace_schema_metadata(meta)
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    return buf.getvalue()
+
+
+def clean_temporaries(root: Path) -> int:
+    """Remove temporary files and folders left by a killed writer. Returns how many."""
+    n = 0
+    if not root.exists():
+        return 0
+    for p in sorted(root.rglob(f"{TMP_PREFIX}*"), key=lambda q: len(q.parts), reverse=True):
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+        n += 1
+    return n
+
+
+class RunStore:
+    """Files of one run, addressed by paths relative to the run directory."""
+
+    def __init__(self, root: Path, describe: Mapping[str, Any]):
+        self.root = root
+        self._describe = dict(describe)  # resolved config, plugin versions: stamped into Parquet
+        path = root / MANIFEST
+        if path.exists():
+            try:
+                self.manifest = json.loads(path.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise IntegrityError(f"{path}: unreadable manifest ({e})") from None
+        else:
+            self.manifest = {"artifacts": {}, "checkpoints": {}}
+
+    # -- manifest ------------------------------------------------------------------
+    def _save_manifest(self) -> None:
+        atomic_write_json(self.root / MANIFEST, self.manifest)
+
+    def set_header(self, **fields: Any) -> None:
+        self.manifest.update(fields)
+        self._save_manifest()
+
+    def _record(self, rel: str, path: Path) -> None:
+        self.manifest["artifacts"][rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+        self._save_manifest()
+
+    def done(self, rel: str) -> bool:
+        """True when ``rel`` exists and matches its recorded checksum.
+
+        A file that exists but does not match (truncated, flipped, or written
+        just before a crash) is removed so that its stage runs again.
+        """
+        path = self.root / rel
+        rec = self.manifest["artifacts"].get(rel)
+        if rec is None or not path.exists():
+            return False
+        if path.stat().st_size == rec["bytes"] and sha256_file(path) == rec["sha256"]:
+            return True
+        log.warning("damaged_artifact", path=str(path), expected_sha256=rec["sha256"])
+        path.unlink()
+        del self.manifest["artifacts"][rel]
+        self._save_manifest()
+        return False
+
+    def forget(self, prefix: str) -> None:
+        """Drop every record under ``prefix`` (a stage being redone from scratch)."""
+        for table in ("artifacts", "checkpoints"):
+            for rel in [r for r in self.manifest[table] if r.startswith(prefix)]:
+                del self.manifest[table][rel]
+        self._save_manifest()
+
+    # -- artifacts -----------------------------------------------------------------
+    def write_json(self, rel: str, obj: Any) -> None:
+        path = self.root / rel
+        atomic_write_json(path, obj)
+        self._record(rel, path)
+
+    def read_json(self, rel: str) -> Any:
+        return json.loads((self.root / rel).read_text())
+
+    def write_table(self, rel: str, rows: list[dict] | pa.Table, schema: pa.Schema) -> None:
+        table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(rows, schema=schema)
+        meta = {"star_engine": json.dumps(self._describe, sort_keys=True, default=str)}
+        path = self.root / rel
+        atomic_write_bytes(path, parquet_bytes(table, meta))
+        self._record(rel, path)
+
+    def read_table(self, rel: str) -> pa.Table:
+        path = self.root / rel
+        try:
+            return pq.read_table(path)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise IntegrityError(f"{path}: unreadable Parquet file ({e})") from None
+
+    def read_rows(self, rel: str) -> list[dict]:
+        return self.read_table(rel).to_pylist()
+
+    # -- checkpoints ---------------------------------------------------------------
+    def record_checkpoint(self, rel: str, checkpoint_id: str) -> None:
+        self.manifest["checkpoints"][rel] = checkpoint_id
+        self._save_manifest()
+
+    def checkpoint_done(self, rel: str, current_id: "callable") -> bool:
+        """True when the checkpoint folder exists and still has its recorded id."""
+        want = self.manifest["checkpoints"].get(rel)
+        path = self.root / rel
+        if want is None or not path.exists():
+            return False
+        try:
+            ok = current_id(str(path)) == want
+        except (OSError, UserError):
+            ok = False
+        if not ok:
+            log.warning("damaged_checkpoint", path=str(path))
+            shutil.rmtree(path, ignore_errors=True)
+            del self.manifest["checkpoints"][rel]
+            self._save_manifest()
+        return ok
+
+
+def concat_rows(parts: Iterable[list[dict]]) -> list[dict]:
+    out: list[dict] = []
+    for p in parts:
+        out.extend(p)
+    return out

@@ -1,0 +1,58 @@
+"""Helpers shared by the core tests: the toy experiment and running the CLI in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+
+TOY_TOML = """
+[experiment]
+name = "toy"
+seed = 7
+output_dir = "{out}"
+iterations = 3
+
+[task]
+dataset = "toy"
+filters = ["toy_leak"]
+
+[generation]
+max_new_tokens = 32
+batch_size = 4
+chunk_size = 5
+
+[rationalization]
+enabled = true
+p_rationalization = 1.0
+
+[training]
+schedule = {{ name = "toy_linear", per_iteration = 3 }}
+restart_from_base = true
+
+[evaluation]
+splits = ["dev"]
+
+[model]
+backend = "scripted"
+"""
+
+
+def scripted_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"STAR_ENGINE_DISABLE_AUTOLOAD": "1", "STAR_ENGINE_PLUGINS": "scripted_plugin",
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH", "")]))})
+    env.pop("SCRIPTED_KILL", None)
+    env.update(extra)
+    return env
+
+
+def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "star_engine", *args], capture_output=True, text=True,
+                          env=env or scripted_env(), cwd=cwd, timeout=300)
+
+

@@ -1,0 +1,222 @@
+"""A test-only plugin: a toy task and a *scripted* backend (no neural network).
+
+The scripted model answers a question right when it was trained on it, or when
+the question's id is "easy" (hash-based), or when the prompt carries a hint;
+otherwise it answers wrong. Some hinted answers leak the hint text, so the
+hint-leak filter has something to catch. Checkpoints are folders holding
+``model.json`` (what was learned, from which init, for how many steps), written
+atomically. ``SCRIPTED_KILL=<event>:<n>`` SIGKILLs the process at the n-th such
+event, to test resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import signal
+from pathlib import Path
+
+from star_engine import hookimpl
+from star_engine.api import Example, TrainExample, TrainResult, Verdict
+from star_engine.errors import UserError
+from star_engine.store import atomic_write_bytes
+
+_counts: dict[str, int] = {}
+
+
+def maybe_kill(event: str) -> None:
+    spec = os.environ.get("SCRIPTED_KILL", "")
+    if not spec:
+        return
+    want, _, n = spec.partition(":")
+    if want != event:
+        return
+    _counts[event] = _counts.get(event, 0) + 1
+    if _counts[event] >= int(n or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _h(text: str) -> int:
+    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16)
+
+
+class ToyTask:
+    """Sums of two numbers; class = number of digits of the larger operand."""
+
+    default_checker = "toy_exact"
+    default_hint = "toy_hint"
+    stop = ("\n\n",)
+
+    def __init__(self, n_train: int = 24, n_dev: int = 12, seed: int = 0):
+        self.n = {"train": n_train, "dev": n_dev}
+        self.seed = seed
+
+    def load(self, split: str, path: str | None) -> list[Example]:
+        if path is not None:  # the toy task reads "a+b" lines when given a file
+            out = []
+            for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+                m = re.fullmatch(r"(\d+)\+(\d+)", line.strip())
+                if not m:
+                    raise UserError(f"{path}:{i}: expected 'a+b'")
+                a, b = int(m.group(1)), int(m.group(2))
+                out.append(Example(f"{split}-{i}", f"{a}+{b}", str(a + b), str(len(str(max(a, b))))))
+            return out
+        rng = random.Random(f"{self.seed}-{split}")
+        out = []
+        for i in range(self.n[split]):
+            d = 1 + i % 3
+            a, b = rng.randrange(10 ** (d - 1), 10**d), rng.randrange(0, 10 ** (d - 1) + 1)
+            out.append(Example(f"{split}-{i}", f"{a}+{b}", str(a + b), str(d)))
+        return out
+
+    def context(self, ex: Example) -> str:
+        return f"Q: {ex.question}\nA:"
+
+    def prompt(self, kind: str) -> str:
+        return {"rationale": "Q: 1+1\nA: one plus one. The answer is 2.\n\n",
+                "direct": "Q: 1+1\nA: The answer is 2.\n\n",
+                "hint": "Q: 1+1 (hint: 2)\nA: one plus one. The answer is 2.\n\n"}[kind]
+
+    def extract(self, generation: str) -> str | None:
+        m = re.search(r"answer is (-?\d+)", generation)
+        return m.group(1) if m else None
+
+    def gold_completion(self, ex: Example, direct: bool) -> str:
+        return f" The answer is {ex.answer}." if direct else f" add them. The answer is {ex.answer}."
+
+    def seed_examples(self) -> list[TrainExample]:
+        return [TrainExample("Q: 2+2\nA:", " two and two. The answer is 4.")]
+
+
+class ToyExact:
+    def __init__(self, strip: bool = True):
+        self.strip = strip
+
+    def check(self, generation: str, extracted: str | None, gold: str) -> Verdict:
+        return Verdict(extracted, extracted is not None and extracted.strip() == gold.strip())
+
+
+class ToyHint:
+    def context(self, task, ex: Example) -> str:
+        return f"Q: {ex.question} (hint: {ex.answer})\nA:"
+
+    def leak_strings(self, task, ex: Example) -> tuple[str, ...]:
+        return (f"(hint: {ex.answer})",)
+
+
+class ToyLeakFilter:
+    def keep(self, candidates, history):
+        return [not any(s in c.rationale for s in c.leak_strings) for c in candidates]
+
+
+class ToyLinear:
+    def __init__(self, per_iteration: int = 3):
+        self.k = per_iteration
+
+    def steps(self, iteration: int, n_examples: int, batch_size: int, grad_accum: int) -> int:
+        return self.k * iteration if n_examples else 0
+
+
+class ScriptedBackend:
+    def __init__(self, easy_mod: int = 3, leak_mod: int = 2):
+        self.easy_mod, self.leak_mod = easy_mod, leak_mod
+
+    def _write(self, out: Path, model: dict) -> None:
+        tmp = out.with_name(f".tmp-{out.name}")
+        tmp.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(tmp / "model.json", json.dumps(model, sort_keys=True).encode())
+        maybe_kill("checkpoint")
+        os.replace(tmp, out)
+
+    def base(self, workdir: Path, seed: int) -> str:
+        out = workdir / "init"
+        if not (out / "model.json").exists():
+            self._write(out, {"learned": {}, "steps": 0, "lineage": ["init"], "seed": seed})
+        return str(out)
+
+    def checkpoint_id(self, checkpoint: str) -> str:
+        path = Path(checkpoint) / "model.json"
+        if not path.exists():
+            raise UserError(f"{checkpoint}: no checkpoint")
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    def _load(self, checkpoint: str) -> dict:
+        return json.loads((Path(checkpoint) / "model.json").read_text())
+
+    def train(self, init, out, examples, spec, progress=None):
+        model = self._load(init)
+        learned = dict(model["learned"])
+        for i in range(spec.steps):
+            maybe_kill("train_step")
+            if progress:
+                progress(1)
+        for ex in examples:
+            learned[ex.prompt] = ex.completion
+        new = {"learned": learned, "steps": spec.steps, "lineage": model["lineage"] + [self.checkpoint_id(init)[:8]],
+               "seed": spec.seed, "n_examples": len(examples)}
+        self._write(Path(out), new)
+        losses = tuple(round(1.0 / (i + 1), 6) for i in range(spec.steps))
+        return TrainResult(str(out), self.checkpoint_id(str(out)), spec.steps,
+                           sum(len(e.completion) for e in examples), losses)
+
+    def generate(self, checkpoint, requests, spec, progress=None):
+        model = self._load(checkpoint)
+        out = []
+        for req in requests:
+            maybe_kill("generate")
+            # The question is the last "Q: " block of the prompt (after any few-shot examples).
+            ctx = req.prompt[req.prompt.rfind("Q: "):]
+            q = re.match(r"Q: (\d+)\+(\d+)( \(hint: (\d+)\))?", ctx)
+            a, b, hint = int(q.group(1)), int(q.group(2)), q.group(4)
+            rng = random.Random(req.seed)
+            if ctx in model["learned"]:
+                text = model["learned"][ctx]
+            elif hint is not None:
+                leak = _h(ctx) % self.leak_mod == 0
+                text = f" {a} plus {b}{' (hint: ' + hint + ')' if leak else ''}. The answer is {hint}."
+            elif _h(f"{a}+{b}") % self.easy_mod == 0:
+                text = f" {a} plus {b}. The answer is {a + b}."
+            else:
+                text = f" {a} plus {b}. The answer is {a + b + rng.randrange(1, 9)}."
+            for s in spec.stop:
+                text = text.split(s)[0]
+            out.append(text)
+            if progress:
+                progress(1)
+        return out
+
+    def describe(self):
+        return {"backend": "scripted", "easy_mod": self.easy_mod}
+
+
+@hookimpl
+def register_tasks(register):
+    register("toy", ToyTask)
+
+
+@hookimpl
+def register_checkers(register):
+    register("toy_exact", ToyExact)
+
+
+@hookimpl
+def register_hint_formatters(register):
+    register("toy_hint", ToyHint)
+
+
+@hookimpl
+def register_filters(register):
+    register("toy_leak", ToyLeakFilter)
+
+
+@hookimpl
+def register_schedules(register):
+    register("toy_linear", ToyLinear)
+
+
+@hookimpl
+def register_backends(register):
+    register("scripted", ScriptedBackend)

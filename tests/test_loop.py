@@ -1,0 +1,183 @@
+"""The STaR loop with the scripted backend: filtering, rationalization, restart, schedule, resume."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from helpers import cli, scripted_env
+from star_engine.cli import main
+
+
+def rows(run: Path, rel: str) -> list[dict]:
+    return pq.read_table(run / rel).to_pylist()
+
+
+def model(run: Path, n: int) -> dict:
+    return json.loads((run / f"iterations/{n:03d}/model/model.json").read_text())
+
+
+def snapshot(run: Path) -> dict[str, object]:
+    """Everything a run produces that must not depend on interruptions."""
+    out: dict[str, object] = {}
+    for p in sorted(run.rglob("*.parquet")):
+        t = pq.read_table(p).to_pylist()
+        for r in t:
+            r.pop("wall_seconds", None)
+        out[str(p.relative_to(run))] = t
+    for p in sorted(run.rglob("model.json")):
+        out[str(p.relative_to(run))] = p.read_text()
+    for p in sorted(run.rglob("train.json")):
+        info = json.loads(p.read_text())
+        info.pop("seconds")
+        out[str(p.relative_to(run))] = info
+    return out
+
+
+def test_filter_and_rationalization(scripted, toy_toml):
+    path = toy_toml()
+    assert main(["run", str(path), "--quiet"]) == 0
+    run = path.parent / "run"
+    r1 = rows(run, "iterations/001/rationales.parquet")
+    plain = [r for r in r1 if not r["was_hinted"]]
+    hinted = [r for r in r1 if r["was_hinted"]]
+    assert plain and hinted
+    # Answer filter: wrong answers are never kept.
+    assert all(not r["kept"] and r["rejected_by"] == "checker" for r in r1 if not r["correct"])
+    assert all(r["kept"] for r in plain if r["correct"])
+    # Rationalization covers exactly the questions the model got wrong.
+    wrong = {r["question_id"] for r in plain if not r["correct"]}
+    assert {r["question_id"] for r in hinted} == wrong
+    # The stored context is the hint-free one; the prompt used had the hint.
+    for r in hinted:
+        assert "hint" not in r["prompt"] and r["prompt"].startswith("Q: ") and r["prompt"].endswith("A:")
+    leaked = [r for r in hinted if "(hint:" in r["rationale"]]
+    assert leaked and all(r["rejected_by"] == "toy_leak" and not r["kept"] for r in leaked)
+    # Metrics agree with the rows.
+    m = [x for x in rows(run, "metrics.parquet") if x["iteration"] == 1 and x["split"] == "train"
+         and x["class"] == "all"][0]
+    assert m["kept"] == sum(r["kept"] for r in r1)
+    assert m["rationalized"] == sum(r["correct"] for r in hinted)
+    assert m["correct"] == sum(r["correct"] for r in plain)
+    assert {x["class"] for x in rows(run, "metrics.parquet") if x["split"] == "dev"} >= {"all", "1", "2", "3"}
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert "iterations/001/rationales.parquet" in manifest["artifacts"]
+    assert (run / "report.png").stat().st_size > 1000
+
+
+def test_restart_from_base_and_schedule(scripted, toy_toml):
+    path = toy_toml()
+    assert main(["run", str(path), "--quiet"]) == 0
+    run = path.parent / "run"
+    base_id = json.loads((run / "iterations/001/train.json").read_text())
+    for n in (1, 2, 3):
+        info = json.loads((run / f"iterations/{n:03d}/train.json").read_text())
+        assert info["steps"] == 3 * n  # toy_linear schedule
+        kept = [r for r in rows(run, f"iterations/{n:03d}/rationales.parquet") if r["kept"]]
+        m = model(run, n)
+        # Restart from base: the model's parent is the base init, and it knows only this iteration's data.
+        assert m["lineage"][:1] == ["init"] and len(m["lineage"]) == 2
+        assert set(m["learned"]) == {r["prompt"] for r in kept}
+    assert base_id["steps"] == 3
+
+
+def test_continue_mode_chains_models(scripted, toy_toml):
+    path = toy_toml(extra="")
+    text = path.read_text().replace("restart_from_base = true", "restart_from_base = false")
+    path.write_text(text)
+    assert main(["run", str(path), "--quiet"]) == 0
+    run = path.parent / "run"
+    assert [len(model(run, n)["lineage"]) for n in (1, 2, 3)] == [2, 3, 4]
+
+
+def test_results_do_not_depend_on_batching(scripted, toy_toml, tmp_path):
+    a = toy_toml("a", name="a.toml")
+    b = toy_toml("b", name="b.toml")
+    b.write_text(b.read_text().replace("batch_size = 4\nchunk_size = 5", "batch_size = 1\nchunk_size = 7"))
+    assert main(["run", str(a), "--quiet"]) == 0
+    assert main(["run", str(b), "--quiet"]) == 0
+    assert snapshot(tmp_path / "a") == snapshot(tmp_path / "b")
+
+
+KILLS = ["generate:3", "generate:30", "generate:61", "train_step:2", "train_step:9", "checkpoint:2",
+         "checkpoint:4"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ref")
+    from helpers import TOY_TOML
+
+    path = tmp / "toy.toml"
+    path.write_text(TOY_TOML.format(out=(tmp / "run").as_posix()))
+    res = cli("run", str(path), "--quiet")
+    assert res.returncode == 0, res.stderr
+    return snapshot(tmp / "run")
+
+
+@pytest.mark.parametrize("kill", KILLS)
+def test_resume_after_sigkill_is_identical(toy_toml, reference, kill):
+    path = toy_toml()
+    run = path.parent / "run"
+    res = cli("run", str(path), "--quiet", env=scripted_env(SCRIPTED_KILL=kill))
+    assert res.returncode == -9, (kill, res.stderr)  # it really died mid-run
+    res = cli("run", str(path), "--quiet")
+    assert res.returncode == 0, res.stderr
+    assert not list(run.rglob(".tmp-*"))
+    assert snapshot(run) == reference
+
+
+def test_rerun_of_finished_run_does_no_work(toy_toml, reference):
+    path = toy_toml()
+    assert cli("run", str(path), "--quiet").returncode == 0
+    # Any generation or training step would now kill the process.
+    for kill in ("generate:1", "train_step:1", "checkpoint:1"):
+        res = cli("run", str(path), "--quiet", env=scripted_env(SCRIPTED_KILL=kill))
+        assert res.returncode == 0, res.stderr
+    assert snapshot(path.parent / "run") == reference
+
+
+def test_damaged_artifact_is_redone(scripted, toy_toml, reference):
+    path = toy_toml()
+    assert main(["run", str(path), "--quiet"]) == 0
+    run = path.parent / "run"
+    victim = run / "iterations/002/generated.parquet"
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    (run / "iterations/003/model/model.json").write_text("{}")  # a tampered checkpoint
+    assert main(["run", str(path), "--quiet"]) == 0
+    events = (run / "events.jsonl").read_text()
+    assert "damaged_artifact" in events and "iterations/002/generated.parquet" in events
+    assert "damaged_checkpoint" in events
+    assert snapshot(run) == reference
+
+
+def test_extending_iterations_resumes(scripted, toy_toml, reference):
+    path = toy_toml()
+    assert main(["run", str(path), "--quiet", "--set", "experiment.iterations=2"]) == 0
+    run = path.parent / "run"
+    assert not (run / "iterations/003").exists()
+    assert main(["run", str(path), "--quiet"]) == 0
+    assert snapshot(run) == reference
+
+
+def test_changed_config_is_refused(scripted, toy_toml, capsys):
+    path = toy_toml()
+    assert main(["run", str(path), "--quiet", "--set", "experiment.iterations=1"]) == 0
+    assert main(["run", str(path), "--quiet", "--set", "generation.temperature=0.7"]) == 2
+    assert "generation.temperature" in capsys.readouterr().err
+
+
+def test_gold_source_direct_baseline(scripted, toy_toml):
+    path = toy_toml()
+    args = ["run", str(path), "--quiet", "--set", "training.source=\"gold\"", "--set", "task.direct=true",
+            "--set", "experiment.iterations=1"]
+    assert main(args) == 0
+    r = rows(path.parent / "run", "iterations/001/rationales.parquet")
+    assert len(r) == 24 and all(x["kept"] and x["rationale"].startswith(" The answer is") for x in r)
+    assert not (path.parent / "run/iterations/001/generated.parquet").exists()
