@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -42,7 +43,13 @@ def _load(args: argparse.Namespace, load_data: bool = True):
     if args.limit is not None and args.limit < 1:
         raise UserError("--limit: must be >= 1")
     cfg = load_experiment(args.file, args.overrides, args.limit)
-    return build(cfg, Registry(), load_data=load_data)
+    try:
+        return build(cfg, Registry(), load_data=load_data)
+    except UserError as e:
+        # Key-path errors get the experiment file in front; data errors already name their file.
+        if re.match(r"^[^\s:]+:\d+", str(e)):
+            raise
+        raise type(e)(f"{args.file}: {e}") from None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
