@@ -1,0 +1,182 @@
+"""Answer checkers: ``check(generation, extracted, gold) -> Verdict``.
+
+``extracted`` is the task's own extraction of the answer from ``generation`` (None
+when the task found none). Every class here is a factory: its keyword-only
+``__init__`` parameters are the checker's TOML options.
+"""
+
+from __future__ import annotations
+
+import re
+
+from star_engine.api import Verdict
+from star_engine.errors import UserError
+
+from star_engine.options import require_bool, require_choice, require_float, require_str
+from .numbers import format_number, numbers_close, parse_number
+
+
+class ExactChecker:
+    """``extracted`` equals ``gold`` after the same normalisation of both.
+
+    ``strip`` removes surrounding whitespace, ``collapse_spaces`` turns each run of
+    whitespace into one space, ``case_sensitive = false`` compares case-folded text.
+    ``predicted`` is the normalised extraction, in its own case.
+    """
+
+    def __init__(self, *, strip: bool = True, case_sensitive: bool = True,
+                 collapse_spaces: bool = False) -> None:
+        self.strip = require_bool("strip", strip)
+        self.case_sensitive = require_bool("case_sensitive", case_sensitive)
+        self.collapse_spaces = require_bool("collapse_spaces", collapse_spaces)
+
+    def _normalise(self, text: str) -> str:
+        if self.collapse_spaces:
+            text = re.sub(r"\s+", " ", text)
+        if self.strip:
+            text = text.strip()
+        return text
+
+    def check(self, generation: str, extracted: str | None, gold: str) -> Verdict:
+        if extracted is None:
+            return Verdict(None, False)
+        predicted = self._normalise(extracted)
+        expected = self._normalise(gold)
+        if self.case_sensitive:
+            return Verdict(predicted, predicted == expected)
+        return Verdict(predicted, predicted.casefold() == expected.casefold())
+
+
+class MCLetterChecker:
+    """Multiple-choice letter, compared case-insensitively with ``gold``.
+
+    A text names a choice when it is a bare letter ("e", "E", "(E)", "E)", "e.") or
+    contains one in parentheses ("answer is blotter (e).": the last such letter) or
+    ends in "answer is e" style ("The answer is E."). Only letters of ``letters``
+    count. When ``extracted`` is None the generation itself is searched: the last
+    "(x)" of its first non-blank line, then the first "answer is ... (x)". The
+    predicted value is the lower-case letter, or the raw stripped extraction when it
+    names no choice.
+    """
+
+    def __init__(self, *, letters: str = "abcde") -> None:
+        letters = require_str("letters", letters).lower()
+        if not letters.isalpha() or not letters.isascii():
+            raise UserError(f"letters: must be ASCII letters only, got {letters!r}")
+        if len(set(letters)) != len(letters):
+            raise UserError(f"letters: must not repeat a letter, got {letters!r}")
+        self.letters = letters
+        cls = f"[{re.escape(letters)}]"
+        self._bare = re.compile(rf"\(?\s*({cls})\s*\)?\s*[.,;:!]?", re.IGNORECASE)
+        self._paren = re.compile(rf"\(\s*({cls})\s*\)", re.IGNORECASE)
+        self._stated = re.compile(rf"answer\s+is\s*:?\s*\(?({cls})\)?\s*[.,;:!]?\s*$",
+                                  re.IGNORECASE)
+        self._answer_is = re.compile(rf"answer\s+is\b[^\n()]*?\(\s*({cls})\s*\)",
+                                     re.IGNORECASE)
+
+    def letter(self, text: str) -> str | None:
+        """The choice letter ``text`` names, lower-case, or None."""
+        text = text.strip()
+        match = self._bare.fullmatch(text)
+        if match is None:
+            found = self._paren.findall(text)
+            if found:
+                return found[-1].lower()
+            match = self._stated.search(text)
+        return match.group(1).lower() if match else None
+
+    def _from_generation(self, generation: str) -> str | None:
+        first = next((line for line in generation.splitlines() if line.strip()), "")
+        found = self._paren.findall(first)
+        if found:
+            return found[-1].lower()
+        match = self._answer_is.search(generation)
+        return match.group(1).lower() if match else None
+
+    def check(self, generation: str, extracted: str | None, gold: str) -> Verdict:
+        if extracted is None:
+            predicted = self._from_generation(generation)
+        else:
+            predicted = self.letter(extracted) or extracted.strip()
+        if predicted is None:
+            return Verdict(None, False)
+        expected = self.letter(gold)
+        return Verdict(predicted, expected is not None and predicted == expected)
+
+
+class NumericChecker:
+    """``extracted`` and ``gold`` parse to numbers within tolerance.
+
+    Parsing is :func:`star_filters.numbers.parse_number` ("1,000", "$18", "18.00",
+    "-5", "1/2", "50%" = 50, "18."). Close means
+    ``|p - g| <= max(abs_tol, rel_tol * max(|p|, |g|))``. ``predicted`` is the
+    canonical number ("1000"), or the raw stripped text when it does not parse.
+    """
+
+    def __init__(self, *, abs_tol: float = 1e-6, rel_tol: float = 0.0) -> None:
+        self.abs_tol = require_float("abs_tol", abs_tol)
+        self.rel_tol = require_float("rel_tol", rel_tol)
+
+    def check(self, generation: str, extracted: str | None, gold: str) -> Verdict:
+        if extracted is None:
+            return Verdict(None, False)
+        value = parse_number(extracted)
+        if value is None:
+            return Verdict(extracted.strip(), False)
+        expected = parse_number(gold)
+        correct = expected is not None and numbers_close(value, expected, self.abs_tol,
+                                                         self.rel_tol)
+        return Verdict(format_number(value), correct)
+
+
+_FLAGS = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL, "x": re.VERBOSE,
+          "a": re.ASCII}
+
+
+class RegexChecker:
+    """The answer is ``group`` of the last match of ``pattern`` in the generation.
+
+    ``extracted`` is ignored. ``flags`` is a string of letters: i (ignore case),
+    m (multiline), s (dot matches newline), x (verbose), a (ASCII). ``group`` is a
+    group number or name; matches where that group did not take part are skipped.
+    ``compare = "exact"`` compares the stripped group with the stripped gold;
+    ``"numeric"`` compares as the ``numeric`` checker does with its defaults.
+    """
+
+    def __init__(self, *, pattern: str, group: int | str = 1, flags: str = "",
+                 compare: str = "exact") -> None:
+        pattern = require_str("pattern", pattern)
+        flags = require_str("flags", flags, allow_empty=True)
+        bad = sorted(set(flags) - set(_FLAGS))
+        if bad:
+            raise UserError(f"flags: unknown flag(s) {''.join(bad)!r}; allowed: "
+                            f"{''.join(_FLAGS)}")
+        value = 0
+        for letter in flags:
+            value |= _FLAGS[letter]
+        try:
+            self.regex = re.compile(pattern, value)
+        except re.error as exc:
+            raise UserError(f"pattern: invalid regular expression {pattern!r}: {exc}") from None
+        if isinstance(group, bool) or not isinstance(group, (int, str)):
+            raise UserError(f"group: must be a group number or name, got {group!r}")
+        if isinstance(group, int) and not 0 <= group <= self.regex.groups:
+            raise UserError(f"group: pattern {pattern!r} has {self.regex.groups} group(s), "
+                            f"got {group}")
+        if isinstance(group, str) and group not in self.regex.groupindex:
+            raise UserError(f"group: pattern {pattern!r} has no group named {group!r}")
+        self.group = group
+        self.compare = require_choice("compare", compare, ("exact", "numeric"))
+        self._numeric = NumericChecker() if self.compare == "numeric" else None
+
+    def check(self, generation: str, extracted: str | None, gold: str) -> Verdict:
+        found = None
+        for match in self.regex.finditer(generation):
+            if match.group(self.group) is not None:
+                found = match.group(self.group)
+        if found is None:
+            return Verdict(None, False)
+        if self._numeric is not None:
+            return self._numeric.check(generation, found, gold)
+        predicted = found.strip()
+        return Verdict(predicted, predicted == gold.strip())

@@ -1,0 +1,218 @@
+import pytest
+
+from star_engine.api import Verdict
+from star_engine.errors import UserError
+from star_filters.checkers import ExactChecker, MCLetterChecker, NumericChecker, RegexChecker
+
+# ----------------------------------------------------------------------------- exact
+
+
+def test_exact_defaults_strip_and_case_sensitive():
+    c = ExactChecker()
+    assert c.check("", " 42 \n", "42") == Verdict("42", True)
+    assert c.check("", "Paris", "paris") == Verdict("Paris", False)
+    assert c.check("", "a  b", "a b") == Verdict("a  b", False)
+    assert c.check("gen", None, "42") == Verdict(None, False)
+
+
+def test_exact_options():
+    assert ExactChecker(case_sensitive=False).check("", "PARIS", "paris") == Verdict("PARIS", True)
+    assert ExactChecker(collapse_spaces=True).check("", " a \t b\n", "a b") == Verdict("a b", True)
+    no_strip = ExactChecker(strip=False)
+    assert no_strip.check("", " 42", "42") == Verdict(" 42", False)
+    assert no_strip.check("", " 42", " 42") == Verdict(" 42", True)
+    collapse_only = ExactChecker(strip=False, collapse_spaces=True)
+    assert collapse_only.check("", "  a   b ", " a b ") == Verdict(" a b ", True)
+
+
+def test_exact_empty_extraction_matches_only_empty_gold():
+    c = ExactChecker()
+    assert c.check("", "  ", "") == Verdict("", True)
+    assert c.check("", "", "x") == Verdict("", False)
+
+
+# ----------------------------------------------------------------------------- mc_letter
+
+
+@pytest.mark.parametrize("text", [
+    "e", "E", "(E)", "(e)", "E)", "e.", " ( e ) ", "answer is blotter (e).",
+    "Therefore, the answer is blotter (E).", "The answer is E.", "the answer is: e",
+    "answer is (a) no, wait, (e)",
+])
+def test_mc_letter_normalises_to_e(text):
+    assert MCLetterChecker().letter(text) == "e"
+
+
+@pytest.mark.parametrize("text", [
+    "", "blotter", "(f)", "f", "the answer is a blotter", "(see above)", "ee", "(ab)",
+])
+def test_mc_letter_no_choice(text):
+    assert MCLetterChecker().letter(text) is None
+
+
+def test_mc_letter_uses_extraction():
+    c = MCLetterChecker()
+    assert c.check("whatever", "E", "e") == Verdict("e", True)
+    assert c.check("whatever", "(b)", "B") == Verdict("b", True)
+    assert c.check("whatever", "c", "B") == Verdict("c", False)
+    # an extraction that names no choice is reported as is, and is wrong
+    assert c.check("... (b).", "blotter", "b") == Verdict("blotter", False)
+    # gold without an answer (test split) never matches
+    assert c.check("", "a", "") == Verdict("a", False)
+
+
+def test_mc_letter_falls_back_to_generation():
+    c = MCLetterChecker()
+    gen = " Blotters absorb ink. Therefore, the answer is blotter (e).\n\nQ: next (a)"
+    assert c.check(gen, None, "E") == Verdict("e", True)
+    # last "(x)" of the first non-blank line
+    gen = "\n(a) is wrong and (c) is right.\nMore text (d)."
+    assert c.check(gen, None, "c") == Verdict("c", True)
+    # then "answer is ... (x)" anywhere (the first one)
+    gen = "Ink must be absorbed.\nSo the answer is blotter (e).\nOr the answer is (a)."
+    assert c.check(gen, None, "e") == Verdict("e", True)
+    assert c.check("No idea at all.", None, "e") == Verdict(None, False)
+    # a bare letter is not taken from the generation ("answer is a ..." is ambiguous)
+    assert c.check(" Ink. The answer is E.", None, "e") == Verdict(None, False)
+    # letters outside the choice set do not count
+    assert c.check("It is (f).", None, "f") == Verdict(None, False)
+
+
+def test_mc_letter_custom_letters():
+    c = MCLetterChecker(letters="ABCD")
+    assert c.letters == "abcd"
+    assert c.check("", "(D)", "d") == Verdict("d", True)
+    assert c.check("", "(e)", "e") == Verdict("(e)", False)
+
+
+@pytest.mark.parametrize("letters", ["", "ab1", "aab", "a b", "\u00e9", 5, None])
+def test_mc_letter_bad_letters(letters):
+    with pytest.raises(UserError, match="letters"):
+        MCLetterChecker(letters=letters)
+
+
+# ----------------------------------------------------------------------------- numeric
+
+
+@pytest.mark.parametrize("extracted, gold, predicted, correct", [
+    ("18", "18", "18", True),
+    ("$18", "18", "18", True),
+    ("18.00", "18", "18", True),
+    ("18.", "18", "18", True),
+    ("1,000", "1000", "1000", True),
+    ("1000", "1,000", "1000", True),
+    ("-5", "-5", "-5", True),
+    ("+5", "5", "5", True),
+    ("5", "-5", "5", False),
+    ("1/2", "0.5", "0.5", True),
+    ("50%", "50", "50", True),
+    ("18 dollars", "18", "18", True),
+    ("17", "18", "17", False),
+    ("18.0000001", "18", "18.0000001", True),  # within abs_tol 1e-6
+    ("18.00001", "18", "18.00001", False),
+    ("eighteen", "18", "eighteen", False),
+    (" 18 or 20 ", "18", "18 or 20", False),
+    ("18", "", "18", False),  # no gold answer
+])
+def test_numeric(extracted, gold, predicted, correct):
+    assert NumericChecker().check("gen", extracted, gold) == Verdict(predicted, correct)
+
+
+def test_numeric_none_extraction():
+    assert NumericChecker().check("#### 18 is not extracted", None, "18") == Verdict(None, False)
+
+
+def test_numeric_tolerances():
+    assert NumericChecker(abs_tol=0.5).check("", "18.4", "18").correct
+    assert not NumericChecker(abs_tol=0.0).check("", "18.0000001", "18").correct
+    assert NumericChecker(abs_tol=0, rel_tol=0.01).check("", "1010", "1000").correct
+    assert not NumericChecker(abs_tol=0, rel_tol=0.01).check("", "1011", "1000").correct
+
+
+@pytest.mark.parametrize("option, value", [
+    ("abs_tol", -1e-6), ("abs_tol", "1e-6"), ("abs_tol", True), ("abs_tol", float("nan")),
+    ("rel_tol", -0.1), ("rel_tol", float("inf")), ("rel_tol", None),
+])
+def test_numeric_bad_options(option, value):
+    with pytest.raises(UserError, match=option):
+        NumericChecker(**{option: value})
+
+
+# ----------------------------------------------------------------------------- regex
+
+
+def test_regex_uses_last_match_and_ignores_extracted():
+    c = RegexChecker(pattern=r"####\s*(\S+)")
+    gen = "step\n#### 17\nmore\n#### 18\n"
+    assert c.check(gen, "17", "18") == Verdict("18", True)
+    assert c.check("no marker", "18", "18") == Verdict(None, False)
+
+
+def test_regex_numeric_compare():
+    c = RegexChecker(pattern=r"answer is (.+?)\.?$", flags="im", compare="numeric")
+    assert c.check("So the Answer is $1,000.", None, "1000") == Verdict("1000", True)
+    assert c.check("So the answer is lots.", None, "1000") == Verdict("lots", False)
+
+
+def test_regex_exact_compare_strips():
+    c = RegexChecker(pattern=r"=(.*)$", flags="m")
+    assert c.check("x = 42 \ny = 7", None, "7") == Verdict("7", True)
+    assert c.check("x = 42", None, "42 ") == Verdict("42", True)
+
+
+def test_regex_group_zero_and_named():
+    assert RegexChecker(pattern=r"\d+", group=0).check("a 1 b 22", None, "22") == Verdict("22", True)
+    named = RegexChecker(pattern=r"(?P<ans>[A-E])\)", group="ans")
+    assert named.check("(B) then (C)", None, "C") == Verdict("C", True)
+
+
+def test_regex_skips_matches_without_the_group():
+    c = RegexChecker(pattern=r"#### (\d+)|####")
+    assert c.check("#### 5\n####", None, "5") == Verdict("5", True)
+
+
+def test_regex_readme_example():
+    c = RegexChecker(pattern=r"answer is \(?([a-e])\)?", flags="i")
+    assert c.check("The answer is (B). No, the answer is C.", None, "C") == Verdict("C", True)
+
+
+def test_regex_flags():
+    gen = "ANSWER: 3"
+    assert RegexChecker(pattern=r"answer: (\d)").check(gen, None, "3") == Verdict(None, False)
+    assert RegexChecker(pattern=r"answer: (\d)", flags="i").check(gen, None, "3").correct
+    dotall = RegexChecker(pattern=r"begin(.*)end", flags="s")
+    assert dotall.check("begin\nx\nend", None, "\nx\n").predicted == "x"
+
+
+@pytest.mark.parametrize("options, option", [
+    ({"pattern": "(unclosed"}, "pattern"),
+    ({"pattern": ""}, "pattern"),
+    ({"pattern": 5}, "pattern"),
+    ({"pattern": r"\d+"}, "group"),  # no group 1
+    ({"pattern": r"(\d+)", "group": 2}, "group"),
+    ({"pattern": r"(\d+)", "group": -1}, "group"),
+    ({"pattern": r"(\d+)", "group": "ans"}, "group"),
+    ({"pattern": r"(\d+)", "group": True}, "group"),
+    ({"pattern": r"(\d+)", "group": 1.0}, "group"),
+    ({"pattern": r"(\d+)", "flags": "iq"}, "flags"),
+    ({"pattern": r"(\d+)", "flags": 2}, "flags"),
+    ({"pattern": r"(\d+)", "compare": "fuzzy"}, "compare"),
+])
+def test_regex_bad_options(options, option):
+    with pytest.raises(UserError, match=option):
+        RegexChecker(**options)
+
+
+def test_regex_requires_pattern():
+    with pytest.raises(TypeError):
+        RegexChecker()
+
+
+@pytest.mark.parametrize("factory, option, value", [
+    (ExactChecker, "strip", "yes"),
+    (ExactChecker, "case_sensitive", 1),
+    (ExactChecker, "collapse_spaces", None),
+])
+def test_exact_bad_options(factory, option, value):
+    with pytest.raises(UserError, match=option):
+        factory(**{option: value})
