@@ -1,0 +1,102 @@
+"""The run store: atomic writes, checksums, self-describing Parquet, other readers, full disks."""
+
+from __future__ import annotations
+
+import errno
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from star_engine.cli import main
+from star_engine.errors import UserError
+from star_engine.store import RunStore, atomic_write_bytes, clean_temporaries
+
+SCHEMA = pa.schema([("id", pa.string()), ("x", pa.int64())])
+
+
+def test_write_records_checksum_and_detects_damage(tmp_path):
+    store = RunStore(tmp_path, {"config_sha256": "abc"})
+    store.write_table("a/t.parquet", [{"id": "q1", "x": 1}, {"id": "q2", "x": 2}], SCHEMA)
+    assert store.done("a/t.parquet")
+    meta = pq.read_schema(tmp_path / "a/t.parquet").metadata
+    assert json.loads(meta[b"star_engine"])["config_sha256"] == "abc"
+    path = tmp_path / "a/t.parquet"
+    path.write_bytes(path.read_bytes()[:-10])  # truncated
+    reopened = RunStore(tmp_path, {})
+    assert not reopened.done("a/t.parquet") and not path.exists()  # removed, to be redone
+    assert "a/t.parquet" not in json.loads((tmp_path / "manifest.json").read_text())["artifacts"]
+
+
+def test_unrecorded_file_is_not_done(tmp_path):
+    (tmp_path / "t.parquet").write_bytes(b"PAR1 half written")
+    assert not RunStore(tmp_path, {}).done("t.parquet")
+
+
+def test_enospc_keeps_previous_version_and_names_path(tmp_path, monkeypatch):
+    target = tmp_path / "metrics.parquet"
+    atomic_write_bytes(target, b"good")
+    import builtins
+    real_open = builtins.open
+
+    class FullFile:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, a):
+            return getattr(self.f, a)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    def fake_open(path, mode="r", *a, **k):
+        f = real_open(path, mode, *a, **k)
+        return FullFile(f) if "w" in mode and ".tmp-" in str(path) else f
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    with pytest.raises(UserError) as e:
+        atomic_write_bytes(target, b"new")
+    monkeypatch.setattr(builtins, "open", real_open)
+    assert str(target) in str(e.value) and "no space left" in str(e.value)
+    assert target.read_bytes() == b"good"
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_clean_temporaries(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d/.tmp-x.parquet.123").write_bytes(b"x")
+    (tmp_path / ".tmp-model").mkdir()
+    (tmp_path / ".tmp-model/part").write_bytes(b"x")
+    (tmp_path / "keep.parquet").write_bytes(b"x")
+    assert clean_temporaries(tmp_path) == 2
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["d", "keep.parquet"]
+
+
+def test_run_outputs_read_by_pandas_polars_duckdb(scripted, toy_toml):
+    pd = pytest.importorskip("pandas")
+    pl = pytest.importorskip("polars")
+    duckdb = pytest.importorskip("duckdb")
+    path = toy_toml()
+    assert main(["run", str(path), "--quiet"]) == 0
+    run = path.parent / "run"
+    metrics = run / "metrics.parquet"
+    rationales = run / "iterations/001/rationales.parquet"
+    df = pd.read_parquet(metrics)
+    assert {"iteration", "split", "class", "accuracy", "n", "generated", "correct", "rationalized", "kept",
+            "train_steps", "train_tokens", "wall_seconds", "coverage"} <= set(df.columns)
+    assert pl.read_parquet(rationales).height == len(pd.read_parquet(rationales))
+    kept = duckdb.sql(f"select count(*) from '{rationales}' where kept").fetchall()[0][0]
+    assert kept == int(pd.read_parquet(rationales)["kept"].sum()) > 0
+    cols = set(pl.read_parquet(rationales).columns)
+    assert {"question_id", "iteration", "sample", "prompt", "rationale", "predicted", "gold", "correct",
+            "was_hinted", "checker", "model_checkpoint", "prompt_hash"} <= cols
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["requirements"] == (run / "requirements.txt").read_text().split()
+    assert json.loads((run / "config.json").read_text())["experiment"]["name"] == "toy"
