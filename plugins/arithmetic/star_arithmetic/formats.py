@@ -1,0 +1,96 @@
+"""Text formats of the addition task (Nye et al.'s scratchpad, as STaR used it).
+
+For 29 + 57::
+
+    Input:
+    2 9 + 5 7
+    Target:
+    <scratch>
+    2 9 + 5 7 , C: 0
+    2 + 5 , 6 C: 1
+    , 8 6 C: 0
+    0 8 6
+    </scratch>
+    8 6
+
+The first three lines are the context; the rest, followed by ``TERMINATOR``,
+is the completion. Scratchpad lines after the first show the digits still to
+add, the partial sum so far and the carry; the last line is the final carry and
+the digits. A 5-digit problem takes about 230 bytes, well inside a 512-byte context.
+"""
+
+from __future__ import annotations
+
+TERMINATOR = "\n\n"
+"""Ends every completion; also the stop string. Nothing inside a problem or a
+scratchpad has a blank line, and few-shot examples are separated by it."""
+
+OPEN, CLOSE = "<scratch>", "</scratch>"
+HINT = "Hint: "
+
+
+def spaced(digits: str) -> str:
+    return " ".join(digits)
+
+
+def problem(a: int, b: int) -> str:
+    return f"{spaced(str(a))} + {spaced(str(b))}"
+
+
+def context(a: int, b: int) -> str:
+    return f"Input:\n{problem(a, b)}\nTarget:\n"
+
+
+def hint_line(answer: str) -> str:
+    return f"{HINT}{spaced(answer)}"
+
+
+def hinted(ctx: str, answer: str) -> str:
+    """A context with the hint line inserted before its final ``Target:`` line."""
+    cue = "Target:\n"
+    if not ctx.endswith(cue):
+        raise ValueError("the context does not end with 'Target:'")
+    return f"{ctx[: -len(cue)]}{hint_line(answer)}\n{cue}"
+
+
+def scratchpad(a: int, b: int) -> str:
+    """The scratchpad block for ``a + b`` (non-negative), ending in a newline."""
+    if a < 0 or b < 0:
+        raise ValueError("the addition scratchpad is for non-negative numbers")
+    da, db = str(a), str(b)
+    lines = [f"{problem(a, b)} , C: 0"]
+    carry, digits = 0, ""
+    for k in range(1, max(len(da), len(db)) + 1):
+        total = int(da[-k] if k <= len(da) else 0) + int(db[-k] if k <= len(db) else 0) + carry
+        digits = str(total % 10) + digits
+        carry = total // 10
+        rest_a, rest_b = da[: max(len(da) - k, 0)], db[: max(len(db) - k, 0)]
+        left = " ".join(f"{spaced(rest_a)} + {spaced(rest_b)}".split()) + " " if rest_a or rest_b else ""
+        lines.append(f"{left}, {spaced(digits)} C: {carry}")
+    lines.append(f"{carry} {spaced(digits)}")
+    return "\n".join([OPEN, *lines, CLOSE]) + "\n"
+
+
+def rationale_completion(a: int, b: int) -> str:
+    return scratchpad(a, b) + spaced(str(a + b)) + TERMINATOR
+
+
+def direct_completion(a: int, b: int) -> str:
+    return spaced(str(a + b)) + TERMINATOR
+
+
+def extract_result(generation: str) -> str | None:
+    """The digits of the result line (after the scratchpad, when there is one),
+    spaces removed; None when there is no such line or it is not all digits.
+    An unclosed scratchpad states no answer."""
+    if CLOSE in generation:
+        tail = generation.rsplit(CLOSE, 1)[1]
+    elif OPEN in generation:
+        return None
+    else:
+        tail = generation
+    for line in tail.split("\n"):
+        if line.strip():
+            answer = "".join(line.split())
+            return answer if answer.isascii() and answer.isdigit() else None
+    return None

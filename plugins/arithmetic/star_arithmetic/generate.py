@@ -1,0 +1,73 @@
+"""Seeded sampling of distinct n-digit addition problems.
+
+A d-digit problem adds two d-digit numbers (0-9 for d = 1). Problems are spread
+evenly over the digit counts; a count with too few problems left (there are only
+100 one-digit problems) gives the rest of its share to the larger counts.
+"""
+
+from __future__ import annotations
+
+import random
+
+Problem = tuple[int, int]
+
+DENSE_LIMIT = 1_000_000
+"""Largest problem space that is listed in full (when a draw takes most of it)."""
+
+
+def bounds(d: int) -> tuple[int, int]:
+    return (0 if d == 1 else 10 ** (d - 1)), 10**d - 1
+
+
+def capacity(d: int) -> int:
+    lo, hi = bounds(d)
+    return (hi - lo + 1) ** 2
+
+
+def n_digits(p: Problem) -> int:
+    return len(str(p[0]))
+
+
+class NotEnough(ValueError):
+    """More problems asked for than the digit counts hold."""
+
+
+def draw(rng: random.Random, digits: list[int], n: int, exclude: set[Problem] = frozenset(),
+         max_fraction: float = 1.0) -> list[Problem]:
+    """``n`` distinct problems over ``digits`` (ascending), none in ``exclude``,
+    taking at most ``max_fraction`` of any digit count's problems; shuffled."""
+    taken_by_d: dict[int, int] = {}
+    for p in exclude:
+        taken_by_d[n_digits(p)] = taken_by_d.get(n_digits(p), 0) + 1
+    out: list[Problem] = []
+    left = n
+    for i, d in enumerate(digits):
+        share = -(-left // (len(digits) - i))  # ceil: what is left, spread over the remaining counts
+        free = capacity(d) - taken_by_d.get(d, 0)
+        k = min(share, free, int(capacity(d) * max_fraction))
+        out += _draw_one(rng, d, k, free, exclude)
+        left -= k
+    if left:
+        raise NotEnough(f"only {n - left} distinct problems of {digits[0]}-{digits[-1]} digits are available")
+    rng.shuffle(out)
+    return out
+
+
+def _draw_one(rng: random.Random, d: int, k: int, free: int, exclude: set[Problem]) -> list[Problem]:
+    lo, hi = bounds(d)
+    if k <= 0:
+        return []
+    if k * 2 >= free:
+        # Rejection sampling would crawl near exhaustion: list the free problems.
+        if capacity(d) > DENSE_LIMIT:
+            raise NotEnough(f"{k} problems of {d} digits is more than this generator lists")
+        pool = [(a, b) for a in range(lo, hi + 1) for b in range(lo, hi + 1) if (a, b) not in exclude]
+        return rng.sample(pool, k)
+    chosen: set[Problem] = set()
+    out: list[Problem] = []
+    while len(out) < k:
+        p = (rng.randint(lo, hi), rng.randint(lo, hi))
+        if p not in exclude and p not in chosen:
+            chosen.add(p)
+            out.append(p)
+    return out

@@ -1,0 +1,164 @@
+"""The ``addition`` task (STaR section 5) and its ``addition_target`` hint.
+
+Data are generated, not read: ``load(split, None)`` for "train", "dev" and
+"heldout" (digit counts outside the training range). The answer is the sum's
+digits without spaces ("86"); ``cls`` is the digit count ("1".."5").
+Formats are in :mod:`star_arithmetic.formats`.
+"""
+
+from __future__ import annotations
+
+import random
+from functools import cached_property
+from typing import Any
+
+from star_engine.api import Example, TrainExample
+from star_engine.errors import UserError
+
+from . import formats
+from .generate import NotEnough, Problem, draw, n_digits
+
+SPLITS = ("train", "dev", "heldout")
+PROMPT_KINDS = ("rationale", "direct", "hint")
+DEV_FRACTION = 0.2
+"""Dev takes at most this share of a digit count's problems, so that the tiny
+spaces (100 one-digit problems) keep most of theirs for training."""
+
+
+def _int(name: str, value: Any, lo: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+        raise UserError(f"{name}: must be an integer >= {lo}, got {value!r}")
+    return value
+
+
+class AdditionTask:
+    """n-digit addition with a scratchpad. Options:
+
+    - ``seed``: the generator seed (every split is a function of the options);
+    - ``n_train``, ``n_dev``: problems of ``min_digits``..``max_digits`` digits
+      (train and dev are disjoint);
+    - ``heldout_digits``, ``n_heldout``: the "heldout" split's digit counts and size;
+    - ``n_seed``, ``seed_max_digits``: the worked examples that train the base
+      model (``min_digits``..``seed_max_digits`` digits, disjoint from dev);
+    - ``seed_hint_fraction``: the share of those also given with the hint line,
+      so that a model trained from scratch learns to read a hint (what a
+      few-shot hint prompt does for a large model);
+    - ``n_shots``: worked examples in the few-shot prompts (0: no prompt).
+    """
+
+    default_checker = "exact"
+    default_hint = "addition_target"
+    stop = (formats.TERMINATOR,)
+
+    def __init__(self, *, seed: int = 0, n_train: int = 2000, n_dev: int = 500, min_digits: int = 1,
+                 max_digits: int = 5, heldout_digits: list[int] | None = None, n_heldout: int = 500,
+                 n_seed: int = 100, seed_max_digits: int = 2, seed_hint_fraction: float = 0.5,
+                 n_shots: int = 0) -> None:
+        self.seed = _int("seed", seed, 0)
+        self.n = {"train": _int("n_train", n_train, 1), "dev": _int("n_dev", n_dev, 1),
+                  "heldout": _int("n_heldout", n_heldout, 1)}
+        self.min_digits = _int("min_digits", min_digits, 1)
+        self.max_digits = _int("max_digits", max_digits, self.min_digits)
+        if not isinstance(heldout_digits or [], list):
+            raise UserError(f"heldout_digits: must be a list of digit counts, got {heldout_digits!r}")
+        self.heldout_digits = sorted({_int("heldout_digits", d, 1) for d in heldout_digits or []})
+        for d in self.heldout_digits:
+            if self.min_digits <= d <= self.max_digits:
+                raise UserError(f"heldout_digits: {d} is inside the training range "
+                                f"{self.min_digits}-{self.max_digits}; held-out counts must be outside it")
+        self.n_seed = _int("n_seed", n_seed, 0)
+        self.seed_max_digits = _int("seed_max_digits", seed_max_digits, self.min_digits)
+        if self.seed_max_digits > self.max_digits:
+            raise UserError(f"seed_max_digits: must be <= max_digits ({self.max_digits}), got {seed_max_digits}")
+        if isinstance(seed_hint_fraction, bool) or not isinstance(seed_hint_fraction, (int, float)) \
+                or not 0 <= seed_hint_fraction <= 1:
+            raise UserError(f"seed_hint_fraction: must be a number in [0, 1], got {seed_hint_fraction!r}")
+        self.seed_hint_fraction = float(seed_hint_fraction)
+        self.n_shots = _int("n_shots", n_shots, 0)
+        if self.n_shots > self.n_seed:
+            raise UserError(f"n_shots: the few-shot examples come from the seed set; "
+                            f"n_shots ({n_shots}) must be <= n_seed ({n_seed})")
+
+    # ------------------------------------------------------------------ data
+
+    def _rng(self, what: str) -> random.Random:
+        # A string seed is hashed with SHA-512: the same across runs and machines.
+        return random.Random(f"star-addition/{self.seed}/{what}")
+
+    def _draw(self, what: str, option: str, digits: list[int], n: int, **kw: Any) -> list[Problem]:
+        try:
+            return draw(self._rng(what), digits, n, **kw)
+        except NotEnough as e:
+            raise UserError(f"{option}: {n} is too many: {e}") from None
+
+    @cached_property
+    def _problems(self) -> dict[str, list[Problem]]:
+        digits = list(range(self.min_digits, self.max_digits + 1))
+        dev = self._draw("dev", "n_dev", digits, self.n["dev"], max_fraction=DEV_FRACTION)
+        # Train and the seed set avoid dev (dev measures generalisation); the seed
+        # set may overlap train: the base model has seen those problems either way.
+        return {
+            "dev": dev,
+            "train": self._draw("train", "n_train", digits, self.n["train"], exclude=set(dev)),
+            "seed": self._draw("seed", "n_seed", list(range(self.min_digits, self.seed_max_digits + 1)),
+                               self.n_seed, exclude=set(dev)) if self.n_seed else [],
+        }
+
+    def load(self, split: str, path: str | None) -> list[Example]:
+        if path is not None:
+            raise UserError(f"task.data.{split}: the addition task generates its data; remove this path")
+        if split not in SPLITS:
+            raise UserError(f"addition: unknown split {split!r}; known: {', '.join(SPLITS)}")
+        if split == "heldout":
+            if not self.heldout_digits:
+                raise UserError("addition: split 'heldout' is empty: set task.options.heldout_digits")
+            problems = self._draw("heldout", "n_heldout", self.heldout_digits, self.n["heldout"])
+        else:
+            problems = self._problems[split]
+        return [Example(id=f"{a}+{b}", question=formats.problem(a, b), answer=str(a + b),
+                        cls=str(n_digits((a, b))), fields={"a": a, "b": b}) for a, b in problems]
+
+    # ------------------------------------------------------------------ formats
+
+    def context(self, example: Example) -> str:
+        return formats.context(example.fields["a"], example.fields["b"])
+
+    def prompt(self, kind: str) -> str:
+        if kind not in PROMPT_KINDS:
+            raise ValueError(f"unknown prompt kind {kind!r}; known: {', '.join(PROMPT_KINDS)}")
+        shots = []
+        for a, b in self._problems["seed"][: self.n_shots]:
+            ctx = formats.context(a, b)
+            if kind == "hint":
+                ctx = formats.hinted(ctx, str(a + b))
+            done = formats.direct_completion(a, b) if kind == "direct" else formats.rationale_completion(a, b)
+            shots.append(ctx + done)  # each completion ends with the blank-line terminator
+        return "".join(shots)
+
+    def extract(self, generation: str) -> str | None:
+        return formats.extract_result(generation)
+
+    def gold_completion(self, example: Example, direct: bool) -> str:
+        a, b = example.fields["a"], example.fields["b"]
+        return formats.direct_completion(a, b) if direct else formats.rationale_completion(a, b)
+
+    def seed_examples(self) -> list[TrainExample]:
+        seed = self._problems["seed"]
+        out = [TrainExample(formats.context(a, b), formats.rationale_completion(a, b)) for a, b in seed]
+        n_hinted = round(self.seed_hint_fraction * len(seed))
+        out += [TrainExample(formats.hinted(formats.context(a, b), str(a + b)), formats.rationale_completion(a, b))
+                for a, b in seed[:n_hinted]]
+        return out
+
+
+class TargetHint:
+    """``addition_target``: the target result on a ``Hint:`` line before ``Target:``."""
+
+    def context(self, task, example: Example) -> str:
+        try:
+            return formats.hinted(task.context(example), example.answer)
+        except ValueError as e:
+            raise UserError(f"addition_target: example {example.id!r}: {e}") from None
+
+    def leak_strings(self, task, example: Example) -> tuple[str, ...]:
+        return (formats.hint_line(example.answer), formats.HINT.strip())

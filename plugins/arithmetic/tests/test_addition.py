@@ -1,0 +1,213 @@
+"""Tests of the addition task: generator, scratchpad arithmetic, formats, hint, options."""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+from importlib.metadata import entry_points
+
+import pytest
+
+from star_arithmetic import plugin
+from star_arithmetic.task import AdditionTask, TargetHint
+from star_engine.api import Example, Task
+from star_engine.errors import UserError
+
+
+def cut(generation: str, stop: tuple[str, ...]) -> str:
+    """What a backend returns: the generation cut before the first stop string."""
+    ends = [generation.find(s) for s in stop if s in generation]
+    return generation[: min(ends)] if ends else generation
+
+
+def digits_of(spaced: str) -> str:
+    assert re.fullmatch(r"\d( \d)*", spaced), spaced
+    return spaced.replace(" ", "")
+
+
+def verify_scratchpad(text: str) -> tuple[int, int, int]:
+    """Parse a completion back and check every step's arithmetic on its own terms.
+    Returns (a, b, result)."""
+    lines = text.split("\n")
+    assert lines[0] == "<scratch>"
+    m = re.fullmatch(r"([\d ]+) \+ ([\d ]+) , C: 0", lines[1])
+    assert m, lines[1]
+    da, db = digits_of(m[1]), digits_of(m[2])
+    carry, partial = 0, ""
+    n = max(len(da), len(db))
+    for k in range(1, n + 1):
+        m = re.fullmatch(r"(?:([\d ]*?) ?\+ ?([\d ]*) )?, ([\d ]+) C: ([01])", lines[1 + k])
+        assert m, lines[1 + k]
+        assert (m[1] or "").replace(" ", "") == da[: max(len(da) - k, 0)]  # digits still to add
+        assert (m[2] or "").replace(" ", "") == db[: max(len(db) - k, 0)]
+        total = int(da[-k] if k <= len(da) else 0) + int(db[-k] if k <= len(db) else 0) + carry
+        partial = str(total % 10) + partial
+        carry = total // 10
+        assert digits_of(m[3]) == partial and int(m[4]) == carry
+    final = lines[2 + n].split(" ")
+    assert final[0] == str(carry) and "".join(final[1:]) == partial
+    assert lines[3 + n] == "</scratch>"
+    result = int(digits_of(lines[4 + n]))
+    assert result == int(str(carry) + partial) == int(da) + int(db)
+    assert lines[5 + n:] == ["", ""]  # the blank-line terminator ends the completion
+    return int(da), int(db), result
+
+
+def test_protocols_and_registration():
+    task = AdditionTask()
+    assert isinstance(task, Task)
+    tasks, hints = {}, {}
+    plugin.register_tasks(register=lambda name, f: tasks.setdefault(name, f))
+    plugin.register_hint_formatters(register=lambda name, f: hints.setdefault(name, f))
+    assert tasks == {"addition": AdditionTask} and hints == {"addition_target": TargetHint}
+    assert (task.default_checker, task.default_hint, task.stop) == ("exact", "addition_target", ("\n\n",))
+    assert "arithmetic" in {ep.name for ep in entry_points(group="star_engine")}
+
+
+def test_formats_for_29_plus_57():
+    task = AdditionTask()
+    ex = Example(id="29+57", question="2 9 + 5 7", answer="86", cls="2", fields={"a": 29, "b": 57})
+    assert task.context(ex) == "Input:\n2 9 + 5 7\nTarget:\n"
+    assert task.gold_completion(ex, direct=False) == (
+        "<scratch>\n2 9 + 5 7 , C: 0\n2 + 5 , 6 C: 1\n, 8 6 C: 0\n0 8 6\n</scratch>\n8 6\n\n")
+    assert task.gold_completion(ex, direct=True) == "8 6\n\n"
+    assert TargetHint().context(task, ex) == "Input:\n2 9 + 5 7\nHint: 8 6\nTarget:\n"
+
+
+def test_generation_is_deterministic_and_disjoint():
+    a, b = AdditionTask(seed=3), AdditionTask(seed=3)
+    train, dev = a.load("train", None), a.load("dev", None)
+    assert train == b.load("train", None) and dev == b.load("dev", None)
+    assert a.seed_examples() == b.seed_examples()
+    assert train != AdditionTask(seed=4).load("train", None)
+    assert len(train) == 2000 and len(dev) == 500
+    assert not {e.id for e in train} & {e.id for e in dev}
+    assert len({e.id for e in train}) == len(train)
+    # dev does not depend on the train size (changing n_train keeps results comparable)
+    assert AdditionTask(seed=3, n_train=50).load("dev", None) == dev
+    for e in train + dev:
+        x, y = e.fields["a"], e.fields["b"]
+        assert e.answer == str(x + y) and e.question == f"{' '.join(str(x))} + {' '.join(str(y))}"
+        assert e.cls == str(len(str(x))) == str(len(str(y)))
+    per_digit = Counter(e.cls for e in dev)
+    assert set(per_digit) == {"1", "2", "3", "4", "5"}
+    assert per_digit["1"] == 20  # 20% of the 100 one-digit problems; the rest go to train
+    assert Counter(e.cls for e in train)["1"] == 80
+
+
+def test_seed_set():
+    task = AdditionTask(n_seed=60, seed_max_digits=2, seed_hint_fraction=0.5)
+    seed = task.seed_examples()
+    plain, hinted = seed[:60], seed[60:]
+    assert len(hinted) == 30
+    dev_contexts = {task.context(e) for e in task.load("dev", None)}
+    for ex in plain:
+        a, b, _ = verify_scratchpad(ex.completion)
+        assert ex.prompt == f"Input:\n{' '.join(str(a))} + {' '.join(str(b))}\nTarget:\n"
+        assert len(str(a)) <= 2 and ex.prompt not in dev_contexts
+    for ex, base in zip(hinted, plain):
+        assert ex.completion == base.completion
+        assert ex.prompt == base.prompt.replace("Target:\n", f"Hint: {base.completion.split(chr(10))[-3]}\nTarget:\n")
+    assert Counter(len(str(verify_scratchpad(e.completion)[0])) for e in plain) == {1: 30, 2: 30}
+    assert AdditionTask(n_seed=0).seed_examples() == []
+
+
+def test_scratchpad_arithmetic_on_random_problems():
+    task = AdditionTask(seed=11, n_train=400, max_digits=8)
+    for e in task.load("train", None):
+        assert verify_scratchpad(task.gold_completion(e, direct=False))[2] == int(e.answer)
+    rng = random.Random(5)  # the formatter handles unequal lengths too
+    from star_arithmetic.formats import rationale_completion
+    for _ in range(200):
+        a, b = rng.randrange(10 ** rng.randint(1, 7)), rng.randrange(10 ** rng.randint(1, 7))
+        assert verify_scratchpad(rationale_completion(a, b))[:2] == (a, b)
+
+
+def test_sizes_fit_a_512_byte_context():
+    task = AdditionTask()
+    ex = Example(id="99999+99999", question="9 9 9 9 9 + 9 9 9 9 9", answer="199998", cls="5",
+                 fields={"a": 99999, "b": 99999})
+    longest = TargetHint().context(task, ex) + task.gold_completion(ex, direct=False)
+    assert len(longest.encode()) < 400
+
+
+@pytest.mark.parametrize("generation, answer", [
+    ("<scratch>\n2 9 + 5 7 , C: 0\n2 + 5 , 6 C: 1\n, 8 6 C: 0\n0 8 6\n</scratch>\n8 6", "86"),
+    ("<scratch>\n2 9 + 5 7 , C: 0\n, 8 6 C: 0\n</scratch>\n8 7\nInput:\n1 + 1", "87"),  # first line after it
+    ("<scratch>\n2 9 + 5 7 , C: 0\n2 + 5 , 6 C: 1\n, 8 6", None),  # cut off inside the scratchpad
+    ("<scratch>\n1 + 2 , C: 0\n</scratch>\n", None),
+    ("<scratch>\n1 + 2 , C: 0\n</scratch>\n3 x", None),
+    ("1 2 0 4", "1204"),  # a direct answer
+    ("  \n 9 9 \n", "99"),
+    ("", None),
+])
+def test_extract(generation, answer):
+    assert AdditionTask().extract(generation) == answer
+
+
+def test_gold_round_trip_through_stop_and_extract():
+    task = AdditionTask(n_train=100)
+    for e in task.load("train", None):
+        for direct in (False, True):
+            kept = cut(task.gold_completion(e, direct) + "Input:\n1 + 2\nTarget:\n", task.stop)
+            assert task.extract(kept) == e.answer
+            assert kept + "\n\n" == task.gold_completion(e, direct)
+
+
+def test_hint_and_leaks():
+    task, hint = AdditionTask(), TargetHint()
+    for e in task.load("dev", None)[:50]:
+        plain, hinted = task.context(e), hint.context(task, e)
+        assert "Hint" not in plain  # the stored context stays hint-free
+        assert hinted.split("\n")[2] == "Hint: " + " ".join(e.answer)
+        assert hinted.replace(hinted.split("\n")[2] + "\n", "") == plain
+        assert hint.leak_strings(task, e) == ("Hint: " + " ".join(e.answer), "Hint:")
+
+
+def test_prompts():
+    assert AdditionTask().prompt("rationale") == ""
+    task = AdditionTask(n_shots=2)
+    seed = task.seed_examples()
+    assert task.prompt("rationale") == "".join(s.prompt + s.completion for s in seed[:2])
+    hinted = task.prompt("hint")
+    assert hinted.count("Hint: ") == 2 and hinted.replace("Hint: ", "") != task.prompt("rationale")
+    direct = task.prompt("direct").split("\n\n")
+    assert len(direct) == 3 and direct[2] == "" and all("<scratch>" not in d for d in direct)
+    with pytest.raises(ValueError):
+        task.prompt("cot")
+
+
+def test_heldout_split():
+    task = AdditionTask(heldout_digits=[6, 7], n_heldout=40)
+    held = task.load("heldout", None)
+    assert Counter(e.cls for e in held) == {"6": 20, "7": 20}
+    with pytest.raises(UserError, match="set task.options.heldout_digits"):
+        AdditionTask().load("heldout", None)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"heldout_digits": [3]}, "heldout_digits: 3 is inside the training range"),
+    ({"n_shots": 5, "n_seed": 2}, "n_shots: .* must be <= n_seed"),
+    ({"max_digits": 1, "seed_max_digits": 1, "n_dev": 10, "n_train": 200},
+     "n_train: 200 is too many: only 90 distinct problems"),
+    ({"max_digits": 1, "seed_max_digits": 1}, "n_dev: 500 is too many: only 20 distinct problems"),
+    ({"n_dev": 0}, "n_dev: must be an integer >= 1"),
+    ({"seed": True}, "seed: must be an integer"),
+    ({"max_digits": 0}, "max_digits: must be an integer >= 1"),
+    ({"seed_max_digits": 6}, "seed_max_digits: must be <= max_digits"),
+    ({"seed_hint_fraction": 1.5}, r"seed_hint_fraction: must be a number in \[0, 1\]"),
+    ({"heldout_digits": "6"}, "heldout_digits: must be a list"),
+])
+def test_bad_options(options, message):
+    with pytest.raises(UserError, match=message):
+        task = AdditionTask(**options)
+        task.load("train", None)
+
+
+def test_bad_splits():
+    task = AdditionTask()
+    with pytest.raises(UserError, match="task.data.train: the addition task generates its data"):
+        task.load("train", "/tmp/train.jsonl")
+    with pytest.raises(UserError, match="unknown split 'test'"):
+        task.load("test", None)

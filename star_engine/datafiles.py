@@ -1,0 +1,106 @@
+"""Reading a task's input files with errors that say ``file:line: reason``.
+
+For task plugin authors: JSONL rows, typed fields and prompt files in the
+original STaR format (examples separated by blank lines).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from star_engine.errors import UserError
+
+_TYPE_NAMES = {str: "a string", list: "a list", dict: "an object", int: "an integer"}
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    for typ, name in _TYPE_NAMES.items():
+        if isinstance(value, typ):
+            return name
+    return "a number" if isinstance(value, float) else type(value).__name__
+
+
+def _read_text(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
+def read_jsonl(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
+    """The non-blank rows of a JSONL file as ``("file:line", object)`` pairs."""
+    p = Path(path)
+    rows: list[tuple[str, dict[str, Any]]] = []
+    for n, raw in enumerate(_read_text(p).split(b"\n"), start=1):
+        where = f"{p}:{n}"
+        if n == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a BOM some editors write
+            raw = raw[3:]
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UserError(f"{where}: not valid UTF-8 (byte {e.start + 1} of the line)") from None
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{where}:{e.colno}: invalid JSON: {e.msg}") from None
+        if not isinstance(obj, dict):
+            raise UserError(f"{where}: expected a JSON object, got {_type_name(obj)}")
+        rows.append((where, obj))
+    if not rows:
+        raise UserError(f"{p}: no examples (the file is empty)")
+    return rows
+
+
+def get(obj: dict[str, Any], key: str, typ: type, where: str, name: str | None = None,
+        required: bool = True, nonempty: bool = True) -> Any:
+    """``obj[key]`` checked to be of ``typ``; ``name`` is the dotted name in messages."""
+    name = name or key
+    if key not in obj:
+        if required:
+            raise UserError(f"{where}: missing field '{name}'")
+        return None
+    value = obj[key]
+    if not isinstance(value, typ) or isinstance(value, bool):
+        raise UserError(f"{where}: field '{name}' must be {_TYPE_NAMES[typ]}, got {_type_name(value)}")
+    if nonempty and not (value.strip() if isinstance(value, str) else value):
+        raise UserError(f"{where}: field '{name}' is empty")
+    return value
+
+
+def read_blocks(path: str | Path) -> list[tuple[str, str]]:
+    """A prompts file in the original STaR format: examples separated by blank
+    lines, returned as ``("file:line", text)`` with the line the example starts on."""
+    p = Path(path)
+    try:
+        text = _read_text(p).decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise UserError(f"{p}: not valid UTF-8") from None
+    blocks: list[tuple[str, str]] = []
+    start, lines = 0, []
+    for n, line in enumerate(text.replace("\r\n", "\n").split("\n"), start=1):
+        if line.strip():
+            if not lines:
+                start = n
+            lines.append(line.rstrip())
+        elif lines:
+            blocks.append((f"{p}:{start}", "\n".join(lines)))
+            lines = []
+    if lines:
+        blocks.append((f"{p}:{start}", "\n".join(lines)))
+    if not blocks:
+        raise UserError(f"{p}: no examples (the file is empty)")
+    return blocks
+
+
+def check_option_path(name: str, value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise UserError(f"{name}: expected a path string, got {_type_name(value)}")
+    return value
