@@ -89,6 +89,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         table.add_column(col)
     for p in info:
         comps = "\n".join(f"{k}: {', '.join(v)}" for k, v in sorted(p["components"].items()))
+        comps = comps or "hooks: " + ", ".join(p["hooks"])  # observer-only plugins
         table.add_row(p["name"], p["distribution"], p["version"], comps, p["error"] or "ok")
     Console().print(table)
     return 0

@@ -263,7 +263,7 @@ def load_experiment(path: Path, overrides: list[str] | None = None, limit: int |
     task["filters"] = [_resolve_paths(normalize_component(f), base) for f in task["filters"]]
     for key in ("checker", "hint"):
         task[key] = _resolve_paths(normalize_component(task[key]), base) if task[key] else {}
-    cfg["training"]["schedule"] = normalize_component(cfg["training"]["schedule"])
+    cfg["training"]["schedule"] = _resolve_paths(normalize_component(cfg["training"]["schedule"]), base)
     if "backend" not in cfg["model"] or not isinstance(cfg["model"]["backend"], str):
         raise UserError(f"{path}: missing required key 'model.backend' (a backend name)")
     cfg["model"] = _resolve_paths(cfg["model"], base)

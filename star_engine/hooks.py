@@ -116,7 +116,8 @@ def on_iteration_start(run_dir: Path, iteration: int) -> None:
         run_dir: the run directory.
         iteration: 1-based iteration number (0 is the base-model evaluation).
     Returns: nothing.
-    Called: at the start of every iteration that still has work to do.
+    Called: at the start of every iteration, also of those a resumed run finds
+        already done (their stages then return stored results).
     """
 
 

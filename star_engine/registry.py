@@ -221,7 +221,8 @@ class Registry:
         return [self.plugins[n].as_dict() for n in sorted(self.plugins)]
 
     def requirements(self) -> list[str]:
-        dists = {(p.distribution, p.version) for p in self.plugins.values() if p.distribution != "<local>"}
+        # Plugins loaded by hand (tests, STAR_ENGINE_PLUGINS) have no distribution to pin.
+        dists = {(p.distribution, p.version) for p in self.plugins.values() if not p.distribution.startswith("<")}
         dists.add(("star-engine", metadata.version("star-engine")))
         return sorted(f"{d}=={v}" for d, v in dists)
 
