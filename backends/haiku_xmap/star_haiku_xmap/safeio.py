@@ -1,0 +1,242 @@
+"""Bounded readers for files this backend does not trust.
+
+Everything here checks sizes *before* it allocates: a file is measured with
+``fstat`` before it is read, a zstd frame's declared content size is compared
+with the expected size before a buffer is made, msgpack is unpacked with
+length limits, refuses every ext type and has its nesting depth bounded, and a
+safetensors header is validated completely (offsets, dtypes, shapes) before any
+tensor is touched. Failures raise ``star_engine.errors.IntegrityError`` naming
+the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import zstandard
+
+from star_engine.errors import IntegrityError
+
+CHUNK = 1 << 22  # 4 MiB streaming chunks
+
+
+def read_bounded(path: str | os.PathLike, max_bytes: int) -> bytes:
+    """The whole file, refused (before reading) when it is larger than ``max_bytes``."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > max_bytes:
+                raise IntegrityError(f"{p}: {size} bytes, more than the limit of {max_bytes}")
+            data = f.read(size + 1)  # read(n) preallocates n bytes: ask only for what is there
+    except FileNotFoundError:
+        raise IntegrityError(f"{p}: missing") from None
+    if len(data) != size:
+        raise IntegrityError(f"{p}: changed size while being read")
+    return data
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------- msgpack
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"msgpack ext type {code} is not allowed")
+
+
+def _check_depth(obj: Any, max_depth: int) -> None:
+    stack = [(obj, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > max_depth:
+                raise ValueError(f"nesting deeper than {max_depth}")
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+
+
+def unpack_msgpack(data: bytes, *, what: str, max_depth: int = 16, max_items: int = 1 << 20) -> Any:
+    """One msgpack object from ``data``: no ext types, string map keys, bounded
+    lengths and nesting, no trailing bytes. ``what`` names the source in errors."""
+    unpacker = msgpack.Unpacker(
+        raw=False, strict_map_key=True, use_list=True, ext_hook=_refuse_ext,
+        max_buffer_size=max(len(data), 1), max_str_len=len(data), max_bin_len=len(data),
+        max_array_len=max_items, max_map_len=max_items, max_ext_len=len(data),
+    )
+    try:
+        unpacker.feed(data)
+        obj = unpacker.unpack()
+        _check_depth(obj, max_depth)
+    except (ValueError, TypeError, msgpack.UnpackException, msgpack.OutOfData) as exc:
+        raise IntegrityError(f"{what}: not a valid manifest ({type(exc).__name__}: {exc})") from None
+    except RecursionError:
+        raise IntegrityError(f"{what}: nesting too deep") from None
+    if unpacker.tell() != len(data):
+        raise IntegrityError(f"{what}: {len(data) - unpacker.tell()} trailing bytes after the manifest")
+    return obj
+
+
+# ----------------------------------------------------------------------------- zstd
+
+
+def read_zstd_part(path: str | os.PathLike, *, compressed_bytes: int, raw_bytes: int, sha256: str) -> np.ndarray:
+    """Decompress one part into a fresh uint8 array of exactly ``raw_bytes``.
+
+    Refused before allocation when the file's size differs from
+    ``compressed_bytes`` or the zstd frame does not declare ``raw_bytes`` as its
+    content size; decompression streams into the preallocated buffer and fails
+    if the frame yields more or less than that, or if the sha256 differs.
+    """
+    p = Path(path)
+    try:
+        f = open(p, "rb")
+    except FileNotFoundError:
+        raise IntegrityError(f"{p}: part file missing") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if size != compressed_bytes:
+            raise IntegrityError(f"{p}: {size} bytes on disk, manifest says {compressed_bytes} (truncated or replaced)")
+        head = f.read(18)  # the largest zstd frame header
+        try:
+            params = zstandard.get_frame_parameters(head)
+        except zstandard.ZstdError as exc:
+            raise IntegrityError(f"{p}: not a zstd frame ({exc})") from None
+        if params.content_size != raw_bytes:
+            declared = "unknown" if params.content_size == zstandard.CONTENTSIZE_UNKNOWN else params.content_size
+            raise IntegrityError(f"{p}: zstd frame declares {declared} bytes, manifest says {raw_bytes}")
+        f.seek(0)
+        out = np.empty(raw_bytes, dtype=np.uint8)
+        view = memoryview(out)
+        h = hashlib.sha256()
+        pos = 0
+        try:
+            reader = zstandard.ZstdDecompressor().stream_reader(f, read_size=CHUNK, read_across_frames=False,
+                                                                 closefd=False)
+            with reader:
+                while pos < raw_bytes:
+                    n = reader.readinto(view[pos:min(raw_bytes, pos + CHUNK)])
+                    if n == 0:
+                        raise IntegrityError(f"{p}: zstd stream ended after {pos} of {raw_bytes} bytes")
+                    h.update(view[pos:pos + n])
+                    pos += n
+                if reader.read(1):
+                    raise IntegrityError(f"{p}: zstd stream yields more than {raw_bytes} bytes")
+        except zstandard.ZstdError as exc:
+            raise IntegrityError(f"{p}: corrupt zstd data ({exc})") from None
+    if h.hexdigest() != sha256:
+        raise IntegrityError(f"{p}: sha256 {h.hexdigest()} does not match the manifest's {sha256}")
+    return out
+
+
+def write_zstd_part(path: str | os.PathLike, raw: memoryview, *, level: int = 3) -> tuple[int, str]:
+    """Write ``raw`` as one zstd frame that declares its content size; fsync.
+    Returns (compressed size, sha256 of the raw bytes)."""
+    h = hashlib.sha256()
+    cctx = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True, threads=0)
+    with open(path, "wb") as f:
+        with cctx.stream_writer(f, size=len(raw), closefd=False) as writer:
+            for start in range(0, len(raw), CHUNK):
+                chunk = raw[start:start + CHUNK]
+                h.update(chunk)
+                writer.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+        size = f.tell()
+    return size, h.hexdigest()
+
+
+# ----------------------------------------------------------------------------- safetensors
+
+SAFETENSORS_DTYPES: dict[str, str] = {  # safetensors name -> numpy/ml_dtypes name
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+}
+SAFETENSORS_MAX_HEADER = 100 << 20
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str  # numpy/ml_dtypes name
+    shape: tuple[int, ...]
+    start: int  # absolute file offsets
+    end: int
+
+
+def np_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def read_safetensors_header(path: str | os.PathLike) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    """Validate a safetensors file's header against the file and return its
+    tensors and metadata. Checks: header length within the file, valid JSON
+    object, known dtypes, integer shapes, ``dtype x shape == byte length``,
+    offsets within the data section, no overlaps and no gaps."""
+    p = Path(path)
+    with open(p, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < 8:
+            raise IntegrityError(f"{p}: {size} bytes, too short for a safetensors file")
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > size - 8 or n > SAFETENSORS_MAX_HEADER:
+            raise IntegrityError(f"{p}: safetensors header length {n} exceeds the file ({size} bytes) or limit")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise IntegrityError(f"{p}: safetensors header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise IntegrityError(f"{p}: safetensors header is not a JSON object")
+    base, data_len = 8 + n, size - 8 - n
+    metadata = header.pop("__metadata__", {}) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise IntegrityError(f"{p}: safetensors __metadata__ must map strings to strings")
+    tensors: dict[str, TensorInfo] = {}
+    for name, info in header.items():
+        where = f"{p}: tensor {name!r}"
+        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+            raise IntegrityError(f"{where}: entry must have exactly dtype, shape, data_offsets")
+        dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if dtype not in SAFETENSORS_DTYPES:
+            raise IntegrityError(f"{where}: unsupported dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            raise IntegrityError(f"{where}: bad shape {shape!r}")
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
+                or not 0 <= offsets[0] <= offsets[1] <= data_len):
+            raise IntegrityError(f"{where}: data_offsets {offsets!r} outside the data section ({data_len} bytes)")
+        np_name = SAFETENSORS_DTYPES[dtype]
+        expected = math.prod(shape) * np_dtype(np_name).itemsize
+        if offsets[1] - offsets[0] != expected:
+            raise IntegrityError(f"{where}: {dtype} x {shape} needs {expected} bytes, "
+                                 f"data_offsets span {offsets[1] - offsets[0]}")
+        tensors[name] = TensorInfo(name, np_name, tuple(shape), base + offsets[0], base + offsets[1])
+    pos = base
+    for t in sorted(tensors.values(), key=lambda t: (t.start, t.end)):
+        if t.start < pos:
+            raise IntegrityError(f"{p}: tensor {t.name!r} overlaps the previous tensor")
+        if t.start > pos:
+            raise IntegrityError(f"{p}: {t.start - pos} unaccounted bytes before tensor {t.name!r}")
+        pos = t.end
+    if pos != size:
+        raise IntegrityError(f"{p}: {size - pos} trailing bytes after the last tensor")
+    return tensors, metadata

@@ -1,0 +1,139 @@
+"""A (dp, mp) device mesh and Megatron-style parameter shardings (jit + NamedSharding).
+
+The model knows nothing of the mesh: parameters are placed with ``NamedSharding``
+from a rule table and XLA's SPMD partitioner inserts the collectives. Rules map a
+parameter's path (``"h_3/attn/q/w"``) to a ``PartitionSpec``:
+
+- column-parallel (q, k, v, fc_in): output dim over "mp" (fc_in's bias too);
+- row-parallel (out, fc_out): input dim over "mp", their outputs are summed over
+  "mp", so fc_out's bias stays replicated (added once, after the sum);
+- embedding and LM head: vocabulary over "mp";
+- LayerNorms: replicated.
+
+A parameter no rule matches is an error: silently replicating a new 6B-sized
+weight would only show up as an out-of-memory much later.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+AXES = ("dp", "mp")
+
+RULES: tuple[tuple[str, P], ...] = (
+    (r"^wte/embeddings$", P("mp", None)),
+    (r"^h_\d+/attn/(q|k|v)/w$", P(None, "mp")),
+    (r"^h_\d+/attn/out/w$", P("mp", None)),
+    (r"^h_\d+/mlp/fc_in/w$", P(None, "mp")),
+    (r"^h_\d+/mlp/fc_in/b$", P("mp")),
+    (r"^h_\d+/mlp/fc_out/w$", P("mp", None)),
+    (r"^h_\d+/mlp/fc_out/b$", P()),
+    (r"^(h_\d+/ln|ln_f)/(scale|offset)$", P()),
+    (r"^lm_head/w$", P(None, "mp")),
+    (r"^lm_head/b$", P("mp")),
+)
+_COMPILED = tuple((re.compile(pattern), spec) for pattern, spec in RULES)
+
+
+def mesh_shape(mesh: Mapping[str, Any] | None, n_devices: int) -> tuple[int, int]:
+    """(dp, mp) for ``n_devices`` from ``{"dp": -1, "mp": 1}``; -1 takes what is left."""
+    cfg = {"dp": -1, "mp": 1} if mesh is None else dict(mesh)
+    unknown = sorted(set(cfg) - set(AXES))
+    if unknown:
+        raise ValueError(f"mesh: unknown axes {unknown}; allowed: {list(AXES)}")
+    dp, mp = cfg.get("dp", -1), cfg.get("mp", 1)
+    for name, value in (("dp", dp), ("mp", mp)):
+        if not isinstance(value, int) or isinstance(value, bool) or (value < 1 and value != -1):
+            raise ValueError(f"mesh.{name} must be a positive int or -1, got {value!r}")
+    if dp == -1 and mp == -1:
+        raise ValueError("mesh: at most one of dp, mp may be -1")
+    if dp == -1 or mp == -1:
+        fixed = mp if dp == -1 else dp
+        if n_devices % fixed:
+            raise ValueError(f"mesh: {n_devices} devices are not divisible by {fixed}")
+        dp, mp = (n_devices // fixed, mp) if dp == -1 else (dp, n_devices // fixed)
+    if dp * mp != n_devices:
+        raise ValueError(f"mesh: dp={dp} x mp={mp} = {dp * mp} != {n_devices} devices")
+    return dp, mp
+
+
+def make_mesh(mesh: Mapping[str, Any] | None = None, devices: Sequence[Any] | None = None) -> Mesh:
+    devices = list(jax.devices() if devices is None else devices)
+    dp, mp = mesh_shape(mesh, len(devices))
+    # Auto axes: XLA propagates shardings through the model (recent JAX defaults to
+    # Explicit axes, which would make every gather/matmul of the model spell out its
+    # output sharding).
+    auto = (jax.sharding.AxisType.Auto,) * len(AXES)
+    return jax.make_mesh((dp, mp), AXES, axis_types=auto, devices=devices)
+
+
+def spec_for(path: str, shape: Sequence[int], mesh: Mesh | None = None) -> P:
+    """The rule's spec for a parameter; raises ``KeyError`` when no rule matches.
+
+    With a mesh, a dimension that the axis size does not divide is replicated
+    instead (e.g. an odd vocabulary on mp=3): correct, just less memory-efficient.
+    """
+    for pattern, spec in _COMPILED:
+        if pattern.match(path):
+            break
+    else:
+        raise KeyError(f"no sharding rule matches parameter {path!r}")
+    if len(spec) > len(shape):
+        raise ValueError(f"sharding rule {spec} for {path!r} has more dims than its shape {tuple(shape)}")
+    if mesh is None:
+        return spec
+    axes = [a if a is None or shape[i] % mesh.shape[a] == 0 else None for i, a in enumerate(spec)]
+    return P(*axes)
+
+
+def _param_path(key_path) -> str | None:
+    """'module/name' from the last two dict keys of a leaf's key path (params,
+    optimizer moments and gradient accumulators all end in {module: {name: leaf}})."""
+    keys = [k.key for k in key_path if isinstance(k, jax.tree_util.DictKey)]
+    return f"{keys[-2]}/{keys[-1]}" if len(keys) >= 2 else None
+
+
+def tree_specs(tree: Any, mesh: Mesh | None = None) -> Any:
+    """PartitionSpecs for a params-like tree or any tree holding params-like subtrees
+    (an optax state). Scalars (step counts) are replicated; any other leaf must match
+    a rule."""
+    def one(key_path, leaf):
+        shape = tuple(leaf.shape) if hasattr(leaf, "shape") else np.shape(leaf)
+        if len(shape) == 0:
+            return P()
+        path = _param_path(key_path)
+        if path is None:
+            raise KeyError(f"no sharding rule for leaf {jax.tree_util.keystr(key_path)}")
+        return spec_for(path, shape, mesh)
+
+    return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def tree_shardings(tree: Any, mesh: Mesh) -> Any:
+    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), tree_specs(tree, mesh),
+                        is_leaf=lambda x: isinstance(x, P))
+
+
+def shard_tree(tree: Any, mesh: Mesh) -> Any:
+    """Place a params-like tree on the mesh according to the rules."""
+    return jax.device_put(tree, tree_shardings(tree, mesh))
+
+
+def batch_sharding(mesh: Mesh, batch_axis: int = 0, ndim: int = 2) -> NamedSharding:
+    """Arrays whose ``batch_axis`` is split over "dp" (the rest replicated)."""
+    axes = [None] * ndim
+    axes[batch_axis] = "dp"
+    return NamedSharding(mesh, P(*axes))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def dp_size(mesh: Mesh) -> int:
+    return int(mesh.shape["dp"])

@@ -1,0 +1,133 @@
+"""The ``haiku_xmap`` backend through its plugin: registration, options, base
+checkpoints, train -> generate round trip, determinism, stop strings."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pluggy
+import pytest
+
+import star_engine.hooks
+from star_engine.api import Backend, GenRequest, GenSpec, TrainExample, TrainSpec
+from star_engine.errors import UserError
+from star_haiku_xmap import plugin
+
+SMALL = dict(preset="tiny", n_layer=1, d_model=64, n_head=4, d_head=16, d_ff=128, rotary_dim=8, n_ctx=64,
+             seq_len=48)
+EXAMPLES = [TrainExample("Q: hi\nA:", " hello world\nQ"), TrainExample("Q: yo\nA:", " bye now\nQ")]
+SPEC = TrainSpec(steps=40, batch_size=4, grad_accum=1, seed=3,
+                 optimizer={"lr": 1e-2, "warmup_steps": 5, "schedule": "linear", "end_lr": 1e-3})
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return plugin.HaikuXmapBackend(**SMALL)
+
+
+@pytest.fixture(scope="module")
+def trained(backend, tmp_path_factory):
+    root = tmp_path_factory.mktemp("run")
+    base = backend.base(root, seed=0)
+    return base, backend.train(base, root / "iter_1" / "model", EXAMPLES, SPEC)
+
+
+def test_registered_through_the_hook_and_entry_point():
+    pm = pluggy.PluginManager("star_engine")
+    pm.add_hookspecs(star_engine.hooks)
+    pm.register(plugin)
+    pm.check_pending()
+    found = {}
+    pm.hook.register_backends(register=lambda name, factory: found.setdefault(name, factory))
+    assert found == {"haiku_xmap": plugin.HaikuXmapBackend}
+    eps = {ep.name: ep.value for ep in entry_points(group="star_engine")}
+    assert eps.get("haiku_xmap") == "star_haiku_xmap.plugin"
+
+
+def test_bad_options_name_the_option(tmp_path):
+    cases = [(dict(preset="huge"), "model.preset"), (dict(dtype="float16"), "model.dtype"),
+             (dict(mesh={"dp": -1, "mp": 3}), "model.mesh"), (dict(seq_len=65), "model.seq_len"),
+             (dict(tokenizer="hf"), "model.tokenizer_file"), (dict(vocab=200), "model.vocab"),
+             (dict(rotary_dim=20), "rotary_dim"), (dict(tokenizer="bpe"), "model.tokenizer")]
+    for options, name in cases:
+        with pytest.raises(UserError, match=name):
+            plugin.HaikuXmapBackend(**{**SMALL, **options})
+
+
+def test_base_is_seeded_and_idempotent(backend, tmp_path):
+    a = backend.base(tmp_path / "a", seed=0)
+    assert Path(a) == tmp_path / "a" / "base_init"
+    ida = backend.checkpoint_id(a)
+    assert backend.base(tmp_path / "a", seed=0) == a and backend.checkpoint_id(a) == ida
+    assert backend.checkpoint_id(backend.base(tmp_path / "b", seed=0)) == ida
+    assert backend.checkpoint_id(backend.base(tmp_path / "c", seed=1)) != ida
+    assert ida == hashlib.sha256((Path(a) / "manifest.msgpack").read_bytes()).hexdigest()
+
+
+def test_train_result_and_checkpoint(backend, trained):
+    base, result = trained
+    for name in ("base", "checkpoint_id", "train", "generate", "describe"):  # the Backend protocol
+        want = inspect.signature(getattr(Backend, name)).parameters
+        assert list(inspect.signature(getattr(backend, name)).parameters) == list(want)[1:]
+    assert Path(result.checkpoint).is_dir() and result.steps == 40 and len(result.losses) == 40
+    assert result.checkpoint_id == backend.checkpoint_id(result.checkpoint) != backend.checkpoint_id(base)
+    # Loss tokens: completion + end-of-text, 4 rows per step.
+    per_row = {len(e.completion.encode()) + 1 for e in EXAMPLES}
+    assert 40 * 4 * min(per_row) <= result.tokens <= 40 * 4 * max(per_row)
+    assert result.losses[-1] < 0.2 * result.losses[0]
+    leftovers = [p.name for p in Path(result.checkpoint).parent.iterdir() if p.name != "model"]
+    assert leftovers == []  # the atomic write left no temporary directory behind
+
+
+def test_generate_learned_text_cut_at_stop(backend, trained):
+    _, result = trained
+    reqs = [GenRequest("Q: hi\nA:", seed=1), GenRequest("Q: yo\nA:", seed=2), GenRequest("Q: hi\nA:", seed=3)]
+    seen = []
+    spec = GenSpec(max_new_tokens=16, temperature=0.0, top_p=1.0, stop=("\n",), batch_size=2)
+    texts = backend.generate(result.checkpoint, reqs, spec, progress=seen.append)
+    assert texts == [" hello world", " bye now", " hello world"] and sum(seen) == 3
+    texts = backend.generate(result.checkpoint, reqs, GenSpec(16, 0.0, 1.0, (" w", "now"), 1))
+    assert texts == [" hello", " bye ", " hello"]
+
+
+def test_sampling_depends_on_seed_only(backend, trained):
+    base, _ = trained  # the random init: sampled text varies a lot with the seed
+    spec = GenSpec(max_new_tokens=12, temperature=1.0, top_p=0.9, stop=(), batch_size=3)
+    reqs = [GenRequest("abc", seed=s) for s in (1, 2, 3)] + [GenRequest("a much longer prompt", seed=1)]
+    a = backend.generate(base, reqs, spec)
+    b = backend.generate(base, list(reversed(reqs)), GenSpec(12, 1.0, 0.9, (), 2))[::-1]
+    assert a == b and a[0] != a[1]
+
+
+def test_retraining_is_bit_identical(backend, trained, tmp_path):
+    base, result = trained
+    again = backend.train(base, tmp_path / "again", EXAMPLES, SPEC)
+    assert again.checkpoint_id == result.checkpoint_id and again.losses == result.losses
+    other = backend.train(base, tmp_path / "other", EXAMPLES, TrainSpec(40, 4, 1, 4, SPEC.optimizer))
+    assert other.checkpoint_id != result.checkpoint_id
+
+
+def test_too_long_completion_is_a_user_error(backend, trained, tmp_path):
+    base, _ = trained
+    with pytest.raises(UserError, match="training example 1"):
+        backend.train(base, tmp_path / "x", [EXAMPLES[0], TrainExample("Q:", "z" * 60)], SPEC)
+    with pytest.raises(UserError, match="optimizer"):
+        backend.train(base, tmp_path / "y", EXAMPLES, TrainSpec(1, 1, 1, 0, {"lr": 1e-3, "momentum": 0.9}))
+
+
+def test_configured_checkpoint_is_the_base(trained, tmp_path):
+    _, result = trained
+    b = plugin.HaikuXmapBackend(checkpoint_path=result.checkpoint, seq_len=48)
+    assert b.base(tmp_path, seed=0) == result.checkpoint
+    assert b.config.n_layer == 1 and b.config.d_model == 64
+    spec = GenSpec(16, 0.0, 1.0, ("\n",), 1)
+    assert b.generate(result.checkpoint, [GenRequest("Q: yo\nA:", 0)], spec) == [" bye now"]
+    with pytest.raises(UserError, match="model.n_layer"):
+        plugin.HaikuXmapBackend(checkpoint_path=result.checkpoint, n_layer=2)
+    d = b.describe()
+    json.dumps(d)
+    assert d["backend"] == "haiku_xmap" and d["model"]["n_layer"] == 1 and d["mesh"]["mp"] == 1

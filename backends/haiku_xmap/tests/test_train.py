@@ -1,0 +1,156 @@
+"""Training: schedules, masked loss, truncation, batching, gradient accumulation,
+determinism, and a tiny model learning to reverse strings it never saw."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from star_haiku_xmap import model, sample, train
+from star_haiku_xmap.config import PRESETS, GPTJConfig
+from star_haiku_xmap.tokenizer import ByteTokenizer
+
+CFG = GPTJConfig(n_layer=2, d_model=64, n_head=4, d_head=16, d_ff=128, rotary_dim=8, n_ctx=64, vocab=264)
+TOK = ByteTokenizer()
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+
+def test_schedules_warmup_then_anneal():
+    base = {"lr": 1.0, "warmup_steps": 10, "end_lr": 0.1}
+    for kind in ("constant", "linear", "cosine"):
+        s = train.make_schedule({**base, "schedule": kind}, total_steps=110)
+        assert float(s(0)) == 0.0 and float(s(5)) == pytest.approx(0.5)
+        assert float(s(10)) == pytest.approx(1.0)
+    const = train.make_schedule({**base, "schedule": "constant"}, 110)
+    lin = train.make_schedule({**base, "schedule": "linear"}, 110)
+    cos = train.make_schedule({**base, "schedule": "cosine"}, 110)
+    assert float(const(100)) == pytest.approx(1.0)
+    assert float(lin(60)) == pytest.approx(0.55) and float(lin(110)) == pytest.approx(0.1)
+    assert float(cos(60)) == pytest.approx(0.55) and float(cos(110)) == pytest.approx(0.1)
+    assert float(cos(30)) > float(lin(30))  # cosine stays high early
+
+
+def test_optimizer_options_validated():
+    assert train.optimizer_options({"lr": 1e-6})["end_lr"] == 1e-6
+    with pytest.raises(ValueError, match="unknown optimizer keys"):
+        train.optimizer_options({"learning_rate": 1e-3})
+    with pytest.raises(ValueError, match="schedule"):
+        train.optimizer_options({"schedule": "step"})
+    with pytest.raises(ValueError, match="warmup_steps"):
+        train.optimizer_options({"warmup_steps": 1.5})
+    with pytest.raises(ValueError, match="b2"):
+        train.optimizer_options({"b2": 1.0})
+
+
+# ----------------------------------------------------------------------------- loss / data
+
+
+def test_masked_loss_counts_completion_tokens_only():
+    params = model.init_params(CFG, 0)
+    e = train.encode_example(TOK, "Q: 12+3\nA:", " 15", seq_len=64)
+    assert e.n_prompt == len("Q: 12+3\nA:") and list(e.ids[e.n_prompt:]) == TOK.encode(" 15") + [TOK.eos_id]
+    b = train.collate([e], np.array([0]), grad_accum=1, batch_size=1, buckets=[16, 64], pad_id=TOK.pad_id)
+    tokens, mask, loss_mask = (jnp.asarray(b[k][0]) for k in ("tokens", "mask", "loss_mask"))
+    assert tokens.shape == (1, 16)
+    total, n = train.token_loss(params, tokens, mask, loss_mask, CFG)
+    logp = jax.nn.log_softmax(model.forward(params, tokens, CFG, mask=mask)[0], -1)
+    ids = list(e.ids)
+    want = -sum(float(logp[t - 1, ids[t]]) for t in range(e.n_prompt, len(ids)))
+    assert int(n) == len(ids) - e.n_prompt == 4
+    assert float(total) == pytest.approx(want, rel=1e-5)
+    # Targets inside the prompt or the padding do not matter at all.
+    tokens2 = tokens.at[0, len(ids):].set(7)
+    again = float(train.token_loss(params, tokens2, mask, loss_mask, CFG)[0])
+    assert again == pytest.approx(float(total), rel=1e-6)
+
+
+def test_truncation_keeps_completion_and_rejects_what_cannot_fit():
+    e = train.encode_example(TOK, "abcdefghij", "XYZ", seq_len=8)
+    assert TOK.decode(e.ids) == "ghijXYZ" and e.n_prompt == 4 and len(e.ids) == 8  # + end-of-text
+    with pytest.raises(ValueError, match="does not fit"):
+        train.encode_example(TOK, "ab", "0123456789", seq_len=8)
+
+
+def test_plan_is_seeded_and_bucketed():
+    lengths = [5, 40, 7, 33, 9, 60, 6, 35] * 4
+    a = train.plan_steps(lengths, steps=6, per_step=4, seed=1)
+    b = train.plan_steps(lengths, steps=6, per_step=4, seed=1)
+    c = train.plan_steps(lengths, steps=6, per_step=4, seed=2)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b)) and len(a) == 6
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+    assert sorted(np.concatenate(train.plan_steps(lengths, steps=8, per_step=4, seed=3))) == list(range(32))
+    assert train.bucket_lengths(100) == [16, 32, 64, 100]
+    # Sorting within a window groups lengths: most steps pad to a short bucket.
+    enc = [train.Encoded(np.zeros(n, np.int32), 1) for n in lengths]
+    Ts = [train.collate(enc, idx, grad_accum=1, batch_size=4, buckets=[16, 32, 64], pad_id=0)["tokens"].shape[2]
+          for idx in train.plan_steps(lengths, steps=8, per_step=4, seed=0)]
+    assert Ts.count(16) == 4 and Ts.count(64) == 4
+
+
+def test_collate_pads_rows_for_data_parallelism():
+    enc = [train.encode_example(TOK, "ab", "c", 16) for _ in range(3)]
+    b = train.collate(enc, np.arange(3), grad_accum=1, batch_size=3, buckets=[16], pad_id=0, row_multiple=2)
+    assert b["tokens"].shape == (1, 4, 16) and not b["mask"][0, 3].any() and not b["loss_mask"][0, 3].any()
+
+
+def test_gradient_accumulation_is_a_per_token_mean_over_the_whole_step():
+    params = model.init_params(CFG, 1)
+    enc = [train.encode_example(TOK, "p" * (i + 1), "c" * (3 * i + 1), 32) for i in range(4)]
+    tx = train.make_optimizer({"lr": 1e-3}, 1)
+    out = {}
+    for A, B in ((1, 4), (2, 2)):  # micro-batches of 7 and 19 loss tokens
+        batch = train.collate(enc, np.arange(4), grad_accum=A, batch_size=B, buckets=[32], pad_id=0)
+        state = train.init_state(jax.tree.map(jnp.copy, params), tx)
+        _, m = train.make_update(CFG, tx)(state, batch)
+        out[A] = (float(m["loss"]), float(m["grad_norm"]), float(m["tokens"]))
+    assert out[1][2] == out[2][2] == 2 + 5 + 8 + 11
+    assert out[2][0] == pytest.approx(out[1][0], rel=1e-5)
+    assert out[2][1] == pytest.approx(out[1][1], rel=1e-4)
+
+
+def test_training_is_bit_identical_and_leaves_inputs_alone():
+    params = model.init_params(CFG, 2)
+    enc = [train.encode_example(TOK, f"{i}+{i}=", str(2 * i), 32) for i in range(20)]
+    kw = dict(steps=3, batch_size=4, grad_accum=2, seed=5, optimizer={"lr": 1e-3, "weight_decay": 0.1},
+              seq_len=32, pad_id=TOK.pad_id)
+    p1, l1, n1 = train.train(params, CFG, enc, **kw)
+    p2, l2, n2 = train.train(params, CFG, enc, **kw)  # `params` must still be usable (not donated)
+    assert l1 == l2 and n1 == n2 and len(l1) == 3
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)))
+    assert not np.array_equal(p1["lm_head"]["w"], params["lm_head"]["w"])
+
+
+def test_tiny_model_learns_to_reverse_unseen_strings():
+    cfg = PRESETS["tiny"].replace(n_ctx=32)
+    words = ["".join(w) for w in itertools.product("abcdefgh", repeat=3)]
+    np.random.default_rng(0).shuffle(words)
+    held_out, seen = words[:24], words[24:]
+    enc = [train.encode_example(TOK, w + ">", w[::-1], 32) for w in seen]
+    params, losses, n_tokens = train.train(
+        model.init_params(cfg, 0), cfg, enc, steps=200, batch_size=32, grad_accum=1, seed=0, seq_len=32,
+        pad_id=TOK.pad_id, optimizer={"lr": 3e-3, "warmup_steps": 20, "schedule": "cosine", "end_lr": 3e-4})
+    assert n_tokens == 200 * 32 * 4
+    assert np.mean(losses[-10:]) < 0.02 * np.mean(losses[:5])
+    tokens, mask = sample.left_pad([TOK.encode(w + ">") for w in held_out], TOK.pad_id)
+    out = sample.generate(params, tokens, mask, sample.keys_from_seeds([0] * 24), 0.0, 1.0, config=cfg,
+                          max_new_tokens=6, eos_id=TOK.eos_id, valid_vocab=TOK.vocab_size)
+    got = [TOK.decode(sample.trim(row, TOK.eos_id)) for row in np.asarray(out)]
+    assert sum(g == w[::-1] for g, w in zip(got, held_out)) >= 22, list(zip(held_out, got))
+
+
+def test_bfloat16_training_keeps_dtypes():
+    cfg = CFG.replace(dtype="bfloat16")
+    enc = [train.encode_example(TOK, "ab", "cd", 16) for _ in range(4)]
+    params, losses, _ = train.train(model.init_params(cfg, 0), cfg, enc, steps=2, batch_size=2, grad_accum=1,
+                                    seed=0, optimizer={"lr": 1e-3}, seq_len=16, pad_id=TOK.pad_id)
+    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(params))
+    assert np.isfinite(losses).all() and losses[1] < losses[0]
+    tx = train.make_optimizer({"lr": 1e-3}, 1)
+    moments = [x for x in jax.tree.leaves(train.init_state(params, tx).opt_state) if x.ndim > 0]
+    assert moments and all(x.dtype == jnp.float32 for x in moments)
