@@ -11,7 +11,7 @@ from pathlib import Path
 from .errors import UserError
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(commands: dict | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="star-engine", description="Run STaR (Self-Taught Reasoner) experiments.")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -32,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="write report.png and report.md for a run directory")
     rep.add_argument("run_dir", type=Path)
     rep.add_argument("--compare", type=Path, default=None, help="a second run directory to overlay")
+    for name, command in (commands or {}).items():  # subcommands contributed by plugins
+        command.add_arguments(sub.add_parser(name, help=command.help))
     return p
 
 
@@ -106,11 +108,33 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+BUILTIN = {"run": cmd_run, "validate": cmd_validate, "plugins": cmd_plugins, "report": cmd_report}
+
+
+def _plugin_commands() -> dict:
+    """Subcommands from ``register_commands``; a broken one is left out (``plugins`` shows why)."""
+    from .registry import Registry
+
+    reg = Registry()
+    out = {}
+    for name, comp in sorted(reg.components["command"].items()):
+        if name in BUILTIN or comp.plugin.error or (("command", name) in reg.conflicts):
+            continue
+        try:
+            out[name] = comp.factory()
+        except Exception:  # noqa: BLE001 -- a plugin's bug must not break the core commands
+            continue
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    handler = {"run": cmd_run, "validate": cmd_validate, "plugins": cmd_plugins, "report": cmd_report}
+    argv = sys.argv[1:] if argv is None else argv
+    commands = _plugin_commands() if argv and argv[0] not in BUILTIN else {}
+    args = _parser(commands).parse_args(argv)
     try:
-        return handler[args.command](args)
+        if args.command in commands:
+            return int(commands[args.command].run(args))
+        return BUILTIN[args.command](args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

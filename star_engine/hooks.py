@@ -97,6 +97,19 @@ def register_backends(register) -> None:
 
 
 @hookspec
+def register_commands(register) -> None:
+    """Register extra ``star-engine`` subcommands (e.g. a backend's ``convert``).
+
+    Args:
+        register: ``register(name, factory)``; ``factory()`` returns an object with
+            ``help`` (one line), ``add_arguments(parser)`` (an argparse parser) and
+            ``run(args) -> int`` (the exit code; raise ``UserError`` for bad input).
+    Returns: nothing.
+    Called: once, when the registry is built; the commands appear in ``star-engine --help``.
+    """
+
+
+@hookspec
 def on_run_start(run_dir: Path, config: Mapping[str, Any]) -> None:
     """A run starts or resumes.
 

@@ -37,6 +37,7 @@ KINDS = {  # kind -> the register_* hook that fills it
     "filter": "register_filters",
     "schedule": "register_schedules",
     "backend": "register_backends",
+    "command": "register_commands",
 }
 OBSERVER_HOOKS = ("on_run_start", "on_iteration_start", "on_iteration_end", "on_run_end")
 

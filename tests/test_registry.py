@@ -166,3 +166,38 @@ def test_builtins_come_through_entry_points():
             found.setdefault(kind, set()).update(names)
     for kind, names in BUILTINS.items():
         assert names <= found.get(kind, set()), (kind, found.get(kind))
+
+
+class Hello:
+    help = "print a greeting"
+
+    def add_arguments(self, parser):
+        parser.add_argument("name")
+
+    def run(self, args):
+        if args.name == "nobody":
+            from star_engine.errors import UserError
+            raise UserError("hello: nobody to greet")
+        print(f"hello {args.name}")
+        return 0
+
+
+def test_register_commands_adds_subcommands(monkeypatch, capsys):
+    from star_engine.cli import main
+
+    use(monkeypatch, FakeEP("cmds", plugin(register_commands=lambda register: register("hello", Hello)), "star-cmd"))
+    assert main(["hello", "world"]) == 0
+    assert capsys.readouterr().out == "hello world\n"
+    assert main(["hello", "nobody"]) == 2
+    assert "error: hello: nobody to greet" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "hello" in capsys.readouterr().out
+
+
+def test_command_cannot_shadow_builtin(monkeypatch, capsys):
+    from star_engine.cli import main
+
+    use(monkeypatch, FakeEP("cmds", plugin(register_commands=lambda register: register("plugins", Hello)), "star-cmd"))
+    assert main(["plugins", "--requirements"]) == 0
+    assert "star-engine==" in capsys.readouterr().out
