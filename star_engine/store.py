@@ -17,7 +17,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -177,7 +177,7 @@ class RunStore:
         self.manifest["checkpoints"][rel] = checkpoint_id
         self._save_manifest()
 
-    def checkpoint_done(self, rel: str, current_id: "callable") -> bool:
+    def checkpoint_done(self, rel: str, current_id: Callable[[str], str]) -> bool:
         """True when the checkpoint folder exists and still has its recorded id."""
         want = self.manifest["checkpoints"].get(rel)
         path = self.root / rel
@@ -193,10 +193,3 @@ class RunStore:
             del self.manifest["checkpoints"][rel]
             self._save_manifest()
         return ok
-
-
-def concat_rows(parts: Iterable[list[dict]]) -> list[dict]:
-    out: list[dict] = []
-    for p in parts:
-        out.extend(p)
-    return out
