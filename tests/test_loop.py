@@ -181,3 +181,53 @@ def test_gold_source_direct_baseline(scripted, toy_toml):
     r = rows(path.parent / "run", "iterations/001/rationales.parquet")
     assert len(r) == 24 and all(x["kept"] and x["rationale"].startswith(" The answer is") for x in r)
     assert not (path.parent / "run/iterations/001/generated.parquet").exists()
+
+
+def _run(path, *sets):
+    args = ["run", str(path), "--quiet"]
+    for s in sets:
+        args += ["--set", s]
+    assert main(args) == 0
+    return path.parent / "run"
+
+
+def test_few_shot_train_keeps_prompt_in_stored_examples(scripted, toy_toml):
+    run = _run(toy_toml(), "task.few_shot_train=true", "experiment.iterations=1")
+    kept = [r for r in rows(run, "iterations/001/rationales.parquet") if r["kept"]]
+    assert kept and all(r["prompt"].startswith("Q: 1+1\nA: one plus one.") for r in kept)
+    assert all("hint" not in r["prompt"] for r in kept)  # hinted ones get the hint-free few-shot prompt
+
+
+def test_show_hint_save_stores_hinted_context(scripted, toy_toml):
+    run = _run(toy_toml(), "rationalization.p_show_hint_save=1.0", "experiment.iterations=1")
+    hinted = [r for r in rows(run, "iterations/001/rationales.parquet") if r["was_hinted"]]
+    assert hinted and all("(hint: " in r["prompt"] for r in hinted)
+
+
+def test_no_prompt_evaluates_without_few_shot_after_fine_tuning(scripted, toy_toml):
+    import hashlib
+
+    run = _run(toy_toml(), "evaluation.no_prompt=true", "experiment.iterations=1")
+    ev0 = {r["question_id"]: r["prompt_hash"] for r in rows(run, "iterations/000/eval_dev.parquet")}
+    ev1 = {r["question_id"]: r["prompt_hash"] for r in rows(run, "iterations/001/eval_dev.parquet")}
+    from scripted_plugin import ToyTask
+
+    task = ToyTask()
+    for ex in task.load("dev", None):
+        ctx = task.context(ex)
+        assert ev1[ex.id] == hashlib.sha256(ctx.encode()).hexdigest()[:16]
+        assert ev0[ex.id] == hashlib.sha256((task.prompt("rationale") + ctx).encode()).hexdigest()[:16]
+
+
+def test_n_train_samples_draws_a_seeded_subset_per_iteration(scripted, toy_toml):
+    run = _run(toy_toml(), "generation.n_train_samples=10", "rationalization.enabled=false")
+    ids = [{r["question_id"] for r in rows(run, f"iterations/{n:03d}/generated.parquet")} for n in (1, 2, 3)]
+    assert all(len(s) == 10 for s in ids) and ids[0] != ids[1]
+    assert not (run / "iterations/001/rationalized.parquet").exists()
+
+
+def test_early_stop_on_dev_plateau(scripted, toy_toml):
+    run = _run(toy_toml(), "experiment.early_stop_patience=1", "experiment.iterations=3")
+    # The scripted model's dev accuracy never changes: iteration 2 does not improve on 1, so it stops.
+    assert (run / "iterations/002").exists() and not (run / "iterations/003").exists()
+    assert "early_stop" in (run / "events.jsonl").read_text()
