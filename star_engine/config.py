@@ -177,6 +177,8 @@ def _validate(src: str, data: dict[str, Any], schema: dict[str, Any], prefix: st
         value = data[key]
         if not _type_ok(spec.type, value):
             raise UserError(f"{src}: {path}: expected {_TYPE_NAMES[spec.type]}, got {_describe(value)}")
+        if spec.type == "float" and not math.isfinite(value):
+            raise UserError(f"{src}: {path}: must be a finite number, got {value!r}")
         if spec.check is not None and not spec.check(value):
             raise UserError(f"{src}: {path}: {spec.rule}, got {value!r}")
         out[key] = float(value) if spec.type == "float" else copy.deepcopy(value)
@@ -212,11 +214,17 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:
 
 def load_toml(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read ({e})") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise UserError(f"{path}:{line}:{col}: not valid UTF-8 (byte 0x{data[e.start]:02x})") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

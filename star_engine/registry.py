@@ -156,7 +156,8 @@ class Registry:
             fn = getattr(plugin, attr, None)
             if callable(fn) and hasattr(fn, "star_engine_impl") and attr not in known:
                 return f"hook '{attr}' is not a star_engine hook{close_matches(attr, known)}"
-        return f"invalid hook implementation: {e}"
+        detail = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())  # one line
+        return f"invalid hook implementation: {detail}"
 
     def _registrar(self, kind: str, info: PluginInfo) -> Callable[[str, Callable[..., Any]], None]:
         def register(name: str, factory: Callable[..., Any]) -> None:

@@ -15,7 +15,7 @@ from . import __version__, ui
 from .errors import UserError
 from .experiment import Experiment, config_hash
 from .loop import run_star
-from .store import RunStore, atomic_write_bytes, atomic_write_json, clean_temporaries
+from .store import TMP_PREFIX, RunStore, atomic_write_bytes, atomic_write_json, clean_temporaries
 
 log = structlog.get_logger("star_engine")
 
@@ -31,6 +31,13 @@ def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 # Keys that may change when a run is resumed: they extend or observe it, they do not change its results.
 RESUMABLE_CHANGES = {"experiment.iterations", "experiment.early_stop_patience", "experiment.output_dir"}
+
+
+def _killed_at_start(root: Path) -> bool:
+    """A run directory whose first start died before writing config.json: it holds only
+    the files a start writes first (events.jsonl, experiment.toml) and temporaries."""
+    names = {p.name for p in root.iterdir() if not p.name.startswith(TMP_PREFIX)}
+    return "events.jsonl" in names and names <= {"events.jsonl", "experiment.toml"}
 
 
 def prepare_run_dir(exp: Experiment, toml_path: Path) -> RunStore:
@@ -51,9 +58,10 @@ def prepare_run_dir(exp: Experiment, toml_path: Path) -> RunStore:
         removed = clean_temporaries(root)
         ui.configure_logging(root)
         log.info("resume", run_dir=str(root), temporaries_removed=removed)
-    elif root.exists() and any(root.iterdir()):
+    elif root.exists() and any(root.iterdir()) and not _killed_at_start(root):
         raise UserError(f"{root}: exists and is not a star-engine run directory; choose another experiment.output_dir")
     else:
+        clean_temporaries(root)  # a first start killed before config.json may have left some
         root.mkdir(parents=True, exist_ok=True)
         ui.configure_logging(root)
         atomic_write_bytes(root / "experiment.toml", toml_path.read_bytes())

@@ -10,17 +10,20 @@ batching or on where a run was interrupted.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 import structlog
 
 from . import ui
 from .api import Candidate, Example, GenRequest, GenSpec, TrainExample, TrainSpec
+from .errors import PluginError, UserError
 from .experiment import Experiment
 from .store import RunStore
 
@@ -110,10 +113,20 @@ class Stages:
 
     def _finish(self, rel: str, rows: list[dict], schema: pa.Schema, chunk_dir: str | None) -> list[dict]:
         self.store.write_table(rel, rows, schema)
-        if chunk_dir:  # the chunks are now inside the stage's file
-            self.store.forget(chunk_dir + "/")
-            shutil.rmtree(self.store.root / chunk_dir, ignore_errors=True)
+        if chunk_dir:
+            self._drop_chunks(chunk_dir)
         return rows
+
+    def _stored(self, rel: str, chunk_dir: str) -> list[dict]:
+        """A finished stage's rows; chunks left by a run killed just after the stage's
+        file was written are dropped now (their rows are in that file)."""
+        if (self.store.root / chunk_dir).exists():
+            self._drop_chunks(chunk_dir)
+        return self.store.read_rows(rel)
+
+    def _drop_chunks(self, chunk_dir: str) -> None:
+        self.store.forget(chunk_dir + "/")  # the chunks are inside the stage's file
+        shutil.rmtree(self.store.root / chunk_dir, ignore_errors=True)
 
     # -- the train questions of an iteration ----------------------------------------
     def train_questions(self, n: int) -> list[Example]:
@@ -140,7 +153,7 @@ class Stages:
     def generate(self, n: int, model: str, questions: Sequence[Example]) -> list[dict]:
         rel = f"{it_dir(n)}/generated.parquet"
         if self.store.done(rel):
-            return self.store.read_rows(rel)
+            return self._stored(rel, f"{it_dir(n)}/generate")
         t0, k = time.perf_counter(), self.cfg["generation"]["samples_per_question"]
         items = [(ex, s) for ex in questions for s in range(k)]
         prefix = self.task.prompt(self.kind)
@@ -159,7 +172,7 @@ class Stages:
     def rationalize(self, n: int, model: str, wrong: Sequence[Example]) -> list[dict]:
         rel = f"{it_dir(n)}/rationalized.parquet"
         if self.store.done(rel):
-            return self.store.read_rows(rel)
+            return self._stored(rel, f"{it_dir(n)}/rationalize")
         t0, r = time.perf_counter(), self.cfg["rationalization"]
         chosen = [ex for ex in wrong if coin(r["p_rationalization"], self.seed, n, ex.id, "rationalize")]
         k = self.cfg["generation"]["samples_per_question"]
@@ -242,7 +255,7 @@ class Stages:
         else:
             shutil.rmtree(self.store.root / model_rel, ignore_errors=True)  # a stale, unrecorded attempt
             spec = TrainSpec(steps, section["batch_size"], section["grad_accum"], seed, section["optimizer"])
-            with ui.progress(f"{rel_dir}: train", steps) as advance:
+            with ui.progress(f"{rel_dir}: train", steps) as advance, _disk_full(self.store.root / model_rel):
                 res = self.backend.train(self.path(init), self.store.root / model_rel, examples, spec,
                                          progress=advance)
             self.store.record_checkpoint(model_rel, res.checkpoint_id)
@@ -255,7 +268,14 @@ class Stages:
 
     def base_model(self) -> str:
         """The base model: the backend's, or one trained from the task's seed examples."""
-        init = self._ref(self.backend.base(self.store.root / "base", self.seed))
+        rec = self.store.manifest.get("base_checkpoint")
+        if rec and not self.store.checkpoint_done(rec, self.backend.checkpoint_id):
+            self.store.manifest["checkpoints"].pop(rec, None)  # damaged (and removed) or gone: written again
+        with _disk_full(self.store.root / "base"):
+            init = self._ref(self.backend.base(self.store.root / "base", self.seed))
+        if not Path(init).is_absolute() and init not in self.store.manifest["checkpoints"]:
+            self.store.record_checkpoint(init, self.checkpoint_id(init))
+            self.store.set_header(base_checkpoint=init)
         bt = self.cfg["base_training"]
         if bt["steps"] == 0:
             return init
@@ -267,7 +287,7 @@ class Stages:
     def evaluate(self, n: int, model: str, split: str) -> list[dict]:
         rel = f"{it_dir(n)}/eval_{split}.parquet"
         if self.store.done(rel):
-            return self.store.read_rows(rel)
+            return self._stored(rel, f"{it_dir(n)}/eval_{split}")
         t0, examples = time.perf_counter(), self.exp.splits[split]
         # no_prompt drops the few-shot prompt once the model has been fine-tuned (as the original).
         prefix = "" if (self.cfg["evaluation"]["no_prompt"] and n > 0) else self.task.prompt(self.kind)
@@ -284,6 +304,19 @@ class Stages:
                          "correct": bool(v.correct), "model_checkpoint": mid, "prompt_hash": prompt_hash(full)})
         self._timed("evaluate", t0)
         return self._finish(rel, rows, EVAL_SCHEMA, f"{it_dir(n)}/eval_{split}")
+
+
+@contextlib.contextmanager
+def _disk_full(path: Path) -> Iterator[None]:
+    """Name ``path`` when the backend runs out of disk space writing it (the OSError of
+    a failed write names no file); the store's records are untouched."""
+    try:
+        yield
+    except PluginError as e:
+        if isinstance(e.__cause__, OSError) and e.__cause__.errno == errno.ENOSPC:
+            raise UserError(f"{path}: no space left on device while the backend wrote this checkpoint; the run's "
+                            f"previous state is intact (free some space and rerun to resume)") from None
+        raise
 
 
 def _candidate(r: dict) -> Candidate:

@@ -4,7 +4,8 @@ Every artifact is written to a temporary file in its final folder, fsynced and
 renamed into place, then recorded with its sha256 in ``manifest.json`` (itself
 written the same way). An artifact counts as done only when the file's sha256
 equals the manifest's record, so a crash between the two writes, a truncated
-file or a flipped bit all make the stage that produced it run again.
+file or a flipped bit all make the stage that produced it run again. A checkpoint
+is recorded with its id and the sha256 of every file in it, and checked the same way.
 """
 
 from __future__ import annotations
@@ -79,12 +80,18 @@ def parquet_bytes(table: pa.Table, metadata: Mapping[str, str] | None = None) ->
     return buf.getvalue()
 
 
+def is_temporary(name: str) -> bool:
+    """A writer's temporary: ``.tmp-<name>...`` (this module's) or ``.<name>.tmp-...`` (a backend's)."""
+    return name.startswith(TMP_PREFIX) or (name.startswith(".") and TMP_PREFIX in name)
+
+
 def clean_temporaries(root: Path) -> int:
     """Remove temporary files and folders left by a killed writer. Returns how many."""
     n = 0
     if not root.exists():
         return 0
-    for p in sorted(root.rglob(f"{TMP_PREFIX}*"), key=lambda q: len(q.parts), reverse=True):
+    found = [p for p in root.rglob(".*") if is_temporary(p.name)]
+    for p in sorted(found, key=lambda q: len(q.parts), reverse=True):
         if p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
         else:
@@ -174,22 +181,45 @@ class RunStore:
 
     # -- checkpoints ---------------------------------------------------------------
     def record_checkpoint(self, rel: str, checkpoint_id: str) -> None:
-        self.manifest["checkpoints"][rel] = checkpoint_id
+        """Record a checkpoint: its id and the sha256 and size of every file in it."""
+        self.manifest["checkpoints"][rel] = {"id": checkpoint_id, "files": _digest(self.root / rel)}
         self._save_manifest()
 
     def checkpoint_done(self, rel: str, current_id: Callable[[str], str]) -> bool:
-        """True when the checkpoint folder exists and still has its recorded id."""
-        want = self.manifest["checkpoints"].get(rel)
+        """True when the checkpoint exists, every file recorded for it is intact and it
+        still has its recorded id. A damaged checkpoint is removed (its stage runs again)
+        and the damaged files are named in the log."""
+        rec = self.manifest["checkpoints"].get(rel)
         path = self.root / rel
-        if want is None or not path.exists():
+        if rec is None or not path.exists():
             return False
-        try:
-            ok = current_id(str(path)) == want
-        except (OSError, UserError):
-            ok = False
-        if not ok:
-            log.warning("damaged_checkpoint", path=str(path))
+        if isinstance(rec, str):  # recorded by an older version: the id only
+            rec = {"id": rec, "files": {}}
+        damaged = []
+        for name, want in sorted(rec["files"].items()):
+            f = path if name == "." else path / name
+            if not f.is_file() or f.stat().st_size != want["bytes"] or sha256_file(f) != want["sha256"]:
+                damaged.append(str(f))
+        if not damaged:
+            try:
+                if current_id(str(path)) != rec["id"]:
+                    damaged.append(str(path))
+            except (OSError, UserError):
+                damaged.append(str(path))
+        if not damaged:
+            return True
+        log.warning("damaged_checkpoint", path=str(path), damaged=damaged)
+        if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
-            del self.manifest["checkpoints"][rel]
-            self._save_manifest()
-        return ok
+        else:
+            path.unlink(missing_ok=True)
+        del self.manifest["checkpoints"][rel]
+        self._save_manifest()
+        return False
+
+
+def _digest(path: Path) -> dict[str, dict[str, Any]]:
+    """{name relative to ``path`` ("." for a file checkpoint): sha256 and size} of its files."""
+    files = [path] if path.is_file() else sorted(q for q in path.rglob("*") if q.is_file())
+    return {("." if q == path else q.relative_to(path).as_posix()):
+            {"sha256": sha256_file(q), "bytes": q.stat().st_size} for q in files}

@@ -14,26 +14,53 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from .errors import UserError
+
 console = Console(stderr=True)
 _event_file: list[Any] = [None]
+_quiet: list[bool] = [False]
 
 
 def _tee_json(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
     f = _event_file[0]
     if f is not None:
-        f.write(json.dumps(event, default=str, sort_keys=True) + "\n")
-        f.flush()
+        try:
+            f.write(json.dumps(event, default=str, sort_keys=True) + "\n")
+            f.flush()
+        except OSError as e:  # e.g. a full disk: one line naming the file, not a traceback
+            _event_file[0] = None
+            with contextlib.suppress(OSError):
+                f.close()
+            raise UserError(f"{f.name}: cannot write the event log ({e.strerror or e}); free some space and "
+                            f"rerun to resume") from None
     return event
 
 
-def configure_logging(run_dir: Path | None = None, quiet: bool = False) -> None:
-    """Log to ``run_dir/events.jsonl`` (JSON, one event a line) and to the console."""
+def _open_event_log(path: Path) -> Any:
+    """Append to the event log, first dropping a torn last line (a write cut short by a
+    kill or a full disk), so that every line stays one JSON event."""
+    if path.exists():
+        with open(path, "rb+") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - (1 << 20)))
+            tail = f.read()
+            if tail and not tail.endswith(b"\n") and (b"\n" in tail or len(tail) == size):
+                f.truncate(size - len(tail) + tail.rfind(b"\n") + 1)
+    return open(path, "a", encoding="utf-8")  # noqa: SIM115
+
+
+def configure_logging(run_dir: Path | None = None, quiet: bool | None = None) -> None:
+    """Log to ``run_dir/events.jsonl`` (JSON, one event a line) and to the console
+    (not with ``quiet``; None keeps the last setting, e.g. ``--quiet`` once the run
+    directory is opened)."""
+    quiet = _quiet[0] if quiet is None else quiet
+    _quiet[0] = quiet
     if _event_file[0] is not None:
         _event_file[0].close()
         _event_file[0] = None
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
-        _event_file[0] = open(run_dir / "events.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+        _event_file[0] = _open_event_log(run_dir / "events.jsonl")
     renderer: Callable[..., Any] = structlog.dev.ConsoleRenderer(colors=console.is_terminal)
     processors: list[Any] = [structlog.processors.add_log_level,
                              structlog.processors.TimeStamper(fmt="iso", utc=True), _tee_json]

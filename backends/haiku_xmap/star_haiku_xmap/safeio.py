@@ -40,6 +40,8 @@ def read_bounded(path: str | os.PathLike, max_bytes: int) -> bytes:
             data = f.read(size + 1)  # read(n) preallocates n bytes: ask only for what is there
     except FileNotFoundError:
         raise IntegrityError(f"{p}: missing") from None
+    except OSError as exc:  # e.g. a file where a checkpoint folder was expected
+        raise IntegrityError(f"{p}: cannot read ({exc.strerror or exc})") from None
     if len(data) != size:
         raise IntegrityError(f"{p}: changed size while being read")
     return data
@@ -61,9 +63,13 @@ def _refuse_ext(code: int, data: bytes) -> Any:
 
 
 def _check_depth(obj: Any, max_depth: int) -> None:
+    """Bounded nesting, and no ext values: msgpack decodes ext type -1 (Timestamp)
+    itself, without asking ``ext_hook``, so it is refused here."""
     stack = [(obj, 1)]
     while stack:
         item, depth = stack.pop()
+        if isinstance(item, msgpack.Timestamp):
+            raise ValueError("ext type -1 (Timestamp) is not allowed")
         if isinstance(item, (dict, list)):
             if depth > max_depth:
                 raise ValueError(f"nesting deeper than {max_depth}")
@@ -205,6 +211,8 @@ def read_safetensors_header(path: str | os.PathLike) -> tuple[dict[str, TensorIn
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise IntegrityError(f"{p}: safetensors header is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise IntegrityError(f"{p}: safetensors header nests too deeply") from None
     if not isinstance(header, dict):
         raise IntegrityError(f"{p}: safetensors header is not a JSON object")
     base, data_len = 8 + n, size - 8 - n

@@ -1,0 +1,126 @@
+"""Kill -9 and resume with the real haiku_xmap backend (scripts/kill_matrix.py).
+
+The default run kills the shortened embedded-default experiment 5 times (at the creation
+of the run directory, right after iteration 1's checkpoint appears, and at 3 seeded random
+moments in the rest of the run) and checks that the resumed run ends with the reference's
+rows, train.json files and bit-identical parameters, with no temporary file left. The full
+matrix (every stage boundary + 20 random moments) is ``pytest -m slow``.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import REPO, TOY_TOML, cli, scripted_env
+
+sys.path.insert(0, str(REPO / "scripts"))
+import kill_matrix as km  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    return km.shared_reference(tmp_path_factory.getbasetemp() / "kill-matrix")
+
+
+def test_reference_exercises_every_stage(shared):
+    _, ref = shared
+    assert not km.check_reference(ref)  # both iterations fine-tune, so kills can hit training
+    for rel in km.BOUNDARIES.values():
+        assert (ref.run_dir / rel).exists(), rel
+    assert not km.temporaries(ref.run_dir)
+
+
+def test_short_kill_matrix(shared):
+    matrix, ref = shared
+    when = {rel: t for t, rel in ref.timeline}
+    kills = matrix.boundary_kills(["start", "checkpoint"], ref)
+    # Random moments after iteration 1's fine-tuning: they cannot race the checkpoint kill.
+    later = when["iterations/001/train.json"]
+    kills += matrix.random_kills(ref, 3, random.Random(11), lo=later + 0.01)
+    kills.sort(key=lambda k: (k.name != "start", k.at))
+    res, rest = matrix.chain("short", kills)
+    assert not rest, "the run finished before every kill landed"
+    assert res.finished and len(res.kills) == 5 and res.resumes == 5
+    assert [k.name for k in res.kills][:1] == ["start"]
+    matrix.compare(res, ref)
+    assert res.problems == []
+    c = res.comparison
+    assert (c.lost, c.duplicated, c.changed, res.orphans) == (0, 0, 0, 0)
+    assert c.rows > 100 and c.checkpoints == 4 and c.arrays > 50
+
+
+def test_comparison_finds_lost_duplicated_changed_rows_and_flipped_bits(shared):
+    _, ref = shared
+    assert km.compare(ref.snap, ref.snap).problems == []
+    bad = copy.deepcopy(ref.snap)
+    rel = "iterations/001/rationales.parquet"
+    rows = bad.parquet[rel]
+    rows.append(dict(rows[0]))  # a duplicate
+    del rows[1]  # a lost row
+    rows[2] = {**rows[2], "rationale": rows[2]["rationale"] + "!"}  # a changed row
+    ck = bad.checkpoints["iterations/002/model"]["arrays"]
+    name = sorted(ck)[0]
+    flipped = ck[name].copy()
+    flipped.view(np.uint8).reshape(-1)[0] ^= 1
+    ck[name] = flipped
+    del bad.parquet["iterations/002/eval_dev.parquet"]
+    c = km.compare(ref.snap, bad)
+    assert (c.lost, c.duplicated, c.changed) == (1 + len(ref.snap.parquet["iterations/002/eval_dev.parquet"]), 1, 1)
+    assert c.differences == 3
+    assert any(f"parameter {name} is not bit-identical" in p for p in c.problems)
+
+
+def test_script_exits_non_zero_on_differences(monkeypatch, tmp_path, capsys):
+    def fake(matrix, names, n_random, seed, **kw):
+        totals = km.Totals(kills=len(names) + n_random, boundary_kills=len(names), random_kills=n_random,
+                           problems=["iterations/001/rationales.parquet: 1 rows lost"])
+        return km.Reference(tmp_path, 1.0, [], km.Snapshot({}, {}, {})), totals
+
+    monkeypatch.setattr(km, "run_matrix", fake)
+    assert km.main(["--workdir", str(tmp_path), "--random", "2", "--boundaries", "start"]) == 1
+    out = capsys.readouterr().out
+    assert "differences: 1" in out and "kills: 3" in out
+    monkeypatch.setattr(km, "run_matrix", lambda *a, **k: (fake(*a, **k)[0], km.Totals(kills=3, boundary_kills=1,
+                                                                                           random_kills=2)))
+    assert km.main(["--workdir", str(tmp_path), "--random", "2", "--boundaries", "start"]) == 0
+    assert "differences: 0" in capsys.readouterr().out
+
+
+def test_run_killed_before_config_json_starts_again(toy_toml):
+    """A first start killed after creating the run directory but before config.json
+    (the window the 'start' kill aims at) must not brick the run directory."""
+    path = toy_toml()
+    run = path.parent / "run"
+    run.mkdir()
+    (run / "events.jsonl").write_text('{"event": "start"}\n')
+    (run / "experiment.toml").write_bytes(path.read_bytes())
+    (run / ".tmp-experiment.toml.4242").write_bytes(b"half")
+    res = cli("run", str(path), "--quiet")
+    assert res.returncode == 0, res.stderr
+    assert (run / "config.json").exists() and (run / "iterations/003/metrics.parquet").exists()
+    assert not list(run.rglob(".tmp-*"))
+    # A folder with anything else in it is still refused.
+    other = path.parent / "other"
+    other.mkdir()
+    (other / "events.jsonl").write_text("")
+    (other / "notes.txt").write_text("mine")
+    path.write_text(TOY_TOML.format(out=other.as_posix()))
+    res = cli("run", str(path), "--quiet", env=scripted_env())
+    assert res.returncode == 2 and "is not a star-engine run directory" in res.stderr
+
+
+@pytest.mark.slow
+def test_full_kill_matrix(tmp_path):
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "kill_matrix.py"), "--workdir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=1800)
+    print(res.stdout[-6000:])
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    assert "differences: 0" in res.stdout
+    kills = int(res.stdout.split("\nkills: ")[1].split()[0])
+    assert kills >= 20 + len(km.BOUNDARIES)
