@@ -5,8 +5,10 @@ Prints ONE JSON line: greedy generation and training tokens/s in steady state
 measured here, device and thread count. ``--peer`` also times HF
 ``GPTJForCausalLM`` (torch, CPU, same shapes, dtype and thread count: greedy
 ``generate()`` with a fixed number of new tokens, and a clipped AdamW step) in a
-child process, so the two runtimes' thread pools never compete, and adds
-jax/hf ratios.
+child process, so the two runtimes' thread pools never compete. The child is a
+server: JAX and HF calls alternate (ABBA order), one of each per round, so both
+see the same machine load, and each ratio is the median of the per-round
+ratios (on a shared machine the load swings more than the ratio does).
 
 Token counts: generation counts new tokens (batch x new tokens); training counts
 every input token (batch x sequence). FLOPs: 2 x matmul parameters per token
@@ -44,10 +46,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--train-batch", type=int, default=8)
     ap.add_argument("--train-seq", type=int, default=256)
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    ap.add_argument("--repeats", type=int, default=3, help="timed generate() calls")
-    ap.add_argument("--train-steps", type=int, default=8, help="timed train steps")
+    ap.add_argument("--repeats", type=int, default=5, help="timed generate() calls (rounds with --peer)")
+    ap.add_argument("--train-steps", type=int, default=8, help="timed train steps (rounds with --peer)")
     ap.add_argument("--peer", action="store_true", help="also time HF transformers GPT-J in a child process")
     ap.add_argument("--hf-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--hf-serve", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--hf-omp-wait-policy", choices=("auto", "default", "passive"), default="auto",
+                    help="OpenMP wait policy of the HF peer; auto probes both and keeps the faster per workload "
+                         "(torch's spinning threads collapse when other processes share the cores)")
     a = ap.parse_args(argv)
     a.d_ff = a.d_ff or 4 * a.d_model
     if a.d_model % a.heads or a.rotary_dim > a.d_model // a.heads:
@@ -119,8 +125,10 @@ def matmul_peak(dtype: str, libraries=("xla", "numpy")) -> dict[str, float]:
     return peaks
 
 
-def run_jax(a) -> dict:
+def jax_workloads(a) -> tuple[dict, object, object]:
+    """(info, generate(), train_step()) for the haiku_xmap backend; both compiled here."""
     import jax
+    import jax.numpy as jnp
     import numpy as np
 
     from star_haiku_xmap import model, sample, train
@@ -131,7 +139,7 @@ def run_jax(a) -> dict:
                      vocab=a.vocab, dtype=a.dtype)
     params = model.init_params(cfg, 0)
     rng = np.random.default_rng(0)
-    out: dict = {}
+    info: dict = {}
 
     prompt = rng.integers(0, a.vocab, (a.gen_batch, a.prompt)).astype(np.int32)
     mask = np.ones_like(prompt, bool)
@@ -141,47 +149,42 @@ def run_jax(a) -> dict:
         return sample.generate(params, prompt, mask, keys, 0.0, 1.0, config=cfg, max_new_tokens=a.new_tokens,
                                eos_id=-1).block_until_ready()
 
-    t = time.perf_counter()
-    gen()
-    first = time.perf_counter() - t
-    dt, med = timings(gen, a.repeats)
-    out["generate_compile_s"] = round(first - dt, 3)
-    out["generate_s"] = round(dt, 4)
-    out["generate_tokens_per_s"] = round(a.gen_batch * a.new_tokens / dt, 1)
-    out["generate_tokens_per_s_median"] = round(a.gen_batch * a.new_tokens / med, 1)
+    info["generate_first_call_s"] = _first_call(gen)
 
     tx = train.make_optimizer({"lr": 1e-4, "clip_norm": 1.0}, 1000)
-    state = train.init_state(params, tx)
     update = train.make_update(cfg, tx)
     tokens = rng.integers(0, a.vocab, (1, a.train_batch, a.train_seq)).astype(np.int32)
     batch = {"tokens": tokens, "mask": np.ones_like(tokens, bool), "loss_mask": np.ones_like(tokens, bool)}
-    t = time.perf_counter()
-    state, m = update(state, batch)
-    jax.block_until_ready(m)
-    first = time.perf_counter() - t
-    box = [state]
+    box = [train.init_state(jax.tree.map(jnp.copy, params), tx), None]  # the update donates its state
 
     def step():
-        box[0], metrics = update(box[0], batch)
-        jax.block_until_ready((box[0], metrics))
-        box.append(metrics)
+        box[0], box[1] = update(box[0], batch)
+        jax.block_until_ready(box)
 
-    dt, med = timings(step, a.train_steps)
-    out["train_compile_s"] = round(first - dt, 3)
-    out["train_step_s"] = round(dt, 4)
-    out["train_tokens_per_s"] = round(a.train_batch * a.train_seq / dt, 1)
-    out["train_tokens_per_s_median"] = round(a.train_batch * a.train_seq / med, 1)
-    out["train_loss"] = round(float(box[-1]["loss"]), 4)
-    out["peaks"] = {k: round(v / 1e9, 1) for k, v in matmul_peak(a.dtype).items()}
-    out["device"] = f"{jax.devices()[0].platform}: {cpu_name()}" if jax.devices()[0].platform == "cpu" else str(jax.devices()[0])
-    out["jax"] = jax.__version__
-    return out
+    info["train_first_call_s"] = _first_call(step)
+    info["loss"] = lambda: round(float(box[1]["loss"]), 4)
+    info["device"] = (f"cpu: {cpu_name()}" if jax.devices()[0].platform == "cpu" else str(jax.devices()[0]))
+    info["jax"] = jax.__version__
+    return info, gen, step
+
+
+def _first_call(fn) -> float:
+    return _timed(fn)[0]
+
+
+def _timed(fn) -> tuple[float, float]:
+    """(wall, CPU) seconds of one call. CPU time (all threads of this process)
+    barely moves with other processes' load, wall time does."""
+    t, c = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - t, time.process_time() - c
 
 
 # ----------------------------------------------------------------------------- HF peer
 
 
-def run_hf(a) -> dict:
+def hf_workloads(a) -> tuple[dict, object, object]:
+    """(info, generate(), train_step()) for HF GPTJForCausalLM, warmed up."""
     import numpy as np
     import torch
     from transformers import GPTJConfig, GPTJForCausalLM
@@ -193,74 +196,185 @@ def run_hf(a) -> dict:
                      n_layer=a.layers, n_head=a.heads, rotary_dim=a.rotary_dim, n_inner=a.d_ff,
                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=False)
     model = GPTJForCausalLM(cfg).to(dtype).eval()
+    gen_model = model
     rng = np.random.default_rng(0)
     prompt = torch.from_numpy(rng.integers(0, a.vocab, (a.gen_batch, a.prompt))).long()
     attn = torch.ones_like(prompt)
 
-    def gen():
+    def gen():  # greedy, KV cache, no autograd
         with torch.inference_mode():
-            o = model.generate(prompt, attention_mask=attn, do_sample=False, max_new_tokens=a.new_tokens,
-                               min_new_tokens=a.new_tokens, pad_token_id=0, eos_token_id=None)
+            o = gen_model.generate(prompt, attention_mask=attn, do_sample=False, max_new_tokens=a.new_tokens,
+                                   min_new_tokens=a.new_tokens, pad_token_id=0, eos_token_id=None, use_cache=True)
         assert o.shape == (a.gen_batch, a.prompt + a.new_tokens)
 
-    out: dict = {}
-    t = time.perf_counter()
-    gen()
-    first = time.perf_counter() - t
-    dt, _ = timings(gen, a.repeats)
-    out["hf_generate_warmup_s"] = round(first, 3)
-    out["hf_generate_s"] = round(dt, 4)
-    out["hf_generate_tokens_per_s"] = round(a.gen_batch * a.new_tokens / dt, 1)
-
-    model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
     ids = torch.from_numpy(rng.integers(0, a.vocab, (a.train_batch, a.train_seq))).long()
 
     def step():
+        model.train()
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        model.eval()
         return float(loss)
 
-    step()
-    dt, _ = timings(step, a.train_steps)
-    out["hf_train_step_s"] = round(dt, 4)
-    out["hf_train_tokens_per_s"] = round(a.train_batch * a.train_seq / dt, 1)
-    out["torch"] = torch.__version__
-    out["hf_threads"] = torch.get_num_threads()
-    out["peaks"] = {k: round(v / 1e9, 1) for k, v in matmul_peak(a.dtype, ("torch",)).items()}
-    return out
+    info = {"hf_generate_first_call_s": round(_first_call(gen), 3), "hf_train_first_call_s": round(_first_call(step), 3),
+            "torch": torch.__version__, "transformers": __import__("transformers").__version__,
+            "hf_threads": torch.get_num_threads(), "hf_attn_implementation": model.config._attn_implementation}
+    return info, gen, step
+
+
+def hf_serve(a) -> None:
+    """Child process: answer one timed call per request line ("gen", "train", "peak", "info")."""
+    info, gen, step = hf_workloads(a)
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "info":
+            reply = info
+        elif cmd == "peak":
+            reply = {"peaks": matmul_peak(a.dtype, ("torch",))}
+        elif cmd in ("gen", "train"):
+            reply = dict(zip(("s", "cpu"), _timed(gen if cmd == "gen" else step)))
+        else:
+            break
+        print(json.dumps(reply), flush=True)
+
+
+class HFPeer:
+    """An HF child process, driven one call at a time."""
+
+    def __init__(self, argv: list[str], wait_policy: str):
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--hf-serve"] + [x for x in argv if x != "--peer"]
+        env = dict(os.environ)
+        if wait_policy == "passive":
+            env["OMP_WAIT_POLICY"] = "PASSIVE"
+        self.wait_policy = wait_policy
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+
+    def ready(self) -> "HFPeer":
+        self._read()  # {"ready": true} once the model is built and warmed up
+        return self
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"HF peer died (exit code {self.proc.wait()})")
+        return json.loads(line)
+
+    def ask(self, cmd: str) -> dict:
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def choose_peers(peers: list[HFPeer]) -> dict[str, HFPeer]:
+    """The faster peer per workload, from one probe call of each (the HF side
+    gets its best OpenMP wait policy for the load of the moment)."""
+    if len(peers) == 1:
+        return {"gen": peers[0], "train": peers[0]}
+    chosen = {}
+    for cmd in ("gen", "train"):
+        chosen[cmd] = min(peers, key=lambda p: p.ask(cmd)["s"])
+    for p in peers:
+        if p not in chosen.values():
+            p.close()
+    return chosen
+
+
+def interleave(jax_fn, hf_call, rounds: int) -> tuple[list, list]:
+    """(wall, CPU) per call of each side, alternating (ABBA...) so that slow drifts
+    in load hit both alike; a short pause between sides lets the other runtime's
+    spinning threads go to sleep."""
+    tj, th = [], []
+    for r in range(rounds):
+        for side in ((0, 1) if r % 2 == 0 else (1, 0)):
+            time.sleep(0.05)
+            if side == 0:
+                tj.append(_timed(jax_fn))
+            else:
+                reply = hf_call()
+                th.append((reply["s"], reply["cpu"]))
+    return tj, th
+
+
+def summarise(prefix: str, times: list, tokens: int) -> dict:
+    walls, cpus = [t[0] for t in times], [t[1] for t in times]
+    best, med = min(walls), statistics.median(walls)
+    return {f"{prefix}_s": round(best, 4), f"{prefix}_tokens_per_s": round(tokens / best, 1),
+            f"{prefix}_tokens_per_s_median": round(tokens / med, 1), f"{prefix}_cpu_s": round(min(cpus), 4)}
+
+
+def paired_ratio(jax_times: list, hf_times: list, index: int) -> float:
+    """Median over rounds of hf / jax (index 0: wall time, 1: CPU time)."""
+    return round(statistics.median(h[index] / j[index] for j, h in zip(jax_times, hf_times)), 2)
 
 
 def main(argv=None) -> None:
     a = parse_args(argv)
-    if a.hf_only:
-        print(json.dumps(run_hf(a)))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if a.hf_serve:
+        hf_serve(a)
+        return
+    if a.hf_only:  # standalone HF timings (no interleaving)
+        info, gen, step = hf_workloads(a)
+        tg, tt = [_timed(gen) for _ in range(a.repeats)], [_timed(step) for _ in range(a.train_steps)]
+        print(json.dumps({**info, **summarise("hf_generate", tg, a.gen_batch * a.new_tokens),
+                          **summarise("hf_train", tt, a.train_batch * a.train_seq)}))
         return
     result = {"dtype": a.dtype, "threads": threads(), "loadavg_start": round(os.getloadavg()[0], 2),
               "shape": {k: getattr(a, k) for k in ("layers", "d_model", "heads", "d_ff", "rotary_dim", "vocab",
                                                    "gen_batch", "prompt", "new_tokens", "train_batch", "train_seq")}}
-    result.update(run_jax(a))
-    if a.peer:
-        argv_hf = [sys.executable, str(Path(__file__).resolve()), "--hf-only"] + (sys.argv[1:] if argv is None else argv)
-        proc = subprocess.run([x for x in argv_hf if x != "--peer"], capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise SystemExit(f"HF peer failed:\n{proc.stderr[-3000:]}")
-        hf = json.loads(proc.stdout.strip().splitlines()[-1])
-        result["peaks"].update(hf.pop("peaks"))
-        result.update(hf)
-        result["generate_ratio_jax_over_hf"] = round(result["generate_tokens_per_s"] / result["hf_generate_tokens_per_s"], 2)
-        result["train_ratio_jax_over_hf"] = round(result["train_tokens_per_s"] / result["hf_train_tokens_per_s"], 2)
+    # The peers start first: their import and warm-up must not overlap the JAX timings.
+    policies = {"auto": ("default", "passive")}.get(a.hf_omp_wait_policy, (a.hf_omp_wait_policy,))
+    peers = [HFPeer(argv, policy) for policy in policies] if a.peer else []
+    peers = choose_peers([p.ready() for p in peers]) if peers else None
+    info, gen, step = jax_workloads(a)
+    gen_tokens, train_tokens = a.gen_batch * a.new_tokens, a.train_batch * a.train_seq
+    if peers is None:
+        tg, hg = [_timed(gen) for _ in range(a.repeats)], None
+        tt, ht = [_timed(step) for _ in range(a.train_steps)], None
+    else:
+        tg, hg = interleave(gen, lambda: peers["gen"].ask("gen"), a.repeats)
+        tt, ht = interleave(step, lambda: peers["train"].ask("train"), a.train_steps)
+    result.update(summarise("generate", tg, gen_tokens))
+    result["generate_compile_s"] = round(info["generate_first_call_s"] - result["generate_s"], 3)
+    result.update({k.replace("_s", "_step_s") if k == "train_s" else k: v
+                   for k, v in summarise("train", tt, train_tokens).items()})
+    result["train_compile_s"] = round(info["train_first_call_s"] - result["train_step_s"], 3)
+    result["train_loss"] = info["loss"]()
+    result["peaks"] = {k: round(v / 1e9, 1) for k, v in matmul_peak(a.dtype).items()}
+    result["device"], result["jax"] = info["device"], info["jax"]
+    if peers is not None:
+        peer = peers["train"]
+        result["peaks"].update({k: round(v / 1e9, 1) for k, v in peer.ask("peak")["peaks"].items()})
+        result.update(peer.ask("info"))
+        result["hf_omp_wait_policy"] = {("generate" if w == "gen" else w): p.wait_policy for w, p in peers.items()}
+        for p in set(peers.values()):
+            p.close()
+        result.update({k.replace("hf_train_s", "hf_train_step_s"): v for k, v in
+                       {**summarise("hf_generate", hg, gen_tokens), **summarise("hf_train", ht, train_tokens)}.items()})
+        # Paired per-round ratios of wall time (same load on both sides); "_best"
+        # compares the two best calls; "_cpu" compares CPU time per call, which
+        # load barely changes (a torch thread spinning at a barrier counts as CPU).
+        for what, (tj, th) in (("generate", (tg, hg)), ("train", (tt, ht))):
+            result[f"{what}_ratio_jax_over_hf"] = paired_ratio(tj, th, 0)
+            result[f"{what}_ratio_best"] = round(min(h[0] for h in th) / min(j[0] for j in tj), 2)
+            result[f"{what}_ratio_cpu"] = paired_ratio(tj, th, 1)
     # MFU against the best matmul any library reached here (fp32 peak for fp32 runs).
     peak = max(result["peaks"].values()) * 1e9
-    gen_flops = a.gen_batch * a.new_tokens * flops_per_token(a, a.prompt + a.new_tokens / 2, False)
-    train_flops = a.train_batch * a.train_seq * flops_per_token(a, a.train_seq, True)
+    gen_flops = gen_tokens * flops_per_token(a, a.prompt + a.new_tokens / 2, False)
+    train_flops = train_tokens * flops_per_token(a, a.train_seq, True)
     result["matmul_peak_gflops"] = round(peak / 1e9, 1)
     result["generate_mfu"] = round(gen_flops / result["generate_s"] / peak, 4)
     result["mfu"] = round(train_flops / result["train_step_s"] / peak, 4)
-    if "hf_train_step_s" in result:
+    if peers is not None:
         result["hf_generate_mfu"] = round(gen_flops / result["hf_generate_s"] / peak, 4)
         result["hf_mfu"] = round(train_flops / result["hf_train_step_s"] / peak, 4)
     result["loadavg_end"] = round(os.getloadavg()[0], 2)

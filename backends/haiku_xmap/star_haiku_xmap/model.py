@@ -8,6 +8,11 @@ Parameter tree (haiku names; the HF importer maps onto exactly these)::
     h_{i}/mlp/fc_in/{w (D, F), b (F,)}   h_{i}/mlp/fc_out/{w (F, D), b (D,)}
     ln_f/{scale, offset} (D,)            lm_head/{w (D, V), b (V,)}
 
+Haiku declares the parameters (names, initialisers, RNG order); the forward pass
+is plain JAX over that tree so that it can fuse weights (q/k/v in one matmul)
+and keep attention in a head-major (B, H, T, K) layout, which XLA:CPU runs as
+batched matmuls without transposing copies.
+
 Shape suffixes: B batch, T query time, S key/cache slots, D d_model, H heads,
 K head dim, V vocabulary, F d_ff, L layers.
 """
@@ -27,27 +32,95 @@ from .config import GPTJConfig
 Params = Any  # haiku's nested dict {module_path: {name: array}}
 
 _NEG = -1e30  # finite "minus infinity": a fully masked row softmaxes to uniform, not NaN
+_CAUSAL_BLOCK = 128  # query block of causal self-attention (64 and 128 measured alike at T=256)
 
 
 class KVCache(NamedTuple):
-    """Post-rotary keys and values of every layer, preallocated to ``S`` slots."""
+    """Post-rotary keys and values, one (B, H, S, K) buffer per layer, ``S`` slots.
 
-    k_LBSHK: jax.Array
-    v_LBSHK: jax.Array
+    Per-layer buffers in head-major order let a decode step write its slot in
+    place and feed attention without slicing or transposing a stacked cache."""
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+
+    @property
+    def k_LBSHK(self) -> jax.Array:  # stacked view, for inspection only (copies)
+        return jnp.stack([x.transpose(0, 2, 1, 3) for x in self.k])
+
+    @property
+    def v_LBSHK(self) -> jax.Array:
+        return jnp.stack([x.transpose(0, 2, 1, 3) for x in self.v])
 
 
 def dtype_of(config: GPTJConfig):
     return jnp.bfloat16 if config.dtype == "bfloat16" else jnp.float32
 
 
+# ----------------------------------------------------------------------------- parameters
+
+
+def _declare(config: GPTJConfig) -> None:
+    """Create every parameter in the order (and with the initialisers) of the
+    original hk.Embed / hk.LayerNorm / hk.Linear model, so seeds give the same
+    weights as before."""
+    c = config
+    HK = c.n_head * c.d_head
+    dtype = dtype_of(c)  # hk.Linear made its weights in its input's (activation) dtype
+
+    def linear(name, n_in, n_out, bias):
+        with hk.name_scope(name):
+            hk.get_parameter("w", [n_in, n_out], dtype, init=hk.initializers.TruncatedNormal(1.0 / np.sqrt(n_in)))
+            if bias:
+                hk.get_parameter("b", [n_out], dtype, init=jnp.zeros)
+
+    def layer_norm(name):
+        with hk.name_scope(name):
+            hk.get_parameter("scale", [c.d_model], jnp.float32, init=jnp.ones)
+            hk.get_parameter("offset", [c.d_model], jnp.float32, init=jnp.zeros)
+
+    with hk.name_scope("wte"):
+        hk.get_parameter("embeddings", [c.vocab, c.d_model], jnp.float32,
+                         init=hk.initializers.TruncatedNormal(0.02))
+    for i in range(c.n_layer):
+        with hk.name_scope(f"h_{i}"):
+            layer_norm("ln")
+            with hk.name_scope("attn"):
+                for name in "qkv":
+                    linear(name, c.d_model, HK, False)
+                linear("out", HK, c.d_model, False)
+            with hk.name_scope("mlp"):
+                linear("fc_in", c.d_model, c.d_ff, True)
+                linear("fc_out", c.d_ff, c.d_model, True)
+    layer_norm("ln_f")
+    linear("lm_head", c.d_model, c.vocab, True)
+
+
+def _qkv_weight(p: Params, i: int) -> jax.Array:
+    """q, k, v weights of layer i as one (D, H*K*3) matrix (one matmul). The three
+    are interleaved per output unit, so an "mp" split of H*K stays a contiguous
+    split of the fused matrix (no resharding on a model-parallel mesh)."""
+    w = jnp.stack([p[f"h_{i}/attn/{n}"]["w"] for n in "qkv"], axis=-1)
+    return w.reshape(w.shape[0], -1)
+
+
+def fuse_qkv(params: Params, config: GPTJConfig) -> Params:
+    """``params`` plus each layer's stacked q/k/v weight under ``h_{i}/attn/qkv``
+    (done once outside a decode loop instead of every step)."""
+    out = dict(params)
+    for i in range(config.n_layer):
+        out[f"h_{i}/attn/qkv"] = {"w": _qkv_weight(params, i)}
+    return out
+
+
 # ----------------------------------------------------------------------------- pieces
 
 
 def _rotary_sin_cos(positions_BT: jax.Array, rotary_dim: int) -> tuple[jax.Array, jax.Array]:
-    """GPT-J's sin/cos tables, each frequency repeated x2 for interleaved pairs."""
+    """GPT-J's sin/cos tables (B, T, 1, rotary_dim), each frequency repeated x2 for interleaved pairs."""
     inv_freq = 1.0 / (10000.0 ** (np.arange(0, rotary_dim, 2, dtype=np.float32) / rotary_dim))
     angle_BTR = positions_BT.astype(jnp.float32)[..., None] * inv_freq  # R = rotary_dim // 2
-    sin = jnp.repeat(jnp.sin(angle_BTR), 2, axis=-1)[:, :, None, :]  # (B, T, 1, rotary_dim)
+    sin = jnp.repeat(jnp.sin(angle_BTR), 2, axis=-1)[:, :, None, :]
     cos = jnp.repeat(jnp.cos(angle_BTR), 2, axis=-1)[:, :, None, :]
     return sin, cos
 
@@ -58,101 +131,139 @@ def _rotate_every_two(x: jax.Array) -> jax.Array:
     return jnp.stack((-x_odd, x_even), axis=-1).reshape(x.shape)
 
 
-def _apply_rotary(x_BTHK: jax.Array, sin: jax.Array, cos: jax.Array, rotary_dim: int) -> jax.Array:
-    """Rotate the first ``rotary_dim`` dims of each head; computed in fp32 like HF."""
-    x = x_BTHK.astype(jnp.float32)
-    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
-    rot = rot * cos + _rotate_every_two(rot) * sin
-    return jnp.concatenate([rot, rest], axis=-1).astype(x_BTHK.dtype)
+def _apply_rotary(x: jax.Array, sin: jax.Array, cos: jax.Array, rotary_dim: int) -> jax.Array:
+    """Rotate the first ``rotary_dim`` dims of each head (last axis); fp32 like HF.
+
+    The tables are widened to the head (cos 1, sin 0 past ``rotary_dim``), which
+    leaves those dims exactly as they are without slicing and concatenating
+    (whose gradients are pads and adds)."""
+    xf = x.astype(jnp.float32)
+    extra = x.shape[-1] - rotary_dim
+    if extra:
+        widen = lambda t, fill: jnp.concatenate([t, jnp.full(t.shape[:-1] + (extra,), fill, t.dtype)], axis=-1)
+        sin, cos = widen(sin, 0.0), widen(cos, 1.0)
+    return (xf * cos + _rotate_every_two(xf) * sin).astype(x.dtype)
 
 
-def _layer_norm(x_BTD: jax.Array, name: str, eps: float) -> jax.Array:
-    # Normalise in fp32 (bf16 mean/variance are too coarse), hand back the activation dtype.
-    y = hk.LayerNorm(axis=-1, create_scale=True, create_offset=True, eps=eps, name=name)(
-        x_BTD.astype(jnp.float32))
-    return y.astype(x_BTD.dtype)
+def _layer_norm(x: jax.Array, p: Params, eps: float) -> jax.Array:
+    """hk.LayerNorm's formula, normalised in fp32 (bf16 statistics are too coarse)."""
+    xf = x.astype(jnp.float32)
+    mean = jnp.mean(xf, axis=-1, keepdims=True)
+    var = jnp.var(xf, axis=-1, keepdims=True)
+    inv = p["scale"].astype(jnp.float32) * jax.lax.rsqrt(var + jnp.float32(eps))
+    return (inv * (xf - mean) + p["offset"].astype(jnp.float32)).astype(x.dtype)
 
 
-def _linear(x: jax.Array, size: int, name: str, with_bias: bool) -> jax.Array:
-    return hk.Linear(size, with_bias=with_bias, name=name)(x)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _masked_softmax(scores, allowed, scale):
+    """softmax(where(allowed, scores / scale, -1e30)) over the last axis, in fp32."""
+    return jax.nn.softmax(jnp.where(allowed, scores / scale, _NEG), axis=-1)
 
 
-def _attention(q_BTHK, k_BSHK, v_BSHK, allowed_BTS, d_head: int) -> jax.Array:
-    """Softmax attention with fp32 scores and softmax (as HF does even in half precision)."""
-    scores_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK.astype(jnp.float32),
-                             k_BSHK.astype(jnp.float32)) / np.sqrt(d_head).astype(np.float32)
-    scores_BHTS = jnp.where(allowed_BTS[:, None, :, :], scores_BHTS, _NEG)
-    probs_BHTS = jax.nn.softmax(scores_BHTS, axis=-1).astype(v_BSHK.dtype)
-    return jnp.einsum("bhts,bshk->bthk", probs_BHTS, v_BSHK)
+def _masked_softmax_fwd(scores, allowed, scale):
+    probs = _masked_softmax(scores, allowed, scale)
+    return probs, (probs, allowed)
+
+
+def _masked_softmax_bwd(scale, res, d_probs):
+    # The gradient autodiff derives, written out so that XLA keeps only the
+    # probabilities for the backward pass instead of ~3 more score-sized tensors.
+    probs, allowed = res
+    d_logits = probs * (d_probs - jnp.sum(d_probs * probs, axis=-1, keepdims=True))
+    return jnp.where(allowed, d_logits, 0.0) / scale, None
+
+
+_masked_softmax.defvjp(_masked_softmax_fwd, _masked_softmax_bwd)
+
+
+def _attention(q_BHTK, k_BHSK, v_BHSK, allowed_BTS, d_head: int, block: int = 0) -> jax.Array:
+    """Softmax attention with fp32 scores and softmax (as HF does even in half precision).
+
+    ``block`` > 0 (causal self-attention, S == T): the queries in [a, a + block)
+    attend keys [0, a + block) only. The keys skipped are all masked, so this is
+    the same attention with up to half the score work and memory."""
+    T = q_BHTK.shape[2]
+    if 0 < block < T:
+        ctx = [_attention(q_BHTK[:, :, a:a + block], k_BHSK[:, :, :a + block], v_BHSK[:, :, :a + block],
+                          allowed_BTS[:, a:a + block, :a + block], d_head) for a in range(0, T, block)]
+        return jnp.concatenate(ctx, axis=2)
+    scale = np.sqrt(d_head).astype(np.float32)
+    scores_BHTS = jnp.einsum("bhtk,bhsk->bhts", q_BHTK.astype(jnp.float32), k_BHSK.astype(jnp.float32))
+    probs_BHTS = _masked_softmax(scores_BHTS, allowed_BTS[:, None, :, :], scale).astype(v_BHSK.dtype)
+    return jnp.einsum("bhts,bhsk->bhtk", probs_BHTS, v_BHSK)
 
 
 # ----------------------------------------------------------------------------- network
 
 
-def _gptj(config: GPTJConfig, tokens_BT, positions_BT, key_mask_BS, cache: KVCache | None, start):
-    """Logits (B, T, V) fp32 and the updated cache (None without one).
+def _gptj(p: Params, config: GPTJConfig, tokens_BT, positions_BT, key_mask_BS, cache: KVCache | None,
+          start, last_only: bool = False):
+    """Logits (B, T, V) fp32 (``last_only``: (B, 1, V) of the last slot) and the
+    new per-layer keys/values.
 
-    Without a cache the keys are the T input tokens (S == T). With a cache the T
-    new tokens are written into slots [start, start + T) and attend to every
-    earlier slot; ``key_mask_BS`` marks which of the S cache slots hold real tokens
-    (left padding is False).
+    Without a cache the keys are the T input tokens (S == T) and the second
+    result is the (k, v) tuples of those T slots. With a cache the T new tokens
+    are written into slots [start, start + T) and attend to every slot;
+    ``key_mask_BS`` marks which of the S slots hold real tokens (left padding is
+    False). ``p`` may hold pre-stacked ``h_{i}/attn/qkv`` weights (``fuse_qkv``).
     """
     c = config
     B, T = tokens_BT.shape
-    HK = c.n_head * c.d_head
+    H, K, HK = c.n_head, c.d_head, c.n_head * c.d_head
     dtype = dtype_of(c)
 
-    x_BTD = hk.Embed(c.vocab, c.d_model, w_init=hk.initializers.TruncatedNormal(0.02),
-                     name="wte")(tokens_BT).astype(dtype)
+    # The residual stream is kept 2-D, (B*T, D): every matmul and its gradients are
+    # then plain 2-D dots, which XLA:CPU runs without transposed copies of the
+    # cotangents (3-D operands made it transpose whole gradient chains).
+    N = B * T
+    x_ND = jnp.asarray(p["wte"]["embeddings"])[(tokens_BT.reshape(N),)].astype(dtype)
     sin, cos = _rotary_sin_cos(positions_BT, c.rotary_dim)
+    sin, cos = sin.transpose(0, 2, 1, 3), cos.transpose(0, 2, 1, 3)  # (B, 1, T, R): broadcast over heads
 
     if cache is None:
-        q_slot_T = jnp.arange(T)
-        S = T
+        q_slot_T, S = jnp.arange(T), T
     else:
-        q_slot_T = start + jnp.arange(T)
-        S = cache.k_LBSHK.shape[2]
+        q_slot_T, S = start + jnp.arange(T), cache.k[0].shape[2]
     causal_TS = jnp.arange(S)[None, :] <= q_slot_T[:, None]
     allowed_BTS = causal_TS[None] & key_mask_BS[:, None, :].astype(bool)
 
-    if cache is not None:
-        k_all, v_all = cache
+    # Long self-attention (training, long prompts) runs in causal query blocks.
+    block = _CAUSAL_BLOCK if cache is None and T >= 2 * _CAUSAL_BLOCK else 0
+    new_k, new_v = [], []
     for i in range(c.n_layer):
-        with hk.name_scope(f"h_{i}"):
-            h_BTD = _layer_norm(x_BTD, "ln", c.ln_eps)
-            with hk.name_scope("attn"):
-                q_BTHK = _linear(h_BTD, HK, "q", False).reshape(B, T, c.n_head, c.d_head)
-                k_BTHK = _linear(h_BTD, HK, "k", False).reshape(B, T, c.n_head, c.d_head)
-                v_BTHK = _linear(h_BTD, HK, "v", False).reshape(B, T, c.n_head, c.d_head)
-                q_BTHK = _apply_rotary(q_BTHK, sin, cos, c.rotary_dim)
-                k_BTHK = _apply_rotary(k_BTHK, sin, cos, c.rotary_dim)
-                if cache is None:
-                    k_BSHK, v_BSHK = k_BTHK, v_BTHK
-                else:
-                    # Write only the T new slots of layer i into the whole (L, B, S, H, K)
-                    # buffer, so that inside the decode loop XLA updates it in place
-                    # instead of rebuilding the cache every step.
-                    at = (i, 0, start, 0, 0)
-                    k_all = jax.lax.dynamic_update_slice(k_all, k_BTHK[None].astype(k_all.dtype), at)
-                    v_all = jax.lax.dynamic_update_slice(v_all, v_BTHK[None].astype(v_all.dtype), at)
-                    k_BSHK, v_BSHK = k_all[i], v_all[i]
-                ctx_BTHK = _attention(q_BTHK, k_BSHK, v_BSHK, allowed_BTS, c.d_head)
-                attn_BTD = _linear(ctx_BTHK.reshape(B, T, HK).astype(dtype), c.d_model, "out", False)
-            with hk.name_scope("mlp"):
-                ff_BTF = jax.nn.gelu(_linear(h_BTD, c.d_ff, "fc_in", True), approximate=True)
-                mlp_BTD = _linear(ff_BTF, c.d_model, "fc_out", True)
-            # Parallel residual: attention and MLP both read the same normalised input.
-            x_BTD = x_BTD + attn_BTD + mlp_BTD
+        h_ND = _layer_norm(x_ND, p[f"h_{i}/ln"], c.ln_eps)
+        w_qkv = p[f"h_{i}/attn/qkv"]["w"] if f"h_{i}/attn/qkv" in p else _qkv_weight(p, i)
+        qkv_BTHK3 = (h_ND @ w_qkv.astype(dtype)).reshape(B, T, H, K, 3)
+        q_BHTK, k_BHTK, v_BHTK = (qkv_BTHK3[..., j].transpose(0, 2, 1, 3) for j in range(3))
+        q_BHTK = _apply_rotary(q_BHTK, sin, cos, c.rotary_dim)
+        k_BHTK = _apply_rotary(k_BHTK, sin, cos, c.rotary_dim)
+        if cache is None:
+            k_BHSK, v_BHSK = k_BHTK, v_BHTK
+        else:
+            # Only the T new slots are written; inside a decode loop XLA updates the buffer in place.
+            at = (0, 0, start, 0)
+            k_BHSK = jax.lax.dynamic_update_slice(cache.k[i], k_BHTK.astype(cache.k[i].dtype), at)
+            v_BHSK = jax.lax.dynamic_update_slice(cache.v[i], v_BHTK.astype(cache.v[i].dtype), at)
+        new_k.append(k_BHSK)
+        new_v.append(v_BHSK)
+        ctx_BHTK = _attention(q_BHTK, k_BHSK, v_BHSK, allowed_BTS, K, block)
+        ctx_ND = ctx_BHTK.transpose(0, 2, 1, 3).reshape(N, HK).astype(dtype)
+        attn_ND = ctx_ND @ p[f"h_{i}/attn/out"]["w"]
+        ff_NF = jax.nn.gelu(h_ND @ p[f"h_{i}/mlp/fc_in"]["w"] + p[f"h_{i}/mlp/fc_in"]["b"], approximate=True)
+        mlp_ND = ff_NF @ p[f"h_{i}/mlp/fc_out"]["w"] + p[f"h_{i}/mlp/fc_out"]["b"]
+        # Parallel residual: attention and MLP both read the same normalised input.
+        x_ND = x_ND + attn_ND + mlp_ND
 
-    x_BTD = _layer_norm(x_BTD, "ln_f", c.ln_eps)
-    logits_BTV = _linear(x_BTD, c.vocab, "lm_head", True).astype(jnp.float32)
-    new_cache = None if cache is None else KVCache(k_all, v_all)
-    return logits_BTV, new_cache
+    if last_only:
+        x_ND = x_ND.reshape(B, T, c.d_model)[:, -1]
+    x_ND = _layer_norm(x_ND, p["ln_f"], c.ln_eps)
+    logits_NV = (x_ND @ p["lm_head"]["w"] + p["lm_head"]["b"]).astype(jnp.float32)
+    return logits_NV.reshape(B, -1, c.vocab), KVCache(tuple(new_k), tuple(new_v))
 
 
 @functools.lru_cache(maxsize=None)
 def _transformed(config: GPTJConfig) -> hk.Transformed:
-    return hk.without_apply_rng(hk.transform(functools.partial(_gptj, config)))
+    return hk.without_apply_rng(hk.transform(functools.partial(_declare, config)))
 
 
 # ----------------------------------------------------------------------------- public API
@@ -167,9 +278,7 @@ def init_params(config: GPTJConfig, rng) -> Params:
 
 @functools.partial(jax.jit, static_argnames="config")
 def _init(config: GPTJConfig, rng) -> Params:
-    tokens_BT = jnp.zeros((1, 1), jnp.int32)
-    params = _transformed(config).init(rng, tokens_BT, jnp.zeros((1, 1), jnp.int32),
-                                       jnp.ones((1, 1), bool), None, 0)
+    params = _transformed(config).init(rng)
     return jax.tree.map(lambda p: p.astype(dtype_of(config)), params)
 
 
@@ -191,14 +300,15 @@ def forward(params: Params, tokens_BT: jax.Array, config: GPTJConfig,
     mask_BT = jnp.ones(tokens_BT.shape, bool) if mask is None else jnp.asarray(mask, bool)
     if positions_BT is None:
         positions_BT = default_positions(mask_BT)
-    logits_BTV, _ = _transformed(config).apply(params, tokens_BT, positions_BT, mask_BT, None, 0)
+    logits_BTV, _ = _gptj(params, config, tokens_BT, positions_BT, mask_BT, None, 0)
     return logits_BTV
 
 
 def init_cache(config: GPTJConfig, batch: int, max_len: int) -> KVCache:
     """An empty cache of ``max_len`` slots in the activation dtype."""
-    shape = (config.n_layer, batch, max_len, config.n_head, config.d_head)
-    return KVCache(jnp.zeros(shape, dtype_of(config)), jnp.zeros(shape, dtype_of(config)))
+    shape = (batch, config.n_head, max_len, config.d_head)
+    zeros = tuple(jnp.zeros(shape, dtype_of(config)) for _ in range(config.n_layer))
+    return KVCache(zeros, zeros)
 
 
 @functools.partial(jax.jit, static_argnames="config")
@@ -211,8 +321,7 @@ def forward_cached(params: Params, tokens_BT: jax.Array, config: GPTJConfig, cac
     real tokens (it must already include the new ones). Returns fp32 logits (B, T, V)
     and the cache with the new keys/values written.
     """
-    return _transformed(config).apply(params, jnp.asarray(tokens_BT, jnp.int32), positions_BT,
-                                      key_mask_BS, cache, start)
+    return _gptj(params, config, jnp.asarray(tokens_BT, jnp.int32), positions_BT, key_mask_BS, cache, start)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "max_len"))
@@ -227,9 +336,13 @@ def prefill(params: Params, tokens_BT: jax.Array, mask_BT: jax.Array, config: GP
         raise ValueError(f"prompt length {T} exceeds cache length {max_len}")
     mask_BT = jnp.asarray(mask_BT, bool)
     key_mask_BS = jnp.zeros((B, max_len), bool).at[:, :T].set(mask_BT)
-    logits_BTV, cache = forward_cached(params, tokens_BT, config, init_cache(config, B, max_len), 0,
-                                       default_positions(mask_BT), key_mask_BS)
-    return logits_BTV[:, -1], cache, key_mask_BS
+    # The prompt attends to itself only (the empty slots after it are masked out
+    # anyway), then its keys/values are padded to the cache length.
+    logits_B1V, kv = _gptj(params, config, jnp.asarray(tokens_BT, jnp.int32), default_positions(mask_BT),
+                           mask_BT, None, 0, last_only=True)
+    pad = ((0, 0), (0, 0), (0, max_len - T), (0, 0))
+    cache = KVCache(*(tuple(jnp.pad(x, pad) for x in xs) for xs in kv))
+    return logits_B1V[:, 0], cache, key_mask_BS
 
 
 @functools.partial(jax.jit, static_argnames="config")
@@ -237,6 +350,5 @@ def decode_step(params: Params, token_B: jax.Array, position_B: jax.Array, slot,
                 key_mask_BS: jax.Array, config: GPTJConfig) -> tuple[jax.Array, KVCache, jax.Array]:
     """One token per row written to cache slot ``slot``. Returns (logits (B, V), cache, key mask)."""
     key_mask_BS = key_mask_BS.at[:, slot].set(True)
-    logits_BTV, cache = forward_cached(params, token_B[:, None], config, cache, slot,
-                                       position_B[:, None], key_mask_BS)
+    logits_BTV, cache = _gptj(params, config, token_B[:, None], position_B[:, None], key_mask_BS, cache, slot)
     return logits_BTV[:, 0], cache, key_mask_BS

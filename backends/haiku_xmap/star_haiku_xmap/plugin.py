@@ -7,6 +7,7 @@ is built, not when the plugin is discovered.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -35,14 +36,28 @@ class HaikuXmapBackend:
     """``[model]`` options: a preset with field overrides (ignored when
     ``checkpoint_path`` is set: the checkpoint carries its config, and an override
     that disagrees with it is an error), the tokenizer, the mesh and the maximum
-    training length ``seq_len`` (default n_ctx)."""
+    training length ``seq_len`` (default n_ctx); ``zero = 1`` partitions the
+    optimizer state over "dp" (ZeRO-1), ``opt_state_dtype`` stores it in fp32 or
+    bf16, ``distributed`` starts multi-process JAX (``distributed.py``)."""
 
     def __init__(self, preset: str = "tiny", dtype: str | None = None, n_layer: int | None = None,
                  d_model: int | None = None, n_head: int | None = None, d_head: int | None = None,
                  d_ff: int | None = None, rotary_dim: int | None = None, n_ctx: int | None = None,
                  vocab: int | None = None, tokenizer: str = "byte", tokenizer_file: str = "",
                  checkpoint_path: str = "", mesh: Mapping[str, Any] | None = None,
-                 seq_len: int | None = None) -> None:
+                 seq_len: int | None = None, zero: int = 0, opt_state_dtype: str = "float32",
+                 distributed: Mapping[str, Any] | str | None = None) -> None:
+        from . import distributed as dist
+
+        # Before anything starts jax's backends (make_mesh below lists the devices).
+        self._distributed = dist.initialize(distributed)
+        if isinstance(zero, bool) or zero not in (0, 1):
+            raise UserError(f"model.zero: must be 0 (off) or 1 (ZeRO-1: optimizer state split over dp), got {zero!r}")
+        if opt_state_dtype not in dist.OPT_STATE_DTYPES:
+            raise UserError(f"model.opt_state_dtype: must be one of {list(dist.OPT_STATE_DTYPES)}, "
+                            f"got {opt_state_dtype!r}")
+        self.zero, self.opt_state_dtype = zero, opt_state_dtype
+
         from . import checkpoint as ckpt
         from . import sharding
         from .tokenizer import ByteTokenizer, HFTokenizer, tokenizer_from_dict
@@ -103,10 +118,28 @@ class HaikuXmapBackend:
     # ------------------------------------------------------------------ checkpoints
 
     def _save(self, path: Path, params: Any, extra: dict) -> None:
-        from .checkpoint import save_checkpoint
+        import jax
 
-        save_checkpoint(path, params, model_config=self.config.to_dict(), tokenizer=self.tokenizer.to_dict(),
-                        extra=extra)
+        from . import distributed as dist
+        from .checkpoint import save_checkpoint, write_checkpoint
+
+        # On an mp > 1 mesh the mp-sharded leaves are stored as mp parts, so that a
+        # later load reads only each device's slice (checkpoint.py, version 2).
+        mp_split = int(self.mesh.shape["mp"])
+        if jax.process_count() == 1:
+            save_checkpoint(path, params, model_config=self.config.to_dict(), tokenizer=self.tokenizer.to_dict(),
+                            extra=extra, mp_split=mp_split)
+            return
+        # Several processes: every one takes part in the per-leaf gathers, process 0
+        # writes (the path must be on a filesystem all of them see), then all wait.
+        leaves = dist.host_leaves(params)
+        if dist.is_primary():
+            write_checkpoint(path, leaves, model_config=self.config.to_dict(), tokenizer=self.tokenizer.to_dict(),
+                             extra=extra, mp_split=mp_split)
+        else:
+            for _ in leaves:
+                pass
+        dist.barrier(f"saved {path}")
 
     def checkpoint_id(self, checkpoint: str) -> str:
         from .checkpoint import manifest_sha256
@@ -142,6 +175,9 @@ class HaikuXmapBackend:
             return self._checkpoint_path
         out = Path(workdir) / BASE_DIR
         extra = {"kind": "random_init", "seed": int(seed)}
+        from . import distributed as dist
+
+        dist.barrier(f"base {out}")  # several processes decide on the same files
         if (out / "manifest.msgpack").is_file():
             m = read_manifest(out)
             if m["model_config"] == self.config.to_dict() and m["extra"] == extra:
@@ -173,7 +209,14 @@ class HaikuXmapBackend:
             tr.optimizer_options(spec.optimizer)
         except ValueError as exc:
             raise UserError(f"training.{exc}") from None
-        params, losses, tokens = tr.train(
+        import jax
+
+        from . import distributed as dist
+
+        run = tr.train
+        if self.zero or self.opt_state_dtype != "float32" or jax.process_count() > 1:
+            run = functools.partial(dist.train, zero=self.zero, opt_state_dtype=self.opt_state_dtype)
+        params, losses, tokens = run(
             self._load(init), self.config, encoded, steps=spec.steps, batch_size=spec.batch_size,
             grad_accum=spec.grad_accum, seed=spec.seed, optimizer=spec.optimizer, seq_len=self.seq_len,
             pad_id=self.tokenizer.pad_id, mesh=self.mesh, progress=progress)
@@ -221,8 +264,11 @@ class HaikuXmapBackend:
         dp = sharding.dp_size(self.mesh)
         rows = -(-spec.batch_size // dp) * dp
         buckets = bucket_lengths(max_prompt)
+        from . import distributed as dist
+
         rows_sh = sharding.batch_sharding(self.mesh)
         keys_sh = sharding.batch_sharding(self.mesh, ndim=1)
+        keys_data_sh = sharding.batch_sharding(self.mesh, ndim=2)
         results: list[str] = [""] * len(requests)
         for start in range(0, len(order), spec.batch_size):
             group = order[start:start + spec.batch_size]
@@ -231,18 +277,28 @@ class HaikuXmapBackend:
             batch = [prompts[i] for i in group] + [[tok.eos_id]] * (rows - len(group))
             tokens_BT, mask_BT = sample.left_pad(batch, tok.pad_id, length=T)
             seeds = [requests[i].seed for i in group] + [0] * (rows - len(group))
+            keys_B = sample.keys_from_seeds(seeds)
+            if jax.process_count() > 1:  # global arrays from each process's slices
+                tokens_BT, mask_BT = dist.global_array(tokens_BT, rows_sh), dist.global_array(mask_BT, rows_sh)
+                keys_B = jax.random.wrap_key_data(dist.global_array(jax.random.key_data(keys_B), keys_data_sh))
             out_BN = sample.generate(
                 params, jax.device_put(tokens_BT, rows_sh), jax.device_put(mask_BT, rows_sh),
-                jax.device_put(sample.keys_from_seeds(seeds), keys_sh), float(spec.temperature),
+                jax.device_put(keys_B, keys_sh), float(spec.temperature),
                 float(spec.top_p), config=self.config, max_new_tokens=spec.max_new_tokens,
                 eos_id=tok.eos_id, valid_vocab=tok.vocab_size)
-            out_BN = jax.device_get(out_BN)
+            out_BN = dist.to_host(out_BN)
             for row, i in enumerate(group):
                 text = tok.decode(sample.trim(out_BN[row], tok.eos_id))
                 results[i] = _cut_at_stop(text, spec.stop)
             if progress is not None:
                 progress(len(group))
         return results
+
+    @staticmethod
+    def _process_count() -> int:
+        import jax
+
+        return jax.process_count()
 
     def describe(self) -> Mapping[str, Any]:
         from .config import param_count
@@ -251,9 +307,19 @@ class HaikuXmapBackend:
                 "tokenizer": {k: v for k, v in self.tokenizer.to_dict().items() if k != "json"},
                 "checkpoint_path": self._checkpoint_path, "seq_len": self.seq_len,
                 "mesh": {"dp": int(self.mesh.shape["dp"]), "mp": int(self.mesh.shape["mp"])},
+                "zero": self.zero, "opt_state_dtype": self.opt_state_dtype,
+                "processes": self._process_count(),
                 "devices": [str(d) for d in self.mesh.devices.flat]}
 
 
 @hookimpl
 def register_backends(register) -> None:
     register(BACKEND, HaikuXmapBackend)
+
+
+@hookimpl
+def register_commands(register) -> None:
+    from .commands import ConvertCommand, PlanCommand
+
+    register("convert", ConvertCommand)
+    register("plan", PlanCommand)

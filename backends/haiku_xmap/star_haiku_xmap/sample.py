@@ -1,5 +1,6 @@
-"""Batched sampling with a preallocated KV cache: one prefill, then a single
-``lax.while_loop`` of one-token decode steps (no Python loop per token).
+"""Batched sampling with a KV cache: one prefill, then ``lax.while_loop``s of
+one-token decode steps (no Python loop per token), the cache growing between
+a few phases so that early steps do not attend to empty slots.
 
 Prompts are left-padded so every row's next token lands in the same cache slot;
 positions skip the padding, so a row decodes exactly as it would alone. Each
@@ -81,12 +82,10 @@ def generate(params, tokens_BT: jax.Array, mask_BT: jax.Array, keys_B: jax.Array
     N = max_new_tokens
     temperature = jnp.asarray(temperature, jnp.float32)
     top_p = jnp.asarray(top_p, jnp.float32)
-    logits_BV, cache, key_mask_BS = model.prefill(params, tokens_BT, mask_BT, config, T + N)
+    params = model.fuse_qkv(params, config)  # once, not in every decode step
+    ends = _phase_ends(N)
+    logits_BV, cache, key_mask_BS = model.prefill(params, tokens_BT, mask_BT, config, T + ends[0])
     next_pos_B = jnp.sum(mask_BT, axis=1, dtype=jnp.int32)  # a row's next position = its prompt length
-
-    def cond(s):
-        i, _, _, _, _, done_B = s
-        return (i < N) & ~jnp.all(done_B)
 
     def body(s):
         i, logits_BV, cache, key_mask_BS, out_BN, done_B = s
@@ -99,9 +98,26 @@ def generate(params, tokens_BT: jax.Array, mask_BT: jax.Array, keys_B: jax.Array
                                                           key_mask_BS, config)
         return i + 1, logits_BV, cache, key_mask_BS, out_BN, done_B
 
-    init = (jnp.zeros((), jnp.int32), logits_BV, cache, key_mask_BS, jnp.full((B, N), eos_id, jnp.int32),
-            jnp.zeros((B,), bool))
-    return jax.lax.while_loop(cond, body, init)[4]
+    state = (jnp.zeros((), jnp.int32), logits_BV, cache, key_mask_BS, jnp.full((B, N), eos_id, jnp.int32),
+             jnp.zeros((B,), bool))
+    for j, end in enumerate(ends):
+        if j:  # grow the cache (and its key mask) to this phase's length
+            grow = end - ends[j - 1]
+            i, logits_BV, cache, key_mask_BS, out_BN, done_B = state
+            cache = model.KVCache(*(tuple(jnp.pad(x, ((0, 0), (0, 0), (0, grow), (0, 0))) for x in xs)
+                                    for xs in cache))
+            state = (i, logits_BV, cache, jnp.pad(key_mask_BS, ((0, 0), (0, grow))), out_BN, done_B)
+        state = jax.lax.while_loop(lambda s, end=end: (s[0] < end) & ~jnp.all(s[5]), body, state)
+    return state[4]
+
+
+def _phase_ends(n_new: int) -> list[int]:
+    """Decode steps at which the cache grows. Step i attends every slot of its
+    cache, so a cache only as long as the current phase needs (instead of
+    prompt + n_new slots from the start) cuts the attention reads by about a
+    fifth at 4 phases; each phase is one more compiled loop body."""
+    phases = max(1, min(4, n_new // 16))
+    return [n_new * (j + 1) // phases for j in range(phases)]
 
 
 def trim(tokens_N: Sequence[int], eos_id: int) -> list[int]:

@@ -137,3 +137,50 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 def dp_size(mesh: Mesh) -> int:
     return int(mesh.shape["dp"])
+
+
+# ----------------------------------------------------------------------------- ZeRO-1
+
+ZERO_STAGES = (0, 1)
+
+
+def zero_spec(spec: P, shape: Sequence[int], mesh: Mesh) -> P:
+    """``spec`` with the "dp" axis added, for optimizer state partitioned over data
+    parallelism (ZeRO-1): on the largest dimension not yet sharded that dp divides,
+    else on an mp-sharded dimension that mp x dp divides (as ("mp", "dp")), else
+    unchanged (a small vector stays replicated over dp)."""
+    dp = int(mesh.shape["dp"])
+    if dp == 1 or len(shape) == 0:
+        return spec
+    axes = list(spec) + [None] * (len(shape) - len(spec))
+    free = [i for i, a in enumerate(axes) if a is None and shape[i] % dp == 0]
+    if free:
+        i = max(free, key=lambda i: (shape[i], -i))
+        axes[i] = "dp"
+        return P(*axes)
+    mp = int(mesh.shape["mp"])
+    for i, a in enumerate(axes):
+        if a == "mp" and shape[i] % (mp * dp) == 0:
+            axes[i] = ("mp", "dp")
+            return P(*axes)
+    return spec
+
+
+def zero_tree_specs(tree: Any, mesh: Mesh) -> Any:
+    """``tree_specs`` with every leaf also split over "dp" where possible (``zero_spec``)."""
+    specs = tree_specs(tree, mesh)
+    return jax.tree.map(lambda spec, leaf: zero_spec(spec, np.shape(leaf) if not hasattr(leaf, "shape")
+                                                     else tuple(leaf.shape), mesh),
+                        specs, tree, is_leaf=lambda x: isinstance(x, P))
+
+
+def train_state_shardings(state: Any, mesh: Mesh, zero: int = 0) -> Any:
+    """Shardings of a ``train.TrainState``: parameters by the rule table; optimizer
+    state by the rule table (``zero=0``) or additionally partitioned over "dp"
+    (``zero=1``, ZeRO-1: each data-parallel replica keeps 1/dp of the moments)."""
+    if zero not in ZERO_STAGES:
+        raise ValueError(f"zero: must be one of {ZERO_STAGES}, got {zero!r}")
+    params_sh = tree_shardings(state.params, mesh)
+    specs = zero_tree_specs(state.opt_state, mesh) if zero else tree_specs(state.opt_state, mesh)
+    opt_sh = jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=lambda x: isinstance(x, P))
+    return type(state)(params_sh, opt_sh, replicated(mesh))

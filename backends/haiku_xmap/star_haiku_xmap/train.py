@@ -104,15 +104,22 @@ def init_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
 
 def token_loss(params, tokens_BT, mask_BT, loss_mask_BT, config: GPTJConfig):
     """(sum of fp32 next-token NLL over loss tokens, number of loss tokens)."""
-    logits_BTV = model.forward(params, tokens_BT, config, mask=mask_BT)[:, :-1]
-    logp_BTV = jax.nn.log_softmax(logits_BTV, axis=-1)
-    nll_BT = -jnp.take_along_axis(logp_BTV, tokens_BT[:, 1:, None], axis=-1)[..., 0]
-    w_BT = loss_mask_BT[:, 1:].astype(jnp.float32)
-    return jnp.sum(nll_BT * w_BT), jnp.sum(w_BT)
+    logits_BTV = model.forward(params, tokens_BT, config, mask=mask_BT)
+    # Position t predicts token t + 1; the last position gets weight 0 (and a dummy
+    # target) instead of slicing the logits, whose gradient would be a padded copy.
+    # log p(target) = (x - max)[target] - log sum exp(x - max), as log_softmax
+    # computes it; the one-hot product picks the target exactly, and its gradient
+    # stays elementwise (take_along_axis's would be a scatter).
+    target_BT = jnp.concatenate([tokens_BT[:, 1:], jnp.zeros_like(tokens_BT[:, :1])], axis=1)
+    w_BT = jnp.concatenate([loss_mask_BT[:, 1:], jnp.zeros_like(loss_mask_BT[:, :1])], axis=1).astype(jnp.float32)
+    shifted_BTV = logits_BTV - jax.lax.stop_gradient(jnp.max(logits_BTV, axis=-1, keepdims=True))
+    onehot_BTV = jax.nn.one_hot(target_BT, logits_BTV.shape[-1], dtype=jnp.float32)
+    logp_BT = jnp.sum(shifted_BTV * onehot_BTV, axis=-1) - jnp.log(jnp.sum(jnp.exp(shifted_BTV), axis=-1))
+    return -jnp.sum(logp_BT * w_BT), jnp.sum(w_BT)
 
 
 def make_update(config: GPTJConfig, tx: optax.GradientTransformation, mesh=None,
-                state_example: TrainState | None = None) -> Callable:
+                state_example: TrainState | None = None, state_shardings: Any = None) -> Callable:
     """``update(state, batch) -> (state, metrics)``, jit'd with the state donated.
 
     Gradients of the summed loss are accumulated over the A micro-batches with a
@@ -143,9 +150,10 @@ def make_update(config: GPTJConfig, tx: optax.GradientTransformation, mesh=None,
 
     if mesh is None:
         return jax.jit(update, donate_argnums=0)
-    if state_example is None:
+    if state_example is None and state_shardings is None:
         raise ValueError("make_update: a mesh needs state_example to derive the state shardings")
-    state_sh = sharding.tree_shardings(state_example, mesh)
+    # state_shardings (optional): the state's shardings as given, e.g. ZeRO-1's (distributed.py)
+    state_sh = sharding.tree_shardings(state_example, mesh) if state_shardings is None else state_shardings
     batch_sh = sharding.batch_sharding(mesh, batch_axis=1, ndim=3)
     return jax.jit(update, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, sharding.replicated(mesh)),
                    donate_argnums=0)

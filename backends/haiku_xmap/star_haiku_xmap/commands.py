@@ -1,0 +1,142 @@
+"""``star-engine`` subcommands of the GPT-J backend (registered through ``register_commands``).
+
+- ``star-engine convert``: released GPT-J weights (Hugging Face safetensors, a
+  mesh-transformer-jax slim checkpoint) or a native checkpoint into a native
+  checkpoint, optionally pre-split for an mp-way mesh, or back into the
+  mesh-transformer-jax layout for another number of shards.
+- ``star-engine plan``: compile the GPT-J train and decode steps for a mesh with
+  abstract parameters and print XLA's per-device memory analysis.
+
+jax is imported inside ``run``, never when the plugin is discovered.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from star_engine.errors import UserError
+
+DTYPE_CHOICES = ("bfloat16", "float32")
+
+
+def _tokenizer_dict(args: argparse.Namespace, default_file: Path | None, stored: dict | None = None) -> dict:
+    from .tokenizer import ByteTokenizer, HFTokenizer
+
+    if args.byte_tokenizer:
+        return ByteTokenizer().to_dict()
+    if args.tokenizer_file:
+        return HFTokenizer(args.tokenizer_file).to_dict()
+    if stored is not None:
+        return stored
+    if default_file is not None and default_file.is_file():
+        return HFTokenizer(default_file).to_dict()
+    raise UserError("--tokenizer-file: required (GPT-J's tokenizer.json; see docs/gptj6b.md), "
+                    "or --byte-tokenizer for a byte-level model")
+
+
+class ConvertCommand:
+    help = "convert GPT-J weights (hf safetensors | mtj slim checkpoint | native) into a native or mtj checkpoint"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.description = (
+            "Convert GPT-J weights, one tensor in memory at a time. Sources: --from hf (a folder with config.json "
+            "and model.safetensors or model.safetensors.index.json; .bin/.pt are refused), --from mtj (a "
+            "mesh-transformer-jax slim checkpoint: shard_*/N.npz), --from native (a checkpoint of this backend). "
+            "--to native (default) writes a native checkpoint; with --mp N > 1 its model-parallel leaves are "
+            "stored as N parts so that each device of an mp=N mesh reads only its own slice. --to mtj writes "
+            "the mesh-transformer-jax slim layout with --mp shards (default 8).")
+        parser.add_argument("src", type=Path, help="source folder")
+        parser.add_argument("dest", type=Path, help="destination folder (created; an existing checkpoint is "
+                                                    "replaced atomically)")
+        parser.add_argument("--from", dest="source", required=True, choices=("hf", "mtj", "native"))
+        parser.add_argument("--to", dest="target", default="native", choices=("native", "mtj"))
+        parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=None,
+                            help="parameter dtype (default: bfloat16 for hf/mtj, the source's for native)")
+        parser.add_argument("--mp", type=int, default=None, metavar="N",
+                            help="--to native: store leaves pre-split for an mp=N mesh (default 1 = unsplit); "
+                                 "--to mtj: number of shards (default 8)")
+        parser.add_argument("--tokenizer-file", type=Path, default=None,
+                            help="a Hugging Face tokenizer.json stored in the checkpoint (default: SRC/tokenizer.json "
+                                 "for hf, the stored one for native; required for mtj)")
+        parser.add_argument("--byte-tokenizer", action="store_true", help="store the byte tokenizer instead")
+        parser.add_argument("--config", default="gptj-6b", metavar="PRESET|FILE.json",
+                            help="--from mtj: the model (a preset, or mesh-transformer-jax's JSON config); "
+                                 "default gptj-6b")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from .checkpoint import write_checkpoint
+
+        mp = args.mp
+        if mp is not None and mp < 1:
+            raise UserError("--mp: must be >= 1")
+        if args.tokenizer_file is not None and args.byte_tokenizer:
+            raise UserError("--tokenizer-file and --byte-tokenizer exclude each other")
+        src, dest = args.src, args.dest
+        if args.target == "mtj":
+            return self._to_mtj(args, mp or 8)
+        mp = mp or 1
+        if args.source == "hf":
+            from .hf_import import iter_hf_gptj
+
+            dtype = args.dtype or "bfloat16"
+            folder = src if src.is_dir() else src.parent
+            tok = _tokenizer_dict(args, folder / "tokenizer.json")
+            config, leaves = iter_hf_gptj(src, dtype=dtype)
+            extra = {"source": "hf_gptj"}
+        elif args.source == "mtj":
+            from .mtj_import import iter_mtj_gptj, resolve_config
+
+            dtype = args.dtype or "bfloat16"
+            config = resolve_config(args.config, dtype=dtype)
+            tok = _tokenizer_dict(args, None)
+            step, leaves = iter_mtj_gptj(src, config)
+            extra = {"source": "mtj_slim", "mtj_step": step}
+        else:
+            from .config import GPTJConfig
+            from .mtj_import import native_leaves
+
+            if src.resolve() == dest.resolve():
+                raise UserError(f"{dest}: the destination must differ from the source")
+            manifest, leaves = native_leaves(src, args.dtype)
+            config = GPTJConfig.from_dict(manifest["model_config"])
+            if args.dtype:
+                config = config.replace(dtype=args.dtype)
+            tok = _tokenizer_dict(args, None, stored=manifest["tokenizer"])
+            extra = dict(manifest["extra"])
+        self._check_vocab(tok, config)
+        write_checkpoint(dest, leaves, model_config=config.to_dict(), tokenizer=tok, extra=extra, mp_split=mp)
+        split = f", leaves pre-split for mp={mp}" if mp > 1 else ""
+        print(f"wrote {dest} ({config.n_layer} layers, d_model {config.d_model}, vocab {config.vocab}, "
+              f"{config.dtype}{split})")
+        return 0
+
+    @staticmethod
+    def _check_vocab(tok: dict, config) -> None:
+        if tok.get("vocab_size", 0) > config.vocab:
+            raise UserError(f"the tokenizer has {tok['vocab_size']} tokens, more than the model's vocab {config.vocab}")
+
+    def _to_mtj(self, args: argparse.Namespace, shards: int) -> int:
+        from .mtj_import import export_mtj
+
+        if args.source != "native":
+            raise UserError("--to mtj: convert to a native checkpoint first (--from native SRC)")
+        if args.tokenizer_file or args.byte_tokenizer:
+            raise UserError("--to mtj: a slim checkpoint stores no tokenizer")
+        export_mtj(args.src, args.dest, shards=shards, dtype=args.dtype)
+        print(f"wrote {args.dest} (mesh-transformer-jax slim layout, {shards} shards)")
+        return 0
+
+
+class PlanCommand:
+    help = "compile the GPT-J train/decode steps for a mesh (abstract params) and print XLA's memory analysis"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        from .plan import add_arguments
+
+        add_arguments(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        from .plan import run
+
+        return run(args)
