@@ -56,6 +56,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+import tokenize
+
 import numpy as np
 from numpy.lib import format as npy_format
 
@@ -220,7 +222,7 @@ def _read_header(f, where: str) -> tuple[np.dtype, tuple[int, ...], bool]:
             shape, fortran, dtype = npy_format.read_array_header_2_0(f, max_header_size=MAX_HEADER)
         else:
             raise ValueError(f"unsupported .npy version {version}")
-    except (ValueError, SyntaxError, EOFError) as exc:
+    except (ValueError, SyntaxError, EOFError, tokenize.TokenError) as exc:  # numpy tokenizes the header
         raise IntegrityError(f"{where}: not a valid .npy header ({exc})") from None
     if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
         raise IntegrityError(f"{where}: dtype {dtype} is not a plain numeric type (pickles are never loaded)")
