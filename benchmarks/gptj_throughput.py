@@ -9,6 +9,10 @@ child process, so the two runtimes' thread pools never compete. The child is a
 server: JAX and HF calls alternate (ABBA order), one of each per round, so both
 see the same machine load, and each ratio is the median of the per-round
 ratios (on a shared machine the load swings more than the ratio does).
+``*_ratio_cpu`` compares CPU seconds per call, which other processes' load
+barely moves. Under load torch's default OpenMP threads spin at barriers and
+collapse (10-40x slower at load 8), so by default the peer is probed with both
+the default and the PASSIVE wait policy and keeps the faster per workload.
 
 Token counts: generation counts new tokens (batch x new tokens); training counts
 every input token (batch x sequence). FLOPs: 2 x matmul parameters per token
@@ -51,6 +55,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--peer", action="store_true", help="also time HF transformers GPT-J in a child process")
     ap.add_argument("--hf-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--hf-serve", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--malloc", choices=("default", "retain"), default="default",
+                    help="retain: glibc malloc in one arena, never mmap or trim, for both runtimes; XLA:CPU "
+                         "otherwise maps (and page-faults in) a fresh temp buffer of the whole step each call")
     ap.add_argument("--hf-omp-wait-policy", choices=("auto", "default", "passive"), default="auto",
                     help="OpenMP wait policy of the HF peer; auto probes both and keeps the faster per workload "
                          "(torch's spinning threads collapse when other processes share the cores)")
@@ -196,14 +203,13 @@ def hf_workloads(a) -> tuple[dict, object, object]:
                      n_layer=a.layers, n_head=a.heads, rotary_dim=a.rotary_dim, n_inner=a.d_ff,
                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=False)
     model = GPTJForCausalLM(cfg).to(dtype).eval()
-    gen_model = model
     rng = np.random.default_rng(0)
     prompt = torch.from_numpy(rng.integers(0, a.vocab, (a.gen_batch, a.prompt))).long()
     attn = torch.ones_like(prompt)
 
     def gen():  # greedy, KV cache, no autograd
         with torch.inference_mode():
-            o = gen_model.generate(prompt, attention_mask=attn, do_sample=False, max_new_tokens=a.new_tokens,
+            o = model.generate(prompt, attention_mask=attn, do_sample=False, max_new_tokens=a.new_tokens,
                                    min_new_tokens=a.new_tokens, pad_token_id=0, eos_token_id=None, use_cache=True)
         assert o.shape == (a.gen_batch, a.prompt + a.new_tokens)
 
@@ -220,8 +226,8 @@ def hf_workloads(a) -> tuple[dict, object, object]:
         model.eval()
         return float(loss)
 
-    info = {"hf_generate_first_call_s": round(_first_call(gen), 3), "hf_train_first_call_s": round(_first_call(step), 3),
-            "torch": torch.__version__, "transformers": __import__("transformers").__version__,
+    info = {"hf_generate_first_call_s": round(_first_call(gen), 3),
+            "hf_train_first_call_s": round(_first_call(step), 3), "torch": torch.__version__, "transformers": __import__("transformers").__version__,
             "hf_threads": torch.get_num_threads(), "hf_attn_implementation": model.config._attn_implementation}
     return info, gen, step
 
@@ -316,8 +322,22 @@ def paired_ratio(jax_times: list, hf_times: list, index: int) -> float:
     return round(statistics.median(h[index] / j[index] for j, h in zip(jax_times, hf_times)), 2)
 
 
+def retain_malloc() -> None:
+    """Keep freed memory in glibc's heap for reuse. Must run before any thread
+    starts (threads pick their arena at their first malloc)."""
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6")
+    M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8
+    ok = libc.mallopt(M_ARENA_MAX, 1) and libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1)
+    if not ok:
+        raise SystemExit("mallopt failed")
+
+
 def main(argv=None) -> None:
     a = parse_args(argv)
+    if a.malloc == "retain":
+        retain_malloc()
     argv = sys.argv[1:] if argv is None else list(argv)
     if a.hf_serve:
         hf_serve(a)
@@ -328,7 +348,7 @@ def main(argv=None) -> None:
         print(json.dumps({**info, **summarise("hf_generate", tg, a.gen_batch * a.new_tokens),
                           **summarise("hf_train", tt, a.train_batch * a.train_seq)}))
         return
-    result = {"dtype": a.dtype, "threads": threads(), "loadavg_start": round(os.getloadavg()[0], 2),
+    result = {"dtype": a.dtype, "threads": threads(), "malloc": a.malloc, "loadavg_start": round(os.getloadavg()[0], 2),
               "shape": {k: getattr(a, k) for k in ("layers", "d_model", "heads", "d_ff", "rotary_dim", "vocab",
                                                    "gen_batch", "prompt", "new_tokens", "train_batch", "train_seq")}}
     # The peers start first: their import and warm-up must not overlap the JAX timings.
