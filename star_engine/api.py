@@ -174,7 +174,14 @@ class StepSchedule(Protocol):
 
 
 class Backend(Protocol):
-    """A model family. Checkpoints are directories the backend writes atomically."""
+    """A model family. Checkpoints are directories the backend writes atomically.
+
+    A backend that runs as several processes (one per host) also has
+    ``process_index() -> int``, ``process_count() -> int`` and
+    ``barrier(name: str) -> None``; the core then writes the run directory from
+    process 0 only (``star_engine.procs``). Checkpoint writes are the backend's:
+    it too must write them once, and return from ``train`` only when they are
+    visible to every process."""
 
     def base(self, workdir: Path, seed: int) -> str:
         """The base checkpoint: the configured weights, or a fresh random

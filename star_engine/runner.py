@@ -11,7 +11,7 @@ from typing import Any
 
 import structlog
 
-from . import __version__, ui
+from . import __version__, procs, ui
 from .errors import UserError
 from .experiment import Experiment, config_hash
 from .loop import run_star
@@ -43,6 +43,9 @@ def _killed_at_start(root: Path) -> bool:
 def prepare_run_dir(exp: Experiment, toml_path: Path) -> RunStore:
     """Create the run directory, or check that an existing one belongs to this experiment."""
     root = exp.run_dir
+    # Several processes: all of them look at the folder before process 0 changes it.
+    procs.CURRENT.sync("start")
+    event_dir = root if procs.CURRENT.primary else None  # one event log, process 0's
     cfg_file = root / "config.json"
     describe = {"config_sha256": config_hash(exp.cfg), "star_engine": __version__,
                 "plugins": exp.registry.requirements()}
@@ -56,14 +59,14 @@ def prepare_run_dir(exp: Experiment, toml_path: Path) -> RunStore:
             raise UserError(f"{root}: holds a run of a different configuration (changed: {', '.join(changed)}); "
                             f"set experiment.output_dir to a new folder")
         removed = clean_temporaries(root)
-        ui.configure_logging(root)
+        ui.configure_logging(event_dir)
         log.info("resume", run_dir=str(root), temporaries_removed=removed)
     elif root.exists() and any(root.iterdir()) and not _killed_at_start(root):
         raise UserError(f"{root}: exists and is not a star-engine run directory; choose another experiment.output_dir")
     else:
         clean_temporaries(root)  # a first start killed before config.json may have left some
-        root.mkdir(parents=True, exist_ok=True)
-        ui.configure_logging(root)
+        procs.primary_does("create the run directory", lambda: root.mkdir(parents=True, exist_ok=True))
+        ui.configure_logging(event_dir)
         atomic_write_bytes(root / "experiment.toml", toml_path.read_bytes())
         log.info("start", run_dir=str(root))
     # The resolved config is rewritten on resume so a raised iteration count is recorded.
@@ -79,6 +82,7 @@ def prepare_run_dir(exp: Experiment, toml_path: Path) -> RunStore:
 
 
 def run(exp: Experiment, toml_path: Path) -> list[dict]:
+    procs.configure(exp.backend)
     store = prepare_run_dir(exp, toml_path)
     exp.registry.notify("on_run_start", run_dir=store.root, config=exp.cfg)
     t0 = time.perf_counter()

@@ -21,7 +21,7 @@ from typing import Any, Iterator, Sequence
 import pyarrow as pa
 import structlog
 
-from . import ui
+from . import procs, ui
 from .api import Candidate, Example, GenRequest, GenSpec, TrainExample, TrainSpec
 from .errors import PluginError, UserError
 from .experiment import Experiment
@@ -126,7 +126,8 @@ class Stages:
 
     def _drop_chunks(self, chunk_dir: str) -> None:
         self.store.forget(chunk_dir + "/")  # the chunks are inside the stage's file
-        shutil.rmtree(self.store.root / chunk_dir, ignore_errors=True)
+        procs.primary_does(f"remove {chunk_dir}", lambda: shutil.rmtree(self.store.root / chunk_dir,
+                                                                         ignore_errors=True))
 
     # -- the train questions of an iteration ----------------------------------------
     def train_questions(self, n: int) -> list[Example]:
@@ -253,7 +254,8 @@ class Stages:
             info = {"checkpoint": init, "checkpoint_id": self.checkpoint_id(init), "steps": 0, "tokens": 0,
                     "losses": [], "examples": len(examples)}
         else:
-            shutil.rmtree(self.store.root / model_rel, ignore_errors=True)  # a stale, unrecorded attempt
+            procs.primary_does(f"remove {model_rel}",  # a stale, unrecorded attempt
+                               lambda: shutil.rmtree(self.store.root / model_rel, ignore_errors=True))
             spec = TrainSpec(steps, section["batch_size"], section["grad_accum"], seed, section["optimizer"])
             with ui.progress(f"{rel_dir}: train", steps) as advance, _disk_full(self.store.root / model_rel):
                 res = self.backend.train(self.path(init), self.store.root / model_rel, examples, spec,

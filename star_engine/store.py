@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
 
+from . import procs
 from .errors import IntegrityError, UserError
 
 TMP_PREFIX = ".tmp-"
@@ -48,7 +49,12 @@ def _fsync_dir(path: Path) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the new one, never a mix."""
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never a mix.
+    In a multi-process run process 0 writes and every process waits for it (``procs``)."""
+    procs.primary_does(f"write {path.name}", lambda: _write(path, data))
+
+
+def _write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
     try:
@@ -87,6 +93,16 @@ def is_temporary(name: str) -> bool:
 
 def clean_temporaries(root: Path) -> int:
     """Remove temporary files and folders left by a killed writer. Returns how many."""
+    if not procs.CURRENT.primary:
+        procs.CURRENT.sync("clean temporaries")
+        return 0
+    try:
+        return _clean_temporaries(root)
+    finally:
+        procs.CURRENT.sync("clean temporaries")
+
+
+def _clean_temporaries(root: Path) -> int:
     n = 0
     if not root.exists():
         return 0
@@ -141,7 +157,7 @@ class RunStore:
         if path.stat().st_size == rec["bytes"] and sha256_file(path) == rec["sha256"]:
             return True
         log.warning("damaged_artifact", path=str(path), expected_sha256=rec["sha256"])
-        path.unlink()
+        procs.primary_does(f"remove {rel}", path.unlink)
         del self.manifest["artifacts"][rel]
         self._save_manifest()
         return False
@@ -209,10 +225,8 @@ class RunStore:
         if not damaged:
             return True
         log.warning("damaged_checkpoint", path=str(path), damaged=damaged)
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+        procs.primary_does(f"remove {rel}", lambda: shutil.rmtree(path, ignore_errors=True) if path.is_dir()
+                           else path.unlink(missing_ok=True))
         del self.manifest["checkpoints"][rel]
         self._save_manifest()
         return False

@@ -29,14 +29,14 @@ from typing import Any
 
 GIB = 1 << 30
 STANDARD = (  # (mesh, zero, opt-state dtype, device GiB, micro-batch, grad accum): docs/gptj6b.md's table
-    ("1x8", 0, "float32", 16.0, None, None),  # None: --batch / --grad-accum (the experiments' 8 x 8)
-    ("1x8", 0, "bfloat16", 16.0, None, None),
-    ("8x1", 1, "float32", 80.0, None, None),
-    ("8x1", 0, "float32", 80.0, None, None),
-    ("1x1", 0, "float32", 80.0, None, None),
-    ("1x1", 0, "bfloat16", 80.0, None, None),
-    ("1x8", 0, "bfloat16", 16.0, 1, 64),  # the same 64 sequences per step, one per micro-batch
+    ("1x8", 0, "bfloat16", 16.0, 1, 64),  # the GPT-J experiments as shipped (a TPU v3-8)
     ("1x8", 0, "float32", 16.0, 1, 64),
+    ("1x8", 0, "float32", 16.0, 8, 8),  # the same 64 sequences per step, 8 per micro-batch
+    ("1x8", 0, "bfloat16", 16.0, 8, 8),
+    ("8x1", 1, "float32", 80.0, 8, 8),
+    ("8x1", 0, "float32", 80.0, 8, 8),
+    ("1x1", 0, "float32", 80.0, 8, 8),
+    ("1x1", 0, "bfloat16", 80.0, 8, 8),
     ("1x1", 0, "bfloat16", 80.0, 1, 64),
 )
 
@@ -48,9 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="parameter dtype")
     parser.add_argument("--mesh", default="1x8", help="DPxMP, e.g. 1x8 (default), 8x1, 2x4")
     parser.add_argument("--zero", type=int, default=0, choices=(0, 1), help="1: ZeRO-1 optimizer state over dp")
-    parser.add_argument("--opt-state-dtype", default="float32", choices=("float32", "bfloat16"))
-    parser.add_argument("--batch", type=int, default=8, help="sequences per micro-batch (training.batch_size)")
-    parser.add_argument("--grad-accum", type=int, default=8, help="micro-batches per step (training.grad_accum)")
+    parser.add_argument("--opt-state-dtype", default="bfloat16", choices=("float32", "bfloat16"),
+                        help="Adam moments' dtype (model.opt_state_dtype; default: the GPT-J experiments')")
+    parser.add_argument("--batch", type=int, default=1,
+                        help="sequences per micro-batch (training.batch_size; default: the GPT-J experiments')")
+    parser.add_argument("--grad-accum", type=int, default=64, help="micro-batches per step (training.grad_accum)")
     parser.add_argument("--seq-len", type=int, default=1536, help="training sequence length")
     parser.add_argument("--gen-batch", type=int, default=8, help="sampling batch (generation.batch_size)")
     parser.add_argument("--prompt-len", type=int, default=1536, help="sampling prompt length")
@@ -187,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
 
     what = tuple(w.strip() for w in args.what.split(",") if w.strip())
     if args.standard:
-        jobs = [(_parse_mesh(m), z, d, gib, b or args.batch, a or args.grad_accum) for m, z, d, gib, b, a in STANDARD]
+        jobs = [(_parse_mesh(m), z, d, gib, b, a) for m, z, d, gib, b, a in STANDARD]
     else:
         jobs = [(_parse_mesh(args.mesh), args.zero, args.opt_state_dtype, args.device_gib, args.batch,
                  args.grad_accum)]

@@ -294,11 +294,27 @@ class HaikuXmapBackend:
                 progress(len(group))
         return results
 
+    # ------------------------------------------------------------------ processes
+    # Multi-process JAX: the core writes the run directory from process 0 and
+    # waits at these barriers (star_engine.procs).
+
     @staticmethod
-    def _process_count() -> int:
+    def process_index() -> int:
+        import jax
+
+        return jax.process_index()
+
+    @staticmethod
+    def process_count() -> int:
         import jax
 
         return jax.process_count()
+
+    @staticmethod
+    def barrier(name: str) -> None:
+        from . import distributed as dist
+
+        dist.barrier(name)
 
     def describe(self) -> Mapping[str, Any]:
         from .config import param_count
@@ -308,7 +324,7 @@ class HaikuXmapBackend:
                 "checkpoint_path": self._checkpoint_path, "seq_len": self.seq_len,
                 "mesh": {"dp": int(self.mesh.shape["dp"]), "mp": int(self.mesh.shape["mp"])},
                 "zero": self.zero, "opt_state_dtype": self.opt_state_dtype,
-                "processes": self._process_count(),
+                "processes": self.process_count(),
                 "devices": [str(d) for d in self.mesh.devices.flat]}
 
 

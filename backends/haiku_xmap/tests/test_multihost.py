@@ -6,6 +6,7 @@ Process 0 initialises from a ``[model] distributed`` table, process 1 from the
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -119,3 +120,98 @@ def test_resolve_options_from_table_and_environment():
                      ("yes", "must be a table")]:
         with pytest.raises(UserError, match=msg):
             distributed.resolve_options(bad, {})
+
+
+RUN_TOML = """
+[experiment]
+name = "addition_multihost"
+seed = 0
+output_dir = "{out}"
+iterations = 2
+
+[task]
+dataset = "addition"
+options = {{ seed = 0, n_train = 24, n_dev = 12, min_digits = 1, max_digits = 2, n_seed = 16, seed_max_digits = 2 }}
+filters = ["hint_leak"]
+
+[generation]
+max_new_tokens = 24
+batch_size = 8
+
+[rationalization]
+enabled = true
+
+[base_training]
+steps = 3
+batch_size = 4
+
+[training]
+schedule = {{ name = "steady_grow", start_steps = 2, add_steps = 1 }}
+batch_size = 4
+
+[model]
+backend = "haiku_xmap"
+seq_len = 256
+mesh = {{ dp = 2, mp = 4 }}
+"""
+
+
+def _files(root) -> list[str]:
+    """The run's files; TensorBoard's event file, named by its creation time, as ``tensorboard/events``."""
+    names = (p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    return sorted("tensorboard/events" if n.startswith("tensorboard/events.out.tfevents.") else n for n in names)
+
+
+@pytest.mark.slow
+def test_star_engine_run_on_two_processes_writes_one_run_directory(tmp_path):
+    """`star-engine run` as 2 processes x 4 devices (the environment names the
+    coordinator): process 0 alone writes the shared run directory, the other
+    waits at each change; the folder holds the same files and rows as a
+    1-process, 8-device run, one event log with each event once, no leftovers;
+    a rerun of the finished run on 2 processes does no work and changes nothing."""
+    import pandas as pd
+
+    def start(out, devices, env_extra):
+        cfg = tmp_path / f"{out}.toml"
+        cfg.write_text(RUN_TOML.format(out=tmp_path / out))
+        return subprocess.Popen([sys.executable, "-m", "star_engine", "run", str(cfg), "--quiet"],
+                                env=_env(devices, env_extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+
+    def two_processes():
+        port = _free_port()
+        ps = [start("multi", 4, {"STAR_ENGINE_COORDINATOR": f"127.0.0.1:{port}",
+                                 "STAR_ENGINE_NUM_PROCESSES": "2", "STAR_ENGINE_PROCESS_ID": str(pid)})
+              for pid in (0, 1)]
+        try:
+            outs = [p.communicate(timeout=400) for p in ps]
+        finally:
+            for p in ps:
+                p.kill()
+        for p, (_, err) in zip(ps, outs):
+            assert p.returncode == 0, err[-3000:]
+
+    two_processes()
+    single = start("single", 8, {})
+    _, err = single.communicate(timeout=400)
+    assert single.returncode == 0, err[-3000:]
+
+    multi, one = tmp_path / "multi", tmp_path / "single"
+    assert _files(multi) == _files(one)
+    assert not [f for f in _files(multi) if ".tmp-" in f]
+    events = [json.loads(x)["event"] for x in (multi / "events.jsonl").read_text().splitlines()]
+    assert events.count("start") == 1 and events.count("iteration_done") == 3 and events.count("run_finished") == 1
+    for rel in ("metrics.parquet", "iterations/001/generated.parquet", "iterations/002/rationales.parquet"):
+        a, b = pd.read_parquet(multi / rel), pd.read_parquet(one / rel)
+        assert list(a.columns) == list(b.columns) and len(a) == len(b), rel
+    manifest = json.loads((multi / "manifest.json").read_text())
+    assert manifest["finished"] and manifest["backend"]["processes"] == 2
+    for rel, rec in manifest["artifacts"].items():  # every recorded file is the one on disk
+        assert hashlib.sha256((multi / rel).read_bytes()).hexdigest() == rec["sha256"], rel
+
+    logs = ("events.jsonl", "tensorboard/events")
+    before = {f: (multi / f).read_bytes() for f in _files(multi) if f not in logs}
+    two_processes()
+    after = {f: (multi / f).read_bytes() for f in _files(multi) if f not in logs}
+    changed = [f for f in before if before[f] != after.get(f)]
+    assert set(after) == set(before) and changed in ([], ["manifest.json"], ["config.json", "manifest.json"])

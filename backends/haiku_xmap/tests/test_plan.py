@@ -35,7 +35,8 @@ def test_plan_compiles_abstract_steps_and_zero_shrinks_the_state():
     ZeRO-1) and the sampler compile from abstract parameters; XLA's per-device
     arguments shrink by the partitioned optimizer state."""
     common = ["--preset", "small", "--n-layer", "2", "--batch", "8", "--grad-accum", "2", "--seq-len", "64",
-              "--gen-batch", "8", "--prompt-len", "32", "--new-tokens", "8", "--dtype", "float32"]
+              "--opt-state-dtype", "float32", "--gen-batch", "8", "--prompt-len", "32", "--new-tokens", "8",
+              "--dtype", "float32"]
     plain = _plan(*common, "--mesh", "8x1", "--zero", "0", "--what", "train,sample")
     zero = _plan(*common, "--mesh", "8x1", "--zero", "1", "--what", "train")
     assert [r["program"] for r in plain] == ["train step", "sample (prefill + decode loop)"]
@@ -90,3 +91,23 @@ def test_gptj_experiments_name_a_checkpoint_and_a_mesh():
         m = tomllib.loads((ROOT / "experiments" / name).read_text())["model"]
         assert m["preset"] == "gptj-6b" and m["checkpoint_path"] and m["mesh"] == {"dp": 1, "mp": 8}, name
         assert m["tokenizer"] == "hf" and "tokenizer_file" not in m and m["dtype"] == "bfloat16", name
+
+
+@pytest.mark.slow
+def test_the_shipped_gptj_experiments_fit_a_tpu_v3_core():
+    """GPT-J-6B as the experiments declare it (mesh, dtype, micro-batch, accumulation,
+    optimizer-state dtype, sequence length): XLA's per-device peak for the train step
+    and the sampler is within a TPU v3 core's 16 GiB."""
+    import tomllib
+
+    cfg = tomllib.loads((ROOT / "experiments" / "cqa_rationalize.toml").read_text())
+    m, t, g = cfg["model"], cfg["training"], cfg["generation"]
+    mesh = f'{m["mesh"]["dp"]}x{m["mesh"]["mp"]}'
+    rows = _plan("--preset", m["preset"], "--dtype", m["dtype"], "--mesh", mesh, "--zero", str(m["zero"]),
+                 "--opt-state-dtype", m["opt_state_dtype"], "--batch", str(t["batch_size"]),
+                 "--grad-accum", str(t["grad_accum"]), "--seq-len", str(m["seq_len"]),
+                 "--gen-batch", str(g["batch_size"]), "--prompt-len", str(m["seq_len"]),
+                 "--new-tokens", str(g["max_new_tokens"]), "--device-gib", "16", "--what", "train,sample")
+    assert [r["program"] for r in rows] == ["train step", "sample (prefill + decode loop)"]
+    for r in rows:
+        assert r["layers"] == 28 and r["fits"], r

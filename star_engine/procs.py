@@ -1,0 +1,80 @@
+"""One run directory, several processes.
+
+A backend spread over hosts (multi-process JAX, for example) runs the same
+program in every process: each one executes the whole STaR loop in step, because
+each train and generate call is a collective. The run directory (on a
+filesystem every host sees) must still be written once. So process 0 alone
+changes files, and every change (a write, a removal) ends at a barrier that all
+processes reach in the same order; after it the others read what process 0
+wrote. Every decision the loop takes comes from files read after a barrier or
+from values all processes compute alike, so the processes never diverge.
+
+A backend opts in with three optional methods: ``process_index() -> int``,
+``process_count() -> int`` and ``barrier(name: str) -> None`` (all processes
+call it with the same name; it returns when every one has). With one process
+(every backend without them) nothing here does anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass
+class Processes:
+    index: int = 0
+    count: int = 1
+    barrier: Callable[[str], None] | None = None
+    _synced: int = 0
+    _alone: int = 0  # > 0 inside ``alone()``
+
+    @property
+    def primary(self) -> bool:
+        """True in the process that writes the run directory (process 0)."""
+        return self.index == 0
+
+    def sync(self, what: str) -> None:
+        """Wait until every process is here. Called after each change to the run
+        directory; the numbered name makes a process that took another path fail
+        at the barrier (when the backend checks names) instead of reading stale files."""
+        if self.count > 1 and not self._alone:
+            self._synced += 1
+            self.barrier(f"star-engine {self._synced}: {what}")
+
+
+CURRENT = Processes()
+
+
+def configure(backend: Any) -> Processes:
+    """Take the process layout from ``backend`` (see the module docstring)."""
+    global CURRENT
+    count = int(getattr(backend, "process_count", lambda: 1)())
+    index = int(getattr(backend, "process_index", lambda: 0)())
+    barrier = getattr(backend, "barrier", None)
+    if count > 1 and barrier is None:
+        raise TypeError(f"{type(backend).__name__}: {count} processes but no barrier(name) method")
+    if not 0 <= index < max(count, 1):
+        raise ValueError(f"{type(backend).__name__}: process_index {index} outside [0, {count})")
+    CURRENT = Processes(index=index, count=count, barrier=barrier)
+    return CURRENT
+
+
+@contextlib.contextmanager
+def alone():
+    """Code that only process 0 runs (observer hooks): its writes wait for no one."""
+    CURRENT._alone += 1
+    try:
+        yield
+    finally:
+        CURRENT._alone -= 1
+
+
+def primary_does(what: str, action: Callable[[], Any]) -> None:
+    """Run ``action`` (a change to the run directory) in process 0 only, then wait for all."""
+    try:
+        if CURRENT.primary:
+            action()
+    finally:  # process 0 failing still releases the others (who then fail on what is missing)
+        CURRENT.sync(what)
