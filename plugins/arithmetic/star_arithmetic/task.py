@@ -39,7 +39,9 @@ class AdditionTask:
       (train and dev are disjoint);
     - ``heldout_digits``, ``n_heldout``: the "heldout" split's digit counts and size;
     - ``n_seed``, ``seed_max_digits``: the worked examples that train the base
-      model (``min_digits``..``seed_max_digits`` digits, disjoint from dev);
+      model (``min_digits``..``seed_max_digits`` digits, spread evenly, disjoint from dev);
+    - ``seed_counts``: instead of those two, how many seed problems of each digit
+      count from ``min_digits`` up (``[80, 400, 400, 20]``: a few long ones);
     - ``seed_hint_fraction``: the share of those also given with the hint line,
       so that a model trained from scratch learns to read a hint (what a
       few-shot hint prompt does for a large model);
@@ -53,7 +55,7 @@ class AdditionTask:
     def __init__(self, *, seed: int = 0, n_train: int = 2000, n_dev: int = 500, min_digits: int = 1,
                  max_digits: int = 5, heldout_digits: list[int] | None = None, n_heldout: int = 500,
                  n_seed: int = 100, seed_max_digits: int = 2, seed_hint_fraction: float = 0.5,
-                 n_shots: int = 0) -> None:
+                 n_shots: int = 0, seed_counts: list[int] | None = None) -> None:
         self.seed = _int("seed", seed, 0)
         self.n = {"train": _int("n_train", n_train, 1), "dev": _int("n_dev", n_dev, 1),
                   "heldout": _int("n_heldout", n_heldout, 1)}
@@ -66,6 +68,14 @@ class AdditionTask:
             if self.min_digits <= d <= self.max_digits:
                 raise UserError(f"heldout_digits: {d} is inside the training range "
                                 f"{self.min_digits}-{self.max_digits}; held-out counts must be outside it")
+        self.seed_counts = None
+        if seed_counts is not None:
+            span = self.max_digits - self.min_digits + 1
+            if not isinstance(seed_counts, list) or not 1 <= len(seed_counts) <= span:
+                raise UserError(f"seed_counts: must be a list of 1 to {span} counts (digit counts "
+                                f"{self.min_digits}..{self.max_digits}), got {seed_counts!r}")
+            self.seed_counts = [_int("seed_counts", k, 0) for k in seed_counts]
+            n_seed, seed_max_digits = sum(self.seed_counts), self.min_digits + len(self.seed_counts) - 1
         self.n_seed = _int("n_seed", n_seed, 0)
         self.seed_max_digits = _int("seed_max_digits", seed_max_digits, self.min_digits)
         if self.seed_max_digits > self.max_digits:
@@ -100,9 +110,23 @@ class AdditionTask:
         return {
             "dev": dev,
             "train": self._draw("train", "n_train", digits, self.n["train"], exclude=set(dev)),
-            "seed": self._draw("seed", "n_seed", list(range(self.min_digits, self.seed_max_digits + 1)),
-                               self.n_seed, exclude=set(dev)) if self.n_seed else [],
+            "seed": self._seed_problems(set(dev)),
         }
+
+    def _seed_problems(self, dev: set[Problem]) -> list[Problem]:
+        if not self.n_seed:
+            return []
+        if self.seed_counts is None:
+            return self._draw("seed", "n_seed", list(range(self.min_digits, self.seed_max_digits + 1)),
+                              self.n_seed, exclude=dev)
+        rng, out = self._rng("seed"), []
+        for d, k in enumerate(self.seed_counts, start=self.min_digits):
+            try:
+                out += draw(rng, [d], k, exclude=dev) if k else []
+            except NotEnough as e:
+                raise UserError(f"seed_counts: {k} problems of {d} digits is too many: {e}") from None
+        rng.shuffle(out)
+        return out
 
     def load(self, split: str, path: str | None) -> list[Example]:
         if path is not None:

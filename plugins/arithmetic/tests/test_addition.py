@@ -113,6 +113,17 @@ def test_seed_set():
     assert AdditionTask(n_seed=0).seed_examples() == []
 
 
+def test_seed_counts_per_digit_count():
+    task = AdditionTask(seed_counts=[10, 30, 0, 5], seed_hint_fraction=0.0)
+    seed = task._problems["seed"]
+    assert task.n_seed == 45 and task.seed_max_digits == 4
+    by = {d: sum(1 for a, _ in seed if len(str(a)) == d) for d in range(1, 6)}
+    assert by == {1: 10, 2: 30, 3: 0, 4: 5, 5: 0}
+    assert not set(seed) & set(task._problems["dev"])
+    assert [e.prompt for e in task.seed_examples()] == [e.prompt for e in AdditionTask(
+        seed_counts=[10, 30, 0, 5], seed_hint_fraction=0.0).seed_examples()]  # seeded
+
+
 def test_scratchpad_arithmetic_on_random_problems():
     task = AdditionTask(seed=11, n_train=400, max_digits=8)
     for e in task.load("train", None):
@@ -198,6 +209,9 @@ def test_heldout_split():
     ({"seed_max_digits": 6}, "seed_max_digits: must be <= max_digits"),
     ({"seed_hint_fraction": 1.5}, r"seed_hint_fraction: must be a number in \[0, 1\]"),
     ({"heldout_digits": "6"}, "heldout_digits: must be a list"),
+    ({"seed_counts": [1, 2, 3, 4, 5, 6]}, "seed_counts: must be a list of 1 to 5 counts"),
+    ({"seed_counts": [1, -2]}, "seed_counts: must be an integer >= 0"),
+    ({"seed_counts": [99, 10], "n_dev": 10}, "seed_counts: 99 problems of 1 digits is too many"),
 ])
 def test_bad_options(options, message):
     with pytest.raises(UserError, match=message):
