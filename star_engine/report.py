@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 from typing import Sequence
 
@@ -10,6 +11,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from .errors import UserError  # noqa: E402
@@ -50,6 +52,8 @@ def plot(rows: Sequence[dict], name: str, other: Sequence[dict] | None, other_na
         ax1.plot(x, y, "s--", lw=2.5, color="tab:red", label=f"{other_name}: all")
     ax1.set(xlabel="iteration", ylabel=f"{split} accuracy (%)", title=f"{split} accuracy per iteration",
             ylim=(0, 100))
+    for ax in (ax1, ax2):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax1.grid(alpha=0.3)
     ax1.legend(fontsize=7, ncol=2)
     train = sorted((r["iteration"], r["kept"], r["rationalized"]) for r in rows
@@ -58,6 +62,10 @@ def plot(rows: Sequence[dict], name: str, other: Sequence[dict] | None, other_na
         it = [t[0] for t in train]
         ax2.bar([i - 0.2 for i in it], [t[1] for t in train], width=0.4, label="kept")
         ax2.bar([i + 0.2 for i in it], [t[2] for t in train], width=0.4, label="rationalized (correct with hint)")
+    other_train = sorted((r["iteration"], r["kept"]) for r in other or () if r["split"] == "train" and r["class"] == "all")
+    if other_train:
+        ax2.plot([t[0] for t in other_train], [t[1] for t in other_train], "s--", lw=2, color="tab:red",
+                 label=f"{other_name}: kept")
     ax2.set(xlabel="iteration", ylabel="examples", title="fine-tuning set per iteration")
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=8)
@@ -91,10 +99,18 @@ def markdown(rows: Sequence[dict], name: str, other: Sequence[dict] | None, othe
     return "\n".join(lines) + "\n"
 
 
+def _name(run_dir: Path) -> str:
+    """The experiment's name from its config.json (the folder's name if unreadable)."""
+    try:
+        return str(json.loads((run_dir / "config.json").read_text())["experiment"]["name"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return run_dir.name
+
+
 def write_report(run_dir: Path, compare: Path | None = None) -> Path:
     rows = read_metrics(run_dir)
     other = read_metrics(compare) if compare else None
-    name, other_name = run_dir.name, compare.name if compare else ""
+    name, other_name = _name(run_dir), _name(compare) if compare else ""
     atomic_write_bytes(run_dir / "report.png", plot(rows, name, other, other_name))
     atomic_write_bytes(run_dir / "report.md", markdown(rows, name, other, other_name).encode())
     return run_dir / "report.md"
