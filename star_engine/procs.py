@@ -71,10 +71,10 @@ def alone():
         CURRENT._alone -= 1
 
 
-def primary_does(what: str, action: Callable[[], Any]) -> None:
-    """Run ``action`` (a change to the run directory) in process 0 only, then wait for all."""
+def primary_does(what: str, action: Callable[[], Any]) -> Any:
+    """Run ``action`` (a change to the run directory) in process 0 only, then wait for
+    all. Returns what ``action`` returned (None in the other processes)."""
     try:
-        if CURRENT.primary:
-            action()
+        return action() if CURRENT.primary else None
     finally:  # process 0 failing still releases the others (who then fail on what is missing)
         CURRENT.sync(what)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -21,11 +20,11 @@ from typing import Any, Iterator, Sequence
 import pyarrow as pa
 import structlog
 
-from . import procs, ui
+from . import ui
 from .api import Candidate, Example, GenRequest, GenSpec, TrainExample, TrainSpec
 from .errors import PluginError, UserError
 from .experiment import Experiment
-from .store import RunStore
+from .store import RunStore, remove
 
 log = structlog.get_logger("star_engine")
 
@@ -126,8 +125,7 @@ class Stages:
 
     def _drop_chunks(self, chunk_dir: str) -> None:
         self.store.forget(chunk_dir + "/")  # the chunks are inside the stage's file
-        procs.primary_does(f"remove {chunk_dir}", lambda: shutil.rmtree(self.store.root / chunk_dir,
-                                                                         ignore_errors=True))
+        remove(self.store.root / chunk_dir, chunk_dir)
 
     # -- the train questions of an iteration ----------------------------------------
     def train_questions(self, n: int) -> list[Example]:
@@ -254,8 +252,7 @@ class Stages:
             info = {"checkpoint": init, "checkpoint_id": self.checkpoint_id(init), "steps": 0, "tokens": 0,
                     "losses": [], "examples": len(examples)}
         else:
-            procs.primary_does(f"remove {model_rel}",  # a stale, unrecorded attempt
-                               lambda: shutil.rmtree(self.store.root / model_rel, ignore_errors=True))
+            remove(self.store.root / model_rel, model_rel)  # a stale, unrecorded attempt
             spec = TrainSpec(steps, section["batch_size"], section["grad_accum"], seed, section["optimizer"])
             with ui.progress(f"{rel_dir}: train", steps) as advance, _disk_full(self.store.root / model_rel):
                 res = self.backend.train(self.path(init), self.store.root / model_rel, examples, spec,

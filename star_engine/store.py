@@ -86,20 +86,21 @@ def parquet_bytes(table: pa.Table, metadata: Mapping[str, str] | None = None) ->
     return buf.getvalue()
 
 
+def remove(path: Path, what: str) -> None:
+    """Remove a file or a folder tree (process 0 only, then every process waits)."""
+    procs.primary_does(f"remove {what}", lambda: shutil.rmtree(path, ignore_errors=True) if path.is_dir()
+                       else path.unlink(missing_ok=True))
+
+
 def is_temporary(name: str) -> bool:
     """A writer's temporary: ``.tmp-<name>...`` (this module's) or ``.<name>.tmp-...`` (a backend's)."""
     return name.startswith(TMP_PREFIX) or (name.startswith(".") and TMP_PREFIX in name)
 
 
 def clean_temporaries(root: Path) -> int:
-    """Remove temporary files and folders left by a killed writer. Returns how many."""
-    if not procs.CURRENT.primary:
-        procs.CURRENT.sync("clean temporaries")
-        return 0
-    try:
-        return _clean_temporaries(root)
-    finally:
-        procs.CURRENT.sync("clean temporaries")
+    """Remove temporary files and folders left by a killed writer. Returns how many
+    (0 in the processes that do not write)."""
+    return procs.primary_does("clean temporaries", lambda: _clean_temporaries(root)) or 0
 
 
 def _clean_temporaries(root: Path) -> int:
@@ -157,7 +158,7 @@ class RunStore:
         if path.stat().st_size == rec["bytes"] and sha256_file(path) == rec["sha256"]:
             return True
         log.warning("damaged_artifact", path=str(path), expected_sha256=rec["sha256"])
-        procs.primary_does(f"remove {rel}", path.unlink)
+        remove(path, rel)
         del self.manifest["artifacts"][rel]
         self._save_manifest()
         return False
@@ -225,8 +226,7 @@ class RunStore:
         if not damaged:
             return True
         log.warning("damaged_checkpoint", path=str(path), damaged=damaged)
-        procs.primary_does(f"remove {rel}", lambda: shutil.rmtree(path, ignore_errors=True) if path.is_dir()
-                           else path.unlink(missing_ok=True))
+        remove(path, rel)
         del self.manifest["checkpoints"][rel]
         self._save_manifest()
         return False

@@ -330,32 +330,25 @@ def read_manifest(path: str | os.PathLike) -> dict:
             continue
         if not isinstance(leaf, dict) or set(leaf) != _LEAF_KEYS:
             raise bad(f"leaf {i}: must have exactly the fields {sorted(_LEAF_KEYS)}")
-        p, shape = leaf["path"], leaf["shape"]
-        if not isinstance(p, list) or not p or not all(isinstance(k, str) and k for k in p):
-            raise bad(f"leaf {i}: bad path {p!r}")
-        if tuple(p) in paths:
-            raise bad(f"leaf {i}: duplicate path {'/'.join(p)}")
-        if leaf["dtype"] not in DTYPES:
-            raise bad(f"leaf {'/'.join(p)}: dtype {leaf['dtype']!r} not allowed")
-        if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < 1 << 40 for d in shape):
-            raise bad(f"leaf {'/'.join(p)}: bad shape {shape!r}")
+        name, shape = _check_leaf_head(leaf, i, paths, bad), leaf["shape"]
         if not isinstance(leaf["file"], str) or not _PART_RE.match(leaf["file"]) or leaf["file"] in files:
-            raise bad(f"leaf {'/'.join(p)}: bad or duplicate part file name {leaf['file']!r}")
+            raise bad(f"leaf {name}: bad or duplicate part file name {leaf['file']!r}")
         for key in ("compressed_bytes", "raw_bytes"):
             if type(leaf[key]) is not int or leaf[key] < 0:
-                raise bad(f"leaf {'/'.join(p)}: bad {key} {leaf[key]!r}")
+                raise bad(f"leaf {name}: bad {key} {leaf[key]!r}")
         if not isinstance(leaf["sha256"], str) or not _SHA_RE.match(leaf["sha256"]):
-            raise bad(f"leaf {'/'.join(p)}: bad sha256")
+            raise bad(f"leaf {name}: bad sha256")
         if math.prod(shape) * np_dtype(leaf["dtype"]).itemsize != leaf["raw_bytes"]:
-            raise bad(f"leaf {'/'.join(p)}: {leaf['dtype']} x {shape} does not make {leaf['raw_bytes']} bytes")
-        paths.add(tuple(p))
+            raise bad(f"leaf {name}: {leaf['dtype']} x {shape} does not make {leaf['raw_bytes']} bytes")
+        paths.add(tuple(leaf["path"]))
         files.add(leaf["file"])
     return m
 
 
-def _check_split_leaf(leaf: dict, i: int, n: int, files: set, paths: set, bad) -> None:
-    """Schema of a version-2 split leaf: N equal slices along ``split_axis``."""
-    p, shape, axis, parts = leaf["path"], leaf["shape"], leaf["split_axis"], leaf["parts"]
+def _check_leaf_head(leaf: dict, i: int, paths: set, bad) -> str:
+    """Path (well formed, not seen before), dtype and shape of manifest leaf ``i``,
+    split or not. Returns the path joined with "/"."""
+    p, shape = leaf["path"], leaf["shape"]
     if not isinstance(p, list) or not p or not all(isinstance(k, str) and k for k in p):
         raise bad(f"leaf {i}: bad path {p!r}")
     name = "/".join(p)
@@ -365,6 +358,13 @@ def _check_split_leaf(leaf: dict, i: int, n: int, files: set, paths: set, bad) -
         raise bad(f"leaf {name}: dtype {leaf['dtype']!r} not allowed")
     if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < 1 << 40 for d in shape):
         raise bad(f"leaf {name}: bad shape {shape!r}")
+    return name
+
+
+def _check_split_leaf(leaf: dict, i: int, n: int, files: set, paths: set, bad) -> None:
+    """Schema of a version-2 split leaf: N equal slices along ``split_axis``."""
+    name = _check_leaf_head(leaf, i, paths, bad)
+    shape, axis, parts = leaf["shape"], leaf["split_axis"], leaf["parts"]
     if type(axis) is not int or not 0 <= axis < len(shape) or shape[axis] % n:
         raise bad(f"leaf {name}: split_axis {axis!r} cannot split shape {shape} into {n} parts")
     if not isinstance(parts, list) or len(parts) != n:
@@ -383,7 +383,7 @@ def _check_split_leaf(leaf: dict, i: int, n: int, files: set, paths: set, bad) -
         if not isinstance(part["sha256"], str) or not _SHA_RE.match(part["sha256"]):
             raise bad(f"leaf {name}: bad sha256")
         files.add(part["file"])
-    paths.add(tuple(p))
+    paths.add(tuple(leaf["path"]))
 
 
 def _check_against_config(m: dict, where: str) -> None:
