@@ -52,17 +52,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     ap.add_argument("--repeats", type=int, default=5, help="timed generate() calls (rounds with --peer)")
     ap.add_argument("--train-steps", type=int, default=8, help="timed train steps (rounds with --peer)")
+    ap.add_argument("--cpu-devices", type=int, default=None,
+                    help="XLA:CPU devices the JAX side shards the batch over (a dp mesh; model.cpu_devices); "
+                         "default: one per thread")
     ap.add_argument("--peer", action="store_true", help="also time HF transformers GPT-J in a child process")
     ap.add_argument("--hf-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--hf-serve", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--malloc", choices=("default", "retain"), default="default",
-                    help="retain: glibc malloc in one arena, never mmap or trim, for both runtimes; XLA:CPU "
-                         "otherwise maps (and page-faults in) a fresh temp buffer of the whole step each call")
+    ap.add_argument("--malloc", choices=("default", "retain", "hugepages"), default="default",
+                    help="glibc malloc settings for both runtimes. XLA:CPU maps (and page-faults in) a fresh "
+                         "temporary buffer of the whole step on every call; retain: one arena, never mmap or "
+                         "trim, so the buffer is reused; hugepages: GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "
+                         "(transparent huge pages for malloc'd memory, when THP is in madvise mode)")
     ap.add_argument("--hf-omp-wait-policy", choices=("auto", "default", "passive"), default="auto",
                     help="OpenMP wait policy of the HF peer; auto probes both and keeps the faster per workload "
                          "(torch's spinning threads collapse when other processes share the cores)")
     a = ap.parse_args(argv)
     a.d_ff = a.d_ff or 4 * a.d_model
+    a.cpu_devices = a.cpu_devices or threads()
     if a.d_model % a.heads or a.rotary_dim > a.d_model // a.heads:
         ap.error("d-model must be a multiple of heads and rotary-dim <= d-model / heads")
     return a
@@ -70,6 +76,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def thp_mode() -> str:
+    """The kernel's transparent huge page mode (the bracketed word), or "unknown"."""
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+        return text.split("[", 1)[1].split("]", 1)[0]
+    except (OSError, IndexError):
+        return "unknown"
 
 
 def cpu_name() -> str:
@@ -135,34 +150,42 @@ def matmul_peak(dtype: str, libraries=("xla", "numpy")) -> dict[str, float]:
 def jax_workloads(a) -> tuple[dict, object, object]:
     """(info, generate(), train_step()) for the haiku_xmap backend; both compiled here."""
     import jax
+
+    jax.config.update("jax_num_cpu_devices", a.cpu_devices)  # before jax starts its backends
     import jax.numpy as jnp
     import numpy as np
 
-    from star_haiku_xmap import model, sample, train
+    from star_haiku_xmap import model, sample, sharding, train
     from star_haiku_xmap.config import GPTJConfig
 
     cfg = GPTJConfig(n_layer=a.layers, d_model=a.d_model, n_head=a.heads, d_head=a.d_model // a.heads,
                      d_ff=a.d_ff, rotary_dim=a.rotary_dim, n_ctx=max(a.prompt + a.new_tokens, a.train_seq),
                      vocab=a.vocab, dtype=a.dtype)
-    params = model.init_params(cfg, 0)
+    # The backend's own layout: params by the rule table, the batch split over "dp".
+    mesh = sharding.make_mesh({"dp": -1, "mp": 1})
+    params = sharding.shard_tree(model.init_params(cfg, 0), mesh)
     rng = np.random.default_rng(0)
-    info: dict = {}
+    info: dict = {"jax_devices": len(jax.devices()), "mesh": dict(mesh.shape)}
 
-    prompt = rng.integers(0, a.vocab, (a.gen_batch, a.prompt)).astype(np.int32)
-    mask = np.ones_like(prompt, bool)
-    keys = sample.keys_from_seeds(range(a.gen_batch))
+    rows = sharding.batch_sharding(mesh)
+    prompt = jax.device_put(rng.integers(0, a.vocab, (a.gen_batch, a.prompt)).astype(np.int32), rows)
+    mask = jax.device_put(np.ones((a.gen_batch, a.prompt), bool), rows)
+    keys = jax.device_put(sample.keys_from_seeds(range(a.gen_batch)), sharding.batch_sharding(mesh, ndim=1))
 
     def gen():  # eos_id -1: never matched, so every row makes exactly new_tokens tokens (as HF's min_new_tokens)
         return sample.generate(params, prompt, mask, keys, 0.0, 1.0, config=cfg, max_new_tokens=a.new_tokens,
-                               eos_id=-1).block_until_ready()
+                               eos_id=-1, mesh=mesh).block_until_ready()
 
     info["generate_first_call_s"] = _first_call(gen)
 
     tx = train.make_optimizer({"lr": 1e-4, "clip_norm": 1.0}, 1000)
-    update = train.make_update(cfg, tx)
+    state = train.init_state(jax.tree.map(jnp.copy, params), tx)  # the update donates its state
+    update = train.make_update(cfg, tx, mesh, state)
     tokens = rng.integers(0, a.vocab, (1, a.train_batch, a.train_seq)).astype(np.int32)
-    batch = {"tokens": tokens, "mask": np.ones_like(tokens, bool), "loss_mask": np.ones_like(tokens, bool)}
-    box = [train.init_state(jax.tree.map(jnp.copy, params), tx), None]  # the update donates its state
+    batch = jax.device_put({"tokens": tokens, "mask": np.ones_like(tokens, bool),
+                            "loss_mask": np.ones_like(tokens, bool)},
+                           sharding.batch_sharding(mesh, batch_axis=1, ndim=3))
+    box = [state, None]
 
     def step():
         box[0], box[1] = update(box[0], batch)
@@ -322,6 +345,9 @@ def paired_ratio(jax_times: list, hf_times: list, index: int) -> float:
     return round(statistics.median(h[index] / j[index] for j, h in zip(jax_times, hf_times)), 2)
 
 
+HUGETLB = "glibc.malloc.hugetlb=1"
+
+
 def retain_malloc() -> None:
     """Keep freed memory in glibc's heap for reuse. Must run before any thread
     starts (threads pick their arena at their first malloc)."""
@@ -336,9 +362,14 @@ def retain_malloc() -> None:
 
 def main(argv=None) -> None:
     a = parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
     if a.malloc == "retain":
         retain_malloc()
-    argv = sys.argv[1:] if argv is None else list(argv)
+    if a.malloc == "hugepages" and HUGETLB not in os.environ.get("GLIBC_TUNABLES", ""):
+        # glibc reads its tunables at process start: run again with them (the HF children inherit them).
+        tunables = ":".join(x for x in (os.environ.get("GLIBC_TUNABLES"), HUGETLB) if x)
+        os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve())] + argv,
+                  dict(os.environ, GLIBC_TUNABLES=tunables))
     if a.hf_serve:
         hf_serve(a)
         return
@@ -348,7 +379,7 @@ def main(argv=None) -> None:
         print(json.dumps({**info, **summarise("hf_generate", tg, a.gen_batch * a.new_tokens),
                           **summarise("hf_train", tt, a.train_batch * a.train_seq)}))
         return
-    result = {"dtype": a.dtype, "threads": threads(), "malloc": a.malloc, "loadavg_start": round(os.getloadavg()[0], 2),
+    result = {"dtype": a.dtype, "threads": threads(), "malloc": a.malloc, "thp": thp_mode(), "loadavg_start": round(os.getloadavg()[0], 2),
               "shape": {k: getattr(a, k) for k in ("layers", "d_model", "heads", "d_ff", "rotary_dim", "vocab",
                                                    "gen_batch", "prompt", "new_tokens", "train_batch", "train_seq")}}
     # The peers start first: their import and warm-up must not overlap the JAX timings.
@@ -370,7 +401,7 @@ def main(argv=None) -> None:
     result["train_compile_s"] = round(info["train_first_call_s"] - result["train_step_s"], 3)
     result["train_loss"] = info["loss"]()
     result["peaks"] = {k: round(v / 1e9, 1) for k, v in matmul_peak(a.dtype).items()}
-    result["device"], result["jax"] = info["device"], info["jax"]
+    result["device"], result["jax"], result["mesh"] = info["device"], info["jax"], info["mesh"]
     if peers is not None:
         peer = peers["train"]
         result["peaks"].update({k: round(v / 1e9, 1) for k, v in peer.ask("peak")["peaks"].items()})

@@ -38,7 +38,8 @@ class HaikuXmapBackend:
     that disagrees with it is an error), the tokenizer, the mesh and the maximum
     training length ``seq_len`` (default n_ctx); ``zero = 1`` partitions the
     optimizer state over "dp" (ZeRO-1), ``opt_state_dtype`` stores it in fp32 or
-    bf16, ``distributed`` starts multi-process JAX (``distributed.py``)."""
+    bf16, ``distributed`` starts multi-process JAX and ``cpu_devices`` sets how
+    many XLA:CPU devices (cores) the mesh spans (``distributed.py``)."""
 
     def __init__(self, preset: str = "tiny", dtype: str | None = None, n_layer: int | None = None,
                  d_model: int | None = None, n_head: int | None = None, d_head: int | None = None,
@@ -46,10 +47,12 @@ class HaikuXmapBackend:
                  vocab: int | None = None, tokenizer: str = "byte", tokenizer_file: str = "",
                  checkpoint_path: str = "", mesh: Mapping[str, Any] | None = None,
                  seq_len: int | None = None, zero: int = 0, opt_state_dtype: str = "float32",
-                 distributed: Mapping[str, Any] | str | None = None) -> None:
+                 distributed: Mapping[str, Any] | str | None = None, cpu_devices: int | None = None) -> None:
         from . import distributed as dist
 
         # Before anything starts jax's backends (make_mesh below lists the devices).
+        if cpu_devices is not None:
+            dist.set_cpu_devices(cpu_devices)
         self._distributed = dist.initialize(distributed)
         if isinstance(zero, bool) or zero not in (0, 1):
             raise UserError(f"model.zero: must be 0 (off) or 1 (ZeRO-1: optimizer state split over dp), got {zero!r}")
@@ -285,7 +288,7 @@ class HaikuXmapBackend:
                 params, jax.device_put(tokens_BT, rows_sh), jax.device_put(mask_BT, rows_sh),
                 jax.device_put(keys_B, keys_sh), float(spec.temperature),
                 float(spec.top_p), config=self.config, max_new_tokens=spec.max_new_tokens,
-                eos_id=tok.eos_id, valid_vocab=tok.vocab_size)
+                eos_id=tok.eos_id, valid_vocab=tok.vocab_size, mesh=self.mesh)
             out_BN = dist.to_host(out_BN)
             for row, i in enumerate(group):
                 text = tok.decode(sample.trim(out_BN[row], tok.eos_id))

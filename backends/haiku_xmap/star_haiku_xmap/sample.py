@@ -16,6 +16,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
 
 from . import model
 from .config import GPTJConfig
@@ -69,15 +70,29 @@ def sample_logits(logits_BV: jax.Array, keys_B: jax.Array, step, temperature, to
     return jax.lax.cond(temperature > 0, sampled, greedy, None)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "eos_id", "valid_vocab"))
+@functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "eos_id", "valid_vocab", "mesh"))
 def generate(params, tokens_BT: jax.Array, mask_BT: jax.Array, keys_B: jax.Array, temperature, top_p, *,
-             config: GPTJConfig, max_new_tokens: int, eos_id: int, valid_vocab: int | None = None) -> jax.Array:
+             config: GPTJConfig, max_new_tokens: int, eos_id: int, valid_vocab: int | None = None,
+             mesh: Mesh | None = None) -> jax.Array:
     """New tokens (B, max_new_tokens) for left-padded prompts; after a row's
     end-of-text (included) the rest of the row is end-of-text. The loop stops
     early once every row has finished. Every row needs at least one real token.
 
     ``valid_vocab``: ids at or above it (the padding rows of a padded vocabulary,
-    never trained) are never produced."""
+    never trained) are never produced. ``mesh``: rows split over its "dp" axis
+    (B a multiple of its size); each dp shard then runs its own decode loop
+    ("mp" stays automatic), so shards never synchronise per token and each
+    stops once its own rows have finished."""
+    rows = functools.partial(_generate_rows, config=config, max_new_tokens=max_new_tokens, eos_id=eos_id,
+                             valid_vocab=valid_vocab)
+    if mesh is None or mesh.shape["dp"] == 1:
+        return rows(params, tokens_BT, mask_BT, keys_B, temperature, top_p)
+    return jax.shard_map(rows, mesh=mesh, in_specs=(P(), P("dp"), P("dp"), P("dp"), P(), P()), out_specs=P("dp"),
+                         axis_names={"dp"}, check_vma=False)(params, tokens_BT, mask_BT, keys_B, temperature, top_p)
+
+
+def _generate_rows(params, tokens_BT, mask_BT, keys_B, temperature, top_p, *, config: GPTJConfig,
+                   max_new_tokens: int, eos_id: int, valid_vocab: int | None) -> jax.Array:
     B, T = tokens_BT.shape
     N = max_new_tokens
     temperature = jnp.asarray(temperature, jnp.float32)

@@ -6,6 +6,9 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import os
+import subprocess
+import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -52,10 +55,47 @@ def test_bad_options_name_the_option(tmp_path):
     cases = [(dict(preset="huge"), "model.preset"), (dict(dtype="float16"), "model.dtype"),
              (dict(mesh={"dp": -1, "mp": 3}), "model.mesh"), (dict(seq_len=65), "model.seq_len"),
              (dict(tokenizer="hf"), "model.tokenizer_file"), (dict(vocab=200), "model.vocab"),
-             (dict(rotary_dim=20), "rotary_dim"), (dict(tokenizer="bpe"), "model.tokenizer")]
+             (dict(rotary_dim=20), "rotary_dim"), (dict(tokenizer="bpe"), "model.tokenizer"),
+             (dict(cpu_devices=0), "model.cpu_devices"), (dict(cpu_devices=True), "model.cpu_devices"),
+             (dict(cpu_devices="2"), "model.cpu_devices")]
     for options, name in cases:
         with pytest.raises(UserError, match=name):
             plugin.HaikuXmapBackend(**{**SMALL, **options})
+
+
+def test_cpu_devices_cannot_change_once_jax_has_started():
+    import jax
+
+    n = len(jax.devices("cpu"))  # jax is running in this process from here on
+    with pytest.raises(UserError, match=f"model.cpu_devices: jax already started in this process with {n}"):
+        plugin.HaikuXmapBackend(**SMALL, cpu_devices=n + 1)
+    assert plugin.HaikuXmapBackend(**SMALL, cpu_devices=n).mesh.shape["dp"] == n
+
+
+_CPU_DEVICES_SCRIPT = r"""
+import json, sys, tempfile
+from star_engine.api import GenRequest, GenSpec
+from star_haiku_xmap import plugin
+options = json.loads(sys.argv[1])
+backend = plugin.HaikuXmapBackend(**options)
+base = backend.base(tempfile.mkdtemp(), seed=0)
+reqs = [GenRequest(prompt="Q: " + "ab" * i, seed=i) for i in range(5)]
+texts = [backend.generate(base, reqs, GenSpec(10, t, 0.9, (), 4)) for t in (0.0, 1.0)]
+print("RESULT " + json.dumps({"mesh": backend.describe()["mesh"], "texts": texts}))
+"""
+
+
+def test_cpu_devices_split_generation_over_cores_with_the_same_text():
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the option alone sets the device count
+    results = []
+    for n in (1, 2):
+        proc = subprocess.run([sys.executable, "-c", _CPU_DEVICES_SCRIPT, json.dumps({**SMALL, "cpu_devices": n})],
+                              capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results.append(json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))[7:]))
+    assert [r["mesh"] for r in results] == [{"dp": 1, "mp": 1}, {"dp": 2, "mp": 1}]
+    assert results[0]["texts"] == results[1]["texts"]
+    assert len(set(results[0]["texts"][1])) > 1  # sampled rows differ: not a degenerate model
 
 
 def test_base_is_seeded_and_idempotent(backend, tmp_path):

@@ -69,7 +69,7 @@ def test_unmatched_parameter_raises():
 _SCRIPT = r"""
 import json, sys
 import jax, jax.numpy as jnp, numpy as np
-from star_haiku_xmap import model, sharding, train
+from star_haiku_xmap import model, sample, sharding, train
 from star_haiku_xmap.config import GPTJConfig
 cfg = GPTJConfig(**json.loads(sys.argv[1]))
 assert jax.device_count() == 8, jax.device_count()
@@ -89,6 +89,13 @@ cpu0 = jax.devices()[0]
 ref_logits, ref_grads = jax.jit(logits_and_grads)(*jax.device_put((params, tokens, mask, loss_mask), cpu0))
 ref_params = jax.tree.map(jnp.copy, jax.device_put(params, cpu0))  # the update donates its state
 ref_state, _ = train.make_update(cfg, tx)(train.init_state(ref_params, tx), batch)
+prompts, _ = sample.left_pad([list(rng.integers(1, cfg.vocab, n)) for n in rng.integers(1, 12, 8)], 0)
+prompt_mask = prompts != 0
+keys = sample.keys_from_seeds(range(8))
+def gen(p, t, m, k, temperature, mesh=None):
+    return np.asarray(sample.generate(p, t, m, k, temperature, 0.9, config=cfg, max_new_tokens=12, eos_id=3,
+                                      mesh=mesh))
+ref_gen = [gen(*jax.device_put((params, prompts, prompt_mask, keys), cpu0), temp) for temp in (0.0, 1.0)]
 out = {}
 for dp, mp in [(1, 8), (2, 4), (8, 1)]:
     mesh = sharding.make_mesh({"dp": dp, "mp": mp})
@@ -102,13 +109,17 @@ for dp, mp in [(1, 8), (2, 4), (8, 1)]:
     state = train.init_state(jax.tree.map(jnp.copy, p), tx)
     state, metrics = train.make_update(cfg, tx, mesh, state)(state, batch)
     assert state.params["h_0/mlp/fc_in"]["w"].sharding.spec == jax.sharding.PartitionSpec(None, "mp")
+    # Sampling with each dp shard in its own decode loop gives the unsharded tokens.
+    gen_args = (p, jax.device_put(prompts, bs), jax.device_put(prompt_mask, bs),
+                jax.device_put(keys, sharding.batch_sharding(mesh, ndim=1)))
+    same_gen = [bool((gen(*gen_args, temp, mesh) == ref).all()) for temp, ref in zip((0.0, 1.0), ref_gen)]
     diff = lambda a, b: max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
                             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
     scale = lambda a: max(float(np.max(np.abs(np.asarray(x)))) for x in jax.tree.leaves(a))
     out[f"{dp}x{mp}"] = {"logits": diff(logits, ref_logits) / scale(ref_logits),
                          "grads": diff(grads, ref_grads) / scale(ref_grads),
                          "step": diff(state.params, ref_state.params),
-                         "moved": diff(ref_state.params, params)}
+                         "moved": diff(ref_state.params, params), "same_generation": same_gen}
 print("RESULT " + json.dumps(out))
 """
 
@@ -129,3 +140,4 @@ def test_sharded_equals_unsharded_on_8_devices():
         # layout would differ by whole steps.
         assert diffs["moved"] > 5e-3, diffs
         assert diffs["step"] < 1e-3, (mesh, diffs)
+        assert diffs["same_generation"] == [True, True], (mesh, diffs)
