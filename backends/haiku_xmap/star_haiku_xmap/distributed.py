@@ -286,11 +286,14 @@ def train(params: Any, config, encoded: Sequence[Any], *, steps: int, batch_size
     rows = sharding.dp_size(mesh)
     plan = tr.plan_steps([len(e.ids) for e in encoded], steps=steps, per_step=batch_size * grad_accum, seed=seed)
     metrics, n_tokens = [], 0
+    serial = sharding.needs_serial_steps(mesh)
     for idx in plan:
         batch = tr.collate(encoded, idx, grad_accum=grad_accum, batch_size=batch_size, buckets=buckets,
                            pad_id=pad_id, row_multiple=rows)
         n_tokens += int(batch["loss_mask"][:, :, 1:].sum())
         state, m = update(state, {k: global_array(v, batch_sh) for k, v in batch.items()})
+        if serial:
+            jax.block_until_ready(m["loss"])
         metrics.append(m["loss"])
         if progress is not None:
             progress(1)

@@ -124,6 +124,17 @@ def shard_tree(tree: Any, mesh: Mesh) -> Any:
     return jax.device_put(tree, tree_shardings(tree, mesh))
 
 
+def needs_serial_steps(mesh: Mesh | None) -> bool:
+    """True when ``mesh`` spans several XLA:CPU devices. Their collectives meet
+    at blocking rendezvous (within a process), and a train step
+    launched while the previous one was still in its all-reduce deadlocked
+    (jax 0.10.2, 2 cores: "only 1 of 2 threads arrived", hundreds of steps in),
+    so training loops wait for each step there. GPUs and TPUs keep the overlap."""
+    if mesh is None or mesh.devices.size < 2:
+        return False
+    return all(d.platform == "cpu" for d in mesh.devices.flat)
+
+
 def batch_sharding(mesh: Mesh, batch_axis: int = 0, ndim: int = 2) -> NamedSharding:
     """Arrays whose ``batch_axis`` is split over "dp" (the rest replicated)."""
     axes = [None] * ndim

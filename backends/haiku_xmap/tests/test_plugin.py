@@ -98,6 +98,33 @@ def test_cpu_devices_split_generation_over_cores_with_the_same_text():
     assert len(set(results[0]["texts"][1])) > 1  # sampled rows differ: not a degenerate model
 
 
+_CPU_TRAIN_SCRIPT = r"""
+import random, sys, tempfile, time
+from star_engine.api import TrainExample, TrainSpec
+from star_haiku_xmap import plugin
+backend = plugin.HaikuXmapBackend(preset="tiny", n_layer=1, cpu_devices=2)
+rng = random.Random(0)
+examples = [TrainExample(f"Q: {rng.randint(0, 10 ** rng.randint(1, 5))}\nA:", " " + "x" * rng.randint(5, 200) + "\n")
+            for _ in range(300)]
+root = tempfile.mkdtemp()
+result = backend.train(backend.base(root, seed=0), root + "/m", examples,
+                       TrainSpec(steps=int(sys.argv[1]), batch_size=16, grad_accum=1, seed=0, optimizer={"lr": 1e-3}))
+print("RESULT", result.losses[0], result.losses[-1])
+"""
+
+
+@pytest.mark.slow
+def test_training_on_two_cpu_devices_does_not_deadlock():
+    # Consecutive steps whose all-reduces overlapped hung XLA:CPU's in-process
+    # rendezvous within a few hundred steps (sharding.needs_serial_steps).
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.run([sys.executable, "-c", _CPU_TRAIN_SCRIPT, "400"], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, last = map(float, next(l for l in proc.stdout.splitlines() if l.startswith("RESULT")).split()[1:])
+    assert last < first / 2, (first, last)
+
+
 def test_base_is_seeded_and_idempotent(backend, tmp_path):
     a = backend.base(tmp_path / "a", seed=0)
     assert Path(a) == tmp_path / "a" / "base_init"
