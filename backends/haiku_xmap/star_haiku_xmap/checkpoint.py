@@ -272,8 +272,11 @@ def _publish(tmp: Path, dest: Path, data: bytes, entries: list[dict]) -> None:
     elif _same_checkpoint(dest, tmp, data, entries):
         return  # identical: leave it alone
     elif not _exchange(tmp, dest):  # the swap leaves the old checkpoint at tmp
-        old = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:12]}"
-        os.rename(dest, old)  # fallback: a short window where dest is absent, never a torn one
+        # Fallback: a short window where dest is absent, never a torn one. The name is a
+        # temporary's (".<name>.tmp-..."), so a run killed inside the window has it cleaned
+        # away on restart (star_engine.store.clean_temporaries) and redoes the stage.
+        old = dest.parent / f".{dest.name}.tmp-old-{uuid.uuid4().hex[:12]}"
+        os.rename(dest, old)
         os.rename(tmp, dest)
         os.rename(old, tmp)
     _fsync_dir(dest.parent)

@@ -14,6 +14,7 @@ import pytest
 import zstandard
 
 from star_engine.errors import IntegrityError, UserError
+from star_engine.store import clean_temporaries, is_temporary
 from star_haiku_xmap import checkpoint as C
 from star_haiku_xmap.config import GPTJConfig
 from star_haiku_xmap.model import init_params
@@ -118,6 +119,26 @@ def test_replace_without_rename_exchange(tmp_path, monkeypatch):
     save(dest, new)
     assert_same(new, C.load_checkpoint(dest)[0])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+def test_a_kill_inside_the_fallback_window_leaves_only_temporaries(tmp_path, monkeypatch):
+    dest = tmp_path / "ck"
+    save(dest)
+    monkeypatch.setattr(C, "_exchange", lambda a, b: False)
+    real_rename = os.rename
+
+    def killed_before_moving_the_new_one_in(src, dst):
+        if os.fspath(dst) == os.fspath(dest):
+            raise KeyboardInterrupt  # the old checkpoint is moved aside, the new one not yet in place
+        real_rename(src, dst)
+
+    monkeypatch.setattr(C.os, "rename", killed_before_moving_the_new_one_in)
+    with pytest.raises(KeyboardInterrupt):
+        save(dest, params_for(seed=4))
+    monkeypatch.setattr(C.os, "rename", real_rename)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left and all(is_temporary(name) for name in left), left  # what a restarted run cleans away
+    assert clean_temporaries(tmp_path) == len(left) and not list(tmp_path.iterdir())
 
 
 def test_rename_exchange_swaps(tmp_path):
