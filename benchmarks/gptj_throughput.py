@@ -150,13 +150,14 @@ def matmul_peak(dtype: str, libraries=("xla", "numpy")) -> dict[str, float]:
 def jax_workloads(a) -> tuple[dict, object, object]:
     """(info, generate(), train_step()) for the haiku_xmap backend; both compiled here."""
     import jax
-
-    jax.config.update("jax_num_cpu_devices", a.cpu_devices)  # before jax starts its backends
     import jax.numpy as jnp
     import numpy as np
 
     from star_haiku_xmap import model, sample, sharding, train
     from star_haiku_xmap.config import GPTJConfig
+    from star_haiku_xmap.distributed import set_cpu_devices
+
+    set_cpu_devices(a.cpu_devices)  # model.cpu_devices: before jax starts its backends
 
     cfg = GPTJConfig(n_layer=a.layers, d_model=a.d_model, n_head=a.heads, d_head=a.d_model // a.heads,
                      d_ff=a.d_ff, rotary_dim=a.rotary_dim, n_ctx=max(a.prompt + a.new_tokens, a.train_seq),
@@ -165,7 +166,7 @@ def jax_workloads(a) -> tuple[dict, object, object]:
     mesh = sharding.make_mesh({"dp": -1, "mp": 1})
     params = sharding.shard_tree(model.init_params(cfg, 0), mesh)
     rng = np.random.default_rng(0)
-    info: dict = {"jax_devices": len(jax.devices()), "mesh": dict(mesh.shape)}
+    info: dict = {"mesh": dict(mesh.shape)}
 
     rows = sharding.batch_sharding(mesh)
     prompt = jax.device_put(rng.integers(0, a.vocab, (a.gen_batch, a.prompt)).astype(np.int32), rows)

@@ -85,21 +85,26 @@ print("RESULT " + json.dumps({"mesh": backend.describe()["mesh"], "texts": texts
 """
 
 
+def _run_fresh(script: str, arg: str, timeout: int) -> str:
+    """The text after "RESULT " that ``script`` prints, run in a new process
+    whose CPU device count only ``model.cpu_devices`` sets (no XLA_FLAGS)."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.run([sys.executable, "-c", script, arg], capture_output=True, text=True, timeout=timeout,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))[len("RESULT "):]
+
+
 def test_cpu_devices_split_generation_over_cores_with_the_same_text():
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the option alone sets the device count
-    results = []
-    for n in (1, 2):
-        proc = subprocess.run([sys.executable, "-c", _CPU_DEVICES_SCRIPT, json.dumps({**SMALL, "cpu_devices": n})],
-                              capture_output=True, text=True, timeout=300, env=env)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        results.append(json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))[7:]))
+    results = [json.loads(_run_fresh(_CPU_DEVICES_SCRIPT, json.dumps({**SMALL, "cpu_devices": n}), 300))
+               for n in (1, 2)]
     assert [r["mesh"] for r in results] == [{"dp": 1, "mp": 1}, {"dp": 2, "mp": 1}]
     assert results[0]["texts"] == results[1]["texts"]
     assert len(set(results[0]["texts"][1])) > 1  # sampled rows differ: not a degenerate model
 
 
 _CPU_TRAIN_SCRIPT = r"""
-import random, sys, tempfile, time
+import random, sys, tempfile
 from star_engine.api import TrainExample, TrainSpec
 from star_haiku_xmap import plugin
 backend = plugin.HaikuXmapBackend(preset="tiny", n_layer=1, cpu_devices=2)
@@ -117,11 +122,7 @@ print("RESULT", result.losses[0], result.losses[-1])
 def test_training_on_two_cpu_devices_does_not_deadlock():
     # Consecutive steps whose all-reduces overlapped hung XLA:CPU's in-process
     # rendezvous within a few hundred steps (sharding.needs_serial_steps).
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    proc = subprocess.run([sys.executable, "-c", _CPU_TRAIN_SCRIPT, "400"], capture_output=True, text=True,
-                          timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    first, last = map(float, next(l for l in proc.stdout.splitlines() if l.startswith("RESULT")).split()[1:])
+    first, last = map(float, _run_fresh(_CPU_TRAIN_SCRIPT, "400", 600).split())
     assert last < first / 2, (first, last)
 
 
