@@ -56,6 +56,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="XLA:CPU devices the JAX side shards the batch over (a dp mesh; model.cpu_devices); "
                          "default: one per thread")
     ap.add_argument("--peer", action="store_true", help="also time HF transformers GPT-J in a child process")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="also time generation and training with the attention left out (ceiling.py): the most "
+                         "any attention kernel or cache scheme could reach here")
     ap.add_argument("--hf-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--hf-serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--malloc", choices=("default", "retain", "hugepages"), default="default",
@@ -193,10 +196,36 @@ def jax_workloads(a) -> tuple[dict, object, object]:
         jax.block_until_ready(box)
 
     info["train_first_call_s"] = _first_call(step)
+    if a.ceiling:
+        info["ceilings"] = _ceilings(a, cfg, mesh, params, tx, prompt, mask, tokens[0])
     info["loss"] = lambda: round(float(box[1]["loss"]), 4)
     info["device"] = (f"cpu: {cpu_name()}" if jax.devices()[0].platform == "cpu" else str(jax.devices()[0]))
     info["jax"] = jax.__version__
     return info, gen, step
+
+
+def _ceilings(a, cfg, mesh, params, tx, prompt, mask, tokens) -> dict:
+    """{"generate": fn, "train": fn}: the attention-free bounds (ceiling.py), compiled."""
+    import jax
+    import jax.numpy as jnp
+
+    import ceiling  # beside this script
+    from star_haiku_xmap import sharding, train
+
+    box = [train.init_state(jax.tree.map(jnp.copy, params), tx)]
+    update = ceiling.make_dense_update(cfg, tx, mesh, box[0])
+    tokens = jax.device_put(tokens, sharding.batch_sharding(mesh))
+
+    def gen():
+        ceiling.dense_generate(params, prompt, mask, config=cfg, max_new_tokens=a.new_tokens,
+                               mesh=mesh).block_until_ready()
+
+    def step():
+        box[0], loss = update(box[0], tokens)
+        jax.block_until_ready((box[0], loss))
+
+    gen(), step()
+    return {"generate": gen, "train": step}
 
 
 def _first_call(fn) -> float:
@@ -395,6 +424,13 @@ def main(argv=None) -> None:
     else:
         tg, hg = interleave(gen, lambda: peers["gen"].ask("gen"), a.repeats)
         tt, ht = interleave(step, lambda: peers["train"].ask("train"), a.train_steps)
+    for what, fn in info.get("ceilings", {}).items():  # --ceiling: timed like the real calls, in rounds
+        cmd, n, tokens = ("gen", a.repeats, gen_tokens) if what == "generate" else ("train", a.train_steps, train_tokens)
+        tc, hc = (([_timed(fn) for _ in range(n)], None) if peers is None
+                  else interleave(fn, lambda: peers[cmd].ask(cmd), n))
+        result[f"{what}_ceiling_tokens_per_s"] = summarise("c", tc, tokens)["c_tokens_per_s"]
+        if peers is not None:
+            result[f"{what}_ceiling_ratio_jax_over_hf"] = paired_ratio(tc, hc, 0)
     result.update(summarise("generate", tg, gen_tokens))
     result["generate_compile_s"] = round(info["generate_first_call_s"] - result["generate_s"], 3)
     result.update({k.replace("_s", "_step_s") if k == "train_s" else k: v

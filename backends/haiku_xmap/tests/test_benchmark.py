@@ -15,7 +15,7 @@ SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "gptj_throughput.p
 def test_benchmark_prints_one_json_line_with_throughputs_and_mfu():
     args = ["--layers", "1", "--d-model", "32", "--heads", "2", "--rotary-dim", "8", "--vocab", "64",
             "--gen-batch", "4", "--prompt", "8", "--new-tokens", "8", "--train-batch", "2", "--train-seq", "16",
-            "--repeats", "2", "--train-steps", "2", "--cpu-devices", "2"]
+            "--repeats", "2", "--train-steps", "2", "--cpu-devices", "2", "--ceiling"]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -23,7 +23,57 @@ def test_benchmark_prints_one_json_line_with_throughputs_and_mfu():
     assert len(lines) == 1, proc.stdout
     result = json.loads(lines[0])
     assert result["mesh"] == {"dp": 2, "mp": 1}
-    for key in ("generate_tokens_per_s", "train_tokens_per_s", "generate_compile_s", "train_compile_s", "mfu"):
+    for key in ("generate_tokens_per_s", "train_tokens_per_s", "generate_compile_s", "train_compile_s", "mfu",
+                "generate_ceiling_tokens_per_s", "train_ceiling_tokens_per_s"):
         assert result[key] > 0, (key, result)
     assert result["shape"]["gen_batch"] == 4 and result["threads"] >= 1
     assert "generate_ratio_jax_over_hf" not in result  # only with --peer
+
+
+def test_ceiling_decode_starts_from_the_real_prefill_and_runs_every_step():
+    """The attention-free decode's first token is the real model's (same prefill);
+    later ones differ (no attention), and every row gets max_new_tokens tokens."""
+    import jax
+    import numpy as np
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    import ceiling
+    from star_haiku_xmap import model, sample, sharding
+    from star_haiku_xmap.config import GPTJConfig
+
+    cfg = GPTJConfig(n_layer=2, d_model=32, n_head=2, d_head=16, d_ff=64, rotary_dim=8, n_ctx=32, vocab=64)
+    params = model.init_params(cfg, 0)
+    tokens = np.random.default_rng(0).integers(0, 64, (4, 8)).astype(np.int32)
+    mask = np.ones_like(tokens, bool)
+    mesh = sharding.make_mesh({"dp": 1, "mp": 1}, jax.devices()[:1])
+    dense = np.asarray(ceiling.dense_generate(params, tokens, mask, config=cfg, max_new_tokens=12, mesh=mesh))
+    real = np.asarray(sample.generate(params, tokens, mask, sample.keys_from_seeds(range(4)), 0.0, 1.0, config=cfg,
+                                      max_new_tokens=12, eos_id=-1))
+    assert dense.shape == real.shape == (4, 12)
+    np.testing.assert_array_equal(dense[:, 0], real[:, 0])
+    assert (dense != real).any()
+
+
+def test_ceiling_train_step_learns_a_repeated_batch():
+    """The attention-free train step is a real step: its loss falls on one batch."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    import ceiling
+    from star_haiku_xmap import model, sharding, train
+    from star_haiku_xmap.config import GPTJConfig
+
+    cfg = GPTJConfig(n_layer=1, d_model=32, n_head=2, d_head=16, d_ff=64, rotary_dim=8, n_ctx=16, vocab=64)
+    mesh = sharding.make_mesh({"dp": 1, "mp": 1}, jax.devices()[:1])
+    tx = train.make_optimizer({"lr": 1e-2}, 100)
+    state = train.init_state(jax.tree.map(jnp.copy, model.init_params(cfg, 0)), tx)
+    update = ceiling.make_dense_update(cfg, tx, mesh, state)
+    tokens = np.random.default_rng(0).integers(0, 64, (4, 16)).astype(np.int32)
+    losses = []
+    for _ in range(20):
+        state, loss = update(state, tokens)
+        losses.append(float(loss))
+    assert losses[-1] < 0.8 * losses[0], losses
+    assert int(state.step) == 20
