@@ -204,8 +204,6 @@ def host_leaves(params: Any) -> Any:
     """Yield ``(key path, host numpy array)`` of a params tree one leaf at a time;
     a leaf spread over several processes is gathered (every process must iterate,
     the gather is collective)."""
-    import jax
-
     from .checkpoint import _flatten
 
     for key_path, value in _flatten(params):
@@ -282,20 +280,9 @@ def train(params: Any, config, encoded: Sequence[Any], *, steps: int, batch_size
     state, state_sh = init_train_state(params, tx, mesh, zero=zero)
     update = tr.make_update(config, tx, mesh, state_shardings=state_sh)
     batch_sh = sharding.batch_sharding(mesh, batch_axis=1, ndim=3)
-    buckets = tr.bucket_lengths(seq_len)
-    rows = sharding.dp_size(mesh)
-    plan = tr.plan_steps([len(e.ids) for e in encoded], steps=steps, per_step=batch_size * grad_accum, seed=seed)
-    metrics, n_tokens = [], 0
-    serial = sharding.needs_serial_steps(mesh)
-    for idx in plan:
-        batch = tr.collate(encoded, idx, grad_accum=grad_accum, batch_size=batch_size, buckets=buckets,
-                           pad_id=pad_id, row_multiple=rows)
-        n_tokens += int(batch["loss_mask"][:, :, 1:].sum())
-        state, m = update(state, {k: global_array(v, batch_sh) for k, v in batch.items()})
-        if serial:
-            jax.block_until_ready(m["loss"])
-        metrics.append(m["loss"])
-        if progress is not None:
-            progress(1)
+    state, metrics, n_tokens = tr.run_steps(
+        update, state, encoded, steps=steps, batch_size=batch_size, grad_accum=grad_accum, seed=seed,
+        seq_len=seq_len, pad_id=pad_id, mesh=mesh, progress=progress,
+        put=lambda batch: {k: global_array(v, batch_sh) for k, v in batch.items()})
     losses = [float(to_host(x)) for x in metrics]
     return state.params, losses, n_tokens

@@ -251,6 +251,21 @@ def train(params: Any, config: GPTJConfig, encoded: Sequence[Encoded], *, steps:
     params = jax.tree.map(jnp.copy, params)
     state = init_state(params, tx)
     update = make_update(config, tx, mesh, state)
+    state, metrics, n_tokens = run_steps(update, state, encoded, steps=steps, batch_size=batch_size,
+                                         grad_accum=grad_accum, seed=seed, seq_len=seq_len, pad_id=pad_id,
+                                         mesh=mesh, progress=progress)
+    losses = [float(x) for x in jax.device_get(metrics)]
+    return state.params, losses, n_tokens
+
+
+def run_steps(update: Callable, state: TrainState, encoded: Sequence[Encoded], *, steps: int, batch_size: int,
+              grad_accum: int, seed: int, seq_len: int, pad_id: int, mesh=None,
+              put: Callable[[dict], dict] = lambda batch: batch,
+              progress: Callable[[int], None] | None = None) -> tuple[TrainState, list, int]:
+    """The step loop of ``train`` and ``distributed.train``: plan, collate, update.
+
+    ``put`` places a host batch on the devices (multi-process runs build global
+    arrays). Returns (state, per-step loss arrays, number of loss tokens)."""
     buckets = bucket_lengths(seq_len)
     rows = 1 if mesh is None else sharding.dp_size(mesh)
     plan = plan_steps([len(e.ids) for e in encoded], steps=steps, per_step=batch_size * grad_accum, seed=seed)
@@ -260,11 +275,10 @@ def train(params: Any, config: GPTJConfig, encoded: Sequence[Encoded], *, steps:
         batch = collate(encoded, idx, grad_accum=grad_accum, batch_size=batch_size, buckets=buckets,
                         pad_id=pad_id, row_multiple=rows)
         n_tokens += int(batch["loss_mask"][:, :, 1:].sum())
-        state, m = update(state, batch)
-        if serial:
+        state, m = update(state, put(batch))
+        if serial:  # overlapping steps' all-reduces deadlock XLA:CPU's in-process rendezvous
             jax.block_until_ready(m["loss"])
         metrics.append(m["loss"])
         if progress is not None:
             progress(1)
-    losses = [float(x) for x in jax.device_get(metrics)]
-    return state.params, losses, n_tokens
+    return state, metrics, n_tokens
