@@ -312,16 +312,18 @@ def main(argv=None) -> None:
     peers = hf_peer.choose_peers([p.ready() for p in peers]) if peers else None
     info, gen, step = jax_workloads(a)
     gen_tokens, train_tokens = a.gen_batch * a.new_tokens, a.train_batch * a.train_seq
-    if peers is None:
-        tg, hg = [_timed(gen) for _ in range(a.repeats)], None
-        tt, ht = [_timed(step) for _ in range(a.train_steps)], None
-    else:
-        tg, hg = interleave(gen, lambda: peers["gen"].ask("gen"), a.repeats)
-        tt, ht = interleave(step, lambda: peers["train"].ask("train"), a.train_steps)
+
+    def rounds(fn, cmd: str, n: int) -> tuple[list, list | None]:
+        """(wall, CPU) of n JAX calls and, with --peer, of n HF ``cmd`` calls alternating with them."""
+        if peers is None:
+            return [_timed(fn) for _ in range(n)], None
+        return interleave(fn, lambda: peers[cmd].ask(cmd), n)
+
+    tg, hg = rounds(gen, "gen", a.repeats)
+    tt, ht = rounds(step, "train", a.train_steps)
     for what, fn in info.get("ceilings", {}).items():  # --ceiling: timed like the real calls, in rounds
         cmd, n, tokens = ("gen", a.repeats, gen_tokens) if what == "generate" else ("train", a.train_steps, train_tokens)
-        tc, hc = (([_timed(fn) for _ in range(n)], None) if peers is None
-                  else interleave(fn, lambda: peers[cmd].ask(cmd), n))
+        tc, hc = rounds(fn, cmd, n)
         result[f"{what}_ceiling_tokens_per_s"] = summarise("c", tc, tokens)["c_tokens_per_s"]
         if peers is not None:
             result[f"{what}_ceiling_ratio_jax_over_hf"] = paired_ratio(tc, hc, 0)

@@ -12,6 +12,15 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "gptj_throughput.py"
 
 
+def _ceiling_module():
+    """benchmarks/ceiling.py (the benchmarks folder is scripts, not a package)."""
+    if str(SCRIPT.parent) not in sys.path:
+        sys.path.insert(0, str(SCRIPT.parent))
+    import ceiling
+
+    return ceiling
+
+
 def test_benchmark_prints_one_json_line_with_throughputs_and_mfu():
     args = ["--layers", "1", "--d-model", "32", "--heads", "2", "--rotary-dim", "8", "--vocab", "64",
             "--gen-batch", "4", "--prompt", "8", "--new-tokens", "8", "--train-batch", "2", "--train-seq", "16",
@@ -36,8 +45,7 @@ def test_ceiling_decode_starts_from_the_real_prefill_and_runs_every_step():
     import jax
     import numpy as np
 
-    sys.path.insert(0, str(SCRIPT.parent))
-    import ceiling
+    ceiling = _ceiling_module()
     from star_haiku_xmap import model, sample, sharding
     from star_haiku_xmap.config import GPTJConfig
 
@@ -60,8 +68,7 @@ def test_ceiling_train_step_learns_a_repeated_batch():
     import jax.numpy as jnp
     import numpy as np
 
-    sys.path.insert(0, str(SCRIPT.parent))
-    import ceiling
+    ceiling = _ceiling_module()
     from star_haiku_xmap import model, sharding, train
     from star_haiku_xmap.config import GPTJConfig
 
