@@ -15,9 +15,11 @@ collectives use gloo (``jax_cpu_collectives_implementation``).
 
 **ZeRO-1.** ``train`` is ``train.train`` with the optimizer state partitioned
 over "dp" on top of the rule table's "mp" split (``sharding.train_state_shardings``),
-optionally kept in bf16 (``opt_state_dtype``), the state built directly in its
-shardings (never replicated first), and batches built as global arrays from each
-process's addressable slices, so it runs unchanged on several processes.
+optionally kept in bf16 (``opt_state_dtype``); fp32 master weights of a bf16 model
+are optimizer state too and are split the same way (``state_shardings``). The
+state is built directly in its shardings (never replicated first), and batches are
+built as global arrays from each process's addressable slices, so it runs
+unchanged on several processes.
 """
 
 from __future__ import annotations
@@ -282,7 +284,7 @@ def train(params: Any, config, encoded: Sequence[Any], *, steps: int, batch_size
           optimizer: Mapping[str, Any], seq_len: int, pad_id: int, mesh, zero: int = 0,
           opt_state_dtype: str = "float32", progress: Callable[[int], None] | None = None,
           packing: str = "segments", loss: str = "completion", master_dtype: str = "float32",
-          accum_dtype: str = "float32") -> tuple[Any, list[float], int]:
+          accum_dtype: str = "float32", remat: bool = False) -> tuple[Any, list[float], int]:
     """``train.train`` (same batches, same loss, same optimizer) with ZeRO-1 and the
     optimizer-state dtype as options, multi-process safe. Returns (master params,
     losses, tokens); with ZeRO-1 fp32 masters come back split over dp."""
@@ -305,7 +307,7 @@ def train(params: Any, config, encoded: Sequence[Any], *, steps: int, batch_size
     params = jax.jit(lambda p: tr.master_params(p, master_dtype),
                      out_shardings=sharding.tree_shardings(params, mesh))(params)
     state, state_sh = init_train_state(params, tx, mesh, zero=zero, compute_dtype=model.dtype_of(config))
-    update = tr.make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=accum_dtype)
+    update = tr.make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=accum_dtype, remat=remat)
     batch_sh = sharding.batch_sharding(mesh, batch_axis=1, ndim=3)
     state, metrics, n_tokens = tr.run_steps(update, state, batches, mesh=mesh, progress=progress,
                                             put=lambda batch: {k: global_array(v, batch_sh) for k, v in batch.items()})

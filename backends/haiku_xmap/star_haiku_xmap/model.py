@@ -25,6 +25,7 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from .config import GPTJConfig
 
@@ -34,6 +35,7 @@ Params = Any  # haiku's nested dict {module_path: {name: array}}
 # uniform over the keys it is given, not NaN; its output is never used.
 _NEG = -1e30
 _CAUSAL_BLOCK = 128  # query block of causal self-attention (64 and 128 measured alike at T=256)
+LAYER_INPUT = "layer_input"  # checkpoint name of each block's input (the residual stream)
 
 
 class KVCache(NamedTuple):
@@ -218,6 +220,7 @@ def _gptj(p: Params, config: GPTJConfig, tokens_BT, positions_BT, key_mask_BS, c
     block = _CAUSAL_BLOCK if cache is None and T >= 2 * _CAUSAL_BLOCK else 0
     new_k, new_v = [], []
     for i in range(c.n_layer):
+        x_ND = checkpoint_name(x_ND, LAYER_INPUT)  # what per-layer rematerialisation keeps (train.py)
         h_ND = _layer_norm(x_ND, p[f"h_{i}/ln"], c.ln_eps)
         # Three matmuls: one fused q/k/v matmul measured no faster here, and its
         # stacked weight would cost memory (or a copy per decode step) at 6B.

@@ -144,8 +144,8 @@ def plan_packed(lengths: Sequence[int], *, steps: int, batch_size: int, grad_acc
         L = [int(lengths[i]) for i in idx]
         for t, T in enumerate(lengths_T):
             if T >= max(L):
-                rows = len(first_fit_decreasing(L, T))
-                need[s, t] = -(-(-(-rows // grad_accum)) // dp) * dp  # per micro-batch, a multiple of dp
+                per_micro = -(-len(first_fit_decreasing(L, T)) // grad_accum)
+                need[s, t] = -(-per_micro // dp) * dp  # rows split evenly over dp
     shapes = choose_shapes(need, lengths_T, grad_accum, dims)
     out = []
     for s, idx in enumerate(plan):

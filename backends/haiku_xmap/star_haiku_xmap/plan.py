@@ -12,7 +12,7 @@ for the per-device SPMD program (with its memory-minimising scheduler); a TPU or
 GPU compile fuses and schedules differently, so treat them as an estimate and
 re-run on the target (``--platform default``) to confirm.
 
-    python -m star_haiku_xmap.plan --mesh 1x8                      # TPU v3-8 (16 GiB per core)
+    python -m star_haiku_xmap.plan --mesh 1x8                      # TPU v3-8 (16 GiB per core), the paper's step
     python -m star_haiku_xmap.plan --mesh 8x1 --zero 1 --device-gib 80
     python -m star_haiku_xmap.plan --mesh 1x1 --device-gib 80 --opt-state-dtype bfloat16
     star-engine plan --standard                                     # the table of docs/gptj6b.md
@@ -28,16 +28,16 @@ import time
 from typing import Any
 
 GIB = 1 << 30
-STANDARD = (  # (mesh, zero, master, moments, grad accumulator, device GiB, micro-batch, grad accum): docs/gptj6b.md
-    ("1x8", 0, "float32", "bfloat16", "float32", 16.0, 1, 8),  # the paper's step (stream: 8 x 1537 tokens) on a v3-8
-    ("1x8", 0, "float32", "bfloat16", "bfloat16", 16.0, 1, 8),  # ... with the original's bf16 gradient accumulator
-    ("1x8", 0, "float32", "float32", "bfloat16", 16.0, 1, 8),  # ... and the original's fp32 Adam moments
-    ("1x8", 0, "float32", "float32", "float32", 16.0, 1, 8),
-    ("1x8", 0, "bfloat16", "bfloat16", "float32", 16.0, 1, 8),  # bf16 weights (small updates lost)
-    ("1x8", 0, "float32", "float32", "float32", 16.0, 8, 8),  # 8 sequences per micro-batch
-    ("8x1", 1, "float32", "float32", "float32", 80.0, 8, 8),
-    ("8x1", 0, "float32", "float32", "float32", 80.0, 8, 8),
-    ("1x1", 0, "float32", "bfloat16", "bfloat16", 80.0, 1, 8),
+STANDARD = (  # (mesh, zero, master, moments, grad accumulator, remat, device GiB, micro-batch, grad accum)
+    ("1x8", 0, "float32", "bfloat16", "float32", False, 16.0, 1, 8),  # the paper's step (8 x 1537-token chunks)
+    ("1x8", 0, "float32", "bfloat16", "bfloat16", False, 16.0, 1, 8),  # ... with a bf16 gradient accumulator
+    ("1x8", 0, "float32", "float32", "bfloat16", False, 16.0, 1, 8),  # ... and fp32 moments: the original's
+    ("1x8", 0, "float32", "float32", "bfloat16", True, 16.0, 1, 8),  # ... with per-layer remat, as the original
+    ("1x8", 0, "float32", "float32", "float32", True, 16.0, 1, 8),
+    ("1x8", 0, "bfloat16", "bfloat16", "float32", False, 16.0, 1, 8),  # bf16 weights (small updates lost)
+    ("8x1", 1, "float32", "float32", "float32", False, 80.0, 8, 8),
+    ("8x1", 1, "float32", "bfloat16", "bfloat16", True, 80.0, 8, 8),
+    ("1x1", 0, "float32", "bfloat16", "bfloat16", True, 80.0, 1, 8),
 )
 
 
@@ -54,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="dtype of the trained weights (model.master_dtype; default fp32 masters)")
     parser.add_argument("--grad-accum-dtype", default="float32", choices=("float32", "bfloat16"),
                         help="gradient accumulator's dtype (model.grad_accum_dtype)")
+    parser.add_argument("--remat", action="store_true", help="per-layer rematerialisation (model.remat)")
     parser.add_argument("--batch", type=int, default=1,
                         help="sequences per micro-batch (training.batch_size; default: the paper's 1)")
     parser.add_argument("--grad-accum", type=int, default=8,
@@ -67,8 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--platform", default="cpu", choices=("cpu", "default"),
                         help="cpu: simulated host devices (default); default: the machine's accelerators")
     parser.add_argument("--standard", action="store_true",
-                        help="run the table of docs/gptj6b.md (1x8 on 16 GiB; 8x1 with and without ZeRO-1 and 1x1 "
-                             "on 80 GiB; micro-batch 1 variants)")
+                        help="run the table of docs/gptj6b.md (the paper's step on 1x8 / 16 GiB with master, moment and "
+                             "accumulator dtypes and remat varied; 8x1 with ZeRO-1 and 1x1 on 80 GiB)")
     parser.add_argument("--json", action="store_true", help="one JSON object per compiled program")
 
 
@@ -124,7 +125,7 @@ def _stats(compiled) -> dict[str, int]:
 
 def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch: int, grad_accum: int,
              seq_len: int, gen_batch: int, prompt_len: int, new_tokens: int, what: tuple[str, ...],
-             master_dtype: str = "float32", accum_dtype: str = "float32") -> list[dict]:
+             master_dtype: str = "float32", accum_dtype: str = "float32", remat: bool = False) -> list[dict]:
     """Compile the requested programs for one mesh; a list of result dicts."""
     import jax
     import jax.numpy as jnp
@@ -143,7 +144,7 @@ def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch
         master_abs = jax.eval_shape(lambda p: tr.master_params(p, master_dtype), params_abs)
         state_abs = jax.eval_shape(lambda p: tr.init_state(p, tx), master_abs)
         state_sh = distributed.state_shardings(state_abs, mesh, zero, model.dtype_of(config))
-        update = tr.make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=accum_dtype)
+        update = tr.make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=accum_dtype, remat=remat)
         bsh = sharding.batch_sharding(mesh, batch_axis=1, ndim=3)
         rows = -(-batch // dp) * dp
         batch_abs = {k: jax.ShapeDtypeStruct((grad_accum, rows, seq_len), jnp.bool_ if k == "weights" else jnp.int32,
@@ -154,7 +155,7 @@ def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch
         compiled = lowered.compile()
         t2 = time.perf_counter()
         results.append({**base, "program": "train step", "zero": zero, "opt_state_dtype": opt_state_dtype,
-                        "master_dtype": master_dtype, "accum_dtype": accum_dtype,
+                        "master_dtype": master_dtype, "accum_dtype": accum_dtype, "remat": remat,
                         "shape": f"{grad_accum} x {rows} x {seq_len}", "lower_s": round(t1 - t0, 1),
                         "compile_s": round(t2 - t1, 1), **_stats(compiled)})
         del compiled, lowered
@@ -173,7 +174,7 @@ def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch
         compiled = lowered.compile()
         t2 = time.perf_counter()
         results.append({**base, "program": "sample (prefill + decode loop)", "zero": 0, "opt_state_dtype": "-",
-                        "master_dtype": "-", "accum_dtype": "-",
+                        "master_dtype": "-", "accum_dtype": "-", "remat": "-",
                         "shape": f"{rows} x ({prompt_len} + {new_tokens})", "lower_s": round(t1 - t0, 1),
                         "compile_s": round(t2 - t1, 1), **_stats(compiled)})
     return results
@@ -183,7 +184,7 @@ def _row(r: dict, device_gib: float) -> str:
     g = lambda b: f"{b / GIB:.2f}"
     fits = "yes" if r["peak"] <= device_gib * GIB else "NO"
     return (f"| {r['mesh']} | {r['program']} | {r['zero']} | {_short(r['master_dtype'])} | "
-            f"{_short(r['opt_state_dtype'])} | {_short(r['accum_dtype'])} | {r['shape']} | "
+            f"{_short(r['opt_state_dtype'])} | {_short(r['accum_dtype'])} | {_yes(r['remat'])} | {r['shape']} | "
             f"{g(r['argument'])} | {g(r['output'] - r['alias'])} | {g(r['temp'])} | {g(r['peak'])} | "
             f"{device_gib:g} | {fits} | {r['compile_s']} |")
 
@@ -192,9 +193,13 @@ def _short(dtype: str) -> str:
     return {"float32": "fp32", "bfloat16": "bf16"}.get(dtype, dtype)
 
 
-HEADER = ("| mesh dp x mp | program | ZeRO | master | moments | grad accum | shape | arguments GiB | "
+def _yes(flag: Any) -> str:
+    return flag if isinstance(flag, str) else ("yes" if flag else "no")
+
+
+HEADER = ("| mesh dp x mp | program | ZeRO | master | moments | grad accum | remat | shape | arguments GiB | "
           "outputs (not aliased) GiB | temporaries GiB | peak GiB | device GiB | fits | compile s |\n"
-          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -205,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
         jobs = [(_parse_mesh(m), *rest) for m, *rest in STANDARD]
     else:
         jobs = [(_parse_mesh(args.mesh), args.zero, args.master_dtype, args.opt_state_dtype, args.grad_accum_dtype,
-                 args.device_gib, args.batch, args.grad_accum)]
+                 args.remat, args.device_gib, args.batch, args.grad_accum)]
     _setup_devices(max(dp * mp for (dp, mp), *_ in jobs), args.platform)
     import jax
 
@@ -215,14 +220,14 @@ def run(args: argparse.Namespace) -> int:
               f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} devices)")
         print(HEADER)
     done_sample = set()
-    for (dp, mp), zero, master, opt_dtype, accum, gib, batch, grad_accum in jobs:
+    for (dp, mp), zero, master, opt_dtype, accum, remat, gib, batch, grad_accum in jobs:
         todo = tuple(w for w in what if w != "sample" or (dp, mp) not in done_sample)
         if "sample" in todo:
             done_sample.add((dp, mp))
         for r in plan_one(config=config, dp=dp, mp=mp, zero=zero, opt_state_dtype=opt_dtype, batch=batch,
                           grad_accum=grad_accum, seq_len=args.seq_len, gen_batch=args.gen_batch,
                           prompt_len=args.prompt_len, new_tokens=args.new_tokens, what=todo,
-                          master_dtype=master, accum_dtype=accum):
+                          master_dtype=master, accum_dtype=accum, remat=remat):
             if args.json:
                 print(json.dumps({**r, "device_gib": gib, "fits": r["peak"] <= gib * GIB}), flush=True)
             else:

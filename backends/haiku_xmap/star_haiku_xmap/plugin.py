@@ -40,7 +40,8 @@ class HaikuXmapBackend:
     optimizer state over "dp" (ZeRO-1), ``opt_state_dtype`` stores it in fp32 or
     bf16, ``master_dtype`` is the dtype of the trained weights (fp32 masters under
     bf16 compute by default; fine-tuned checkpoints store them), ``grad_accum_dtype``
-    the gradient accumulator's, ``distributed`` starts multi-process JAX and
+    the gradient accumulator's, ``remat`` recomputes each block in the backward
+    pass instead of keeping its activations, ``distributed`` starts multi-process JAX and
     ``cpu_devices`` sets how many XLA:CPU devices (cores) the mesh spans
     (``distributed.py``)."""
 
@@ -50,7 +51,7 @@ class HaikuXmapBackend:
                  vocab: int | None = None, tokenizer: str = "byte", tokenizer_file: str = "",
                  checkpoint_path: str = "", mesh: Mapping[str, Any] | None = None,
                  seq_len: int | None = None, zero: int = 0, opt_state_dtype: str = "float32",
-                 master_dtype: str = "float32", grad_accum_dtype: str = "float32",
+                 master_dtype: str = "float32", grad_accum_dtype: str = "float32", remat: bool = False,
                  distributed: Mapping[str, Any] | str | None = None, cpu_devices: int | None = None) -> None:
         from . import distributed as dist
 
@@ -65,6 +66,9 @@ class HaikuXmapBackend:
                             f"got {opt_state_dtype!r}")
         self.zero, self.opt_state_dtype = zero, opt_state_dtype
         self.master_dtype, self.grad_accum_dtype = master_dtype, grad_accum_dtype
+        if not isinstance(remat, bool):
+            raise UserError(f"model.remat: must be true or false, got {remat!r}")
+        self.remat = remat
 
         from . import checkpoint as ckpt
         from . import sharding
@@ -263,7 +267,8 @@ class HaikuXmapBackend:
                 self._load(init, self.master_dtype, keep=False), self.config, encoded, steps=spec.steps,
                 batch_size=spec.batch_size, grad_accum=spec.grad_accum, seed=spec.seed, optimizer=spec.optimizer,
                 seq_len=self.seq_len, pad_id=self.tokenizer.pad_id, mesh=self.mesh, progress=progress,
-                packing=packing, loss=loss, master_dtype=self.master_dtype, accum_dtype=self.grad_accum_dtype)
+                packing=packing, loss=loss, master_dtype=self.master_dtype, accum_dtype=self.grad_accum_dtype,
+                remat=self.remat)
         except ValueError as exc:  # packing's (stream without a single chunk)
             raise UserError(f"training.packing: {exc}") from None
         out = Path(out)
@@ -378,7 +383,7 @@ class HaikuXmapBackend:
                 "checkpoint_path": self._checkpoint_path, "seq_len": self.seq_len,
                 "mesh": {"dp": int(self.mesh.shape["dp"]), "mp": int(self.mesh.shape["mp"])},
                 "zero": self.zero, "opt_state_dtype": self.opt_state_dtype, "master_dtype": self.master_dtype,
-                "grad_accum_dtype": self.grad_accum_dtype,
+                "grad_accum_dtype": self.grad_accum_dtype, "remat": self.remat,
                 "processes": self.process_count(),
                 "devices": [str(d) for d in self.mesh.devices.flat]}
 

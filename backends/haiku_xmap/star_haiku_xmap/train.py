@@ -126,11 +126,16 @@ def init_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
 # ----------------------------------------------------------------------------- loss / step
 
 
-def token_loss(params, batch: Mapping[str, jax.Array], config: GPTJConfig):
+def token_loss(params, batch: Mapping[str, jax.Array], config: GPTJConfig, remat: bool = False):
     """(sum of fp32 next-token NLL over the weighted targets, number of them) for one
-    micro-batch of (B, T) arrays (``packing.KEYS``)."""
-    logits_BTV = model.forward(params, batch["tokens"], config, positions_BT=batch["positions"],
-                               segments=batch["segments"])
+    micro-batch of (B, T) arrays (``packing.KEYS``). ``remat``: the backward pass
+    keeps only each block's input and recomputes the rest of the block."""
+    def forward(p, tokens, positions, segments):
+        return model.forward(p, tokens, config, positions_BT=positions, segments=segments)
+
+    if remat:
+        forward = jax.checkpoint(forward, policy=jax.checkpoint_policies.save_only_these_names(model.LAYER_INPUT))
+    logits_BTV = forward(params, batch["tokens"], batch["positions"], batch["segments"])
     # log p(target) = (x - max)[target] - log sum exp(x - max), as log_softmax
     # computes it; the one-hot product picks the target exactly, and its gradient
     # stays elementwise (take_along_axis's would be a scatter).
@@ -143,7 +148,7 @@ def token_loss(params, batch: Mapping[str, jax.Array], config: GPTJConfig):
 
 def make_update(config: GPTJConfig, tx: optax.GradientTransformation, mesh=None,
                 state_example: TrainState | None = None, state_shardings: Any = None, *,
-                accum_dtype: str = "float32") -> Callable:
+                accum_dtype: str = "float32", remat: bool = False) -> Callable:
     """``update(state, batch) -> (state, metrics)``, jit'd with the state donated.
 
     The master weights are cast to the compute dtype (``config.dtype``) once per
@@ -152,12 +157,13 @@ def make_update(config: GPTJConfig, tx: optax.GradientTransformation, mesh=None,
     ``accum_dtype`` over the A micro-batches with a scan and divided by the total
     loss-token count, so the step minimises the per-token mean over every loss token
     of the step (not a mean of means). The optimizer and the update run in fp32 on
-    the master weights. With a mesh, ``state_example`` fixes the state's shardings
-    (rule table) and the batch is split over "dp" on its R axis.
+    the master weights. ``remat``: per-layer rematerialisation (``token_loss``).
+    With a mesh, ``state_example`` fixes the state's shardings (rule table) and the
+    batch is split over "dp" on its R axis.
     """
     compute = model.dtype_of(config)
     accum = jnp.dtype(accum_dtype)
-    grad_fn = jax.value_and_grad(lambda p, mb: token_loss(p, mb, config), has_aux=True)
+    grad_fn = jax.value_and_grad(lambda p, mb: token_loss(p, mb, config, remat), has_aux=True)
 
     def update(state: TrainState, batch: Mapping[str, jax.Array]):
         params_c = jax.tree.map(lambda p: p.astype(compute), state.params)
@@ -203,8 +209,8 @@ def dims(config: GPTJConfig) -> tuple[int, int, int, int]:
 def train(params: Any, config: GPTJConfig, encoded: Sequence[Encoded], *, steps: int, batch_size: int,
           grad_accum: int, seed: int, optimizer: Mapping[str, Any], seq_len: int, pad_id: int,
           mesh=None, progress: Callable[[int], None] | None = None, packing: str = "segments",
-          loss: str = "completion", master_dtype: str = "float32", accum_dtype: str = "float32"
-          ) -> tuple[Any, list[float], int]:
+          loss: str = "completion", master_dtype: str = "float32", accum_dtype: str = "float32",
+          remat: bool = False) -> tuple[Any, list[float], int]:
     """Run ``steps`` optimizer steps from ``params`` (left intact). Returns (master
     params in ``master_dtype``, per-step losses, number of loss tokens). Each step
     takes batch_size x grad_accum examples (``packing = "stream"``: chunks); with a
@@ -221,7 +227,8 @@ def train(params: Any, config: GPTJConfig, encoded: Sequence[Encoded], *, steps:
     if mesh is not None:
         params = sharding.shard_tree(params, mesh)
     state = init_state(master_params(params, master_dtype), tx)
-    update = make_update(config, tx, mesh, state, accum_dtype=accum_dtype)
+    del params  # the state holds the (master) copy
+    update = make_update(config, tx, mesh, state, accum_dtype=accum_dtype, remat=remat)
     state, metrics, n_tokens = run_steps(update, state, batches, mesh=mesh, progress=progress)
     losses = [float(x) for x in jax.device_get(metrics)]
     return state.params, losses, n_tokens

@@ -1,7 +1,9 @@
 """ZeRO-1 on 8 simulated CPU devices (dp 4 x mp 2): the optimizer moments are
 split over "dp" on top of the rule table's "mp", the parameters are not, and a few
 training steps give the same losses and parameters as without ZeRO; bf16
-optimizer state stays close. The backend's ``zero`` / ``opt_state_dtype`` options."""
+optimizer state stays close. The backend's ``zero`` / ``opt_state_dtype`` options.
+Packed training on the (dp, mp) mesh and with ZeRO-1 (fp32 master weights of bf16
+compute split over dp) gives the single-device steps."""
 
 from __future__ import annotations
 
@@ -60,13 +62,55 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def run8():
+PACKED_SCRIPT = textwrap.dedent("""
+    import json
+    import jax, numpy as np
+    from star_haiku_xmap import distributed as D, model, packing, sharding, train as tr
+    from star_haiku_xmap.config import GPTJConfig
+
+    cfg32 = GPTJConfig(n_layer=2, d_model=64, n_head=4, d_head=16, d_ff=256, rotary_dim=8, n_ctx=128, vocab=72)
+    rng = np.random.default_rng(0)
+    enc = [tr.Encoded(rng.integers(1, 72, size=int(rng.integers(8, 60))).astype(np.int32), int(rng.integers(1, 7)))
+           for _ in range(48)]
+    kw = dict(steps=3, batch_size=8, grad_accum=2, seed=1, optimizer={"lr": 1e-2, "warmup_steps": 1}, seq_len=128,
+              pad_id=0, packing="segments")
+    def leaves(p):
+        return {"/".join(k): np.asarray(v, np.float32).ravel()[:512].tolist() for k, v in D.host_leaves(p)}
+    out = {}
+    for name, c in (("fp32", cfg32), ("bf16", cfg32.replace(dtype="bfloat16"))):
+        params = model.init_params(c, 0)
+        p, losses, n = tr.train(params, c, enc, mesh=sharding.make_mesh({"dp": 1, "mp": 1}, jax.devices()[:1]), **kw)
+        out[f"{name}/1x1"] = {"losses": losses, "tokens": n, "params": leaves(p)}
+        for dp, mp, zero in ((2, 4, 0), (4, 2, 1), (8, 1, 1)):
+            mesh = sharding.make_mesh({"dp": dp, "mp": mp})
+            p, losses, n = D.train(params, c, enc, mesh=mesh, zero=zero, **kw)
+            shapes = [b["tokens"].shape for b in packing.step_batches(enc, dp=dp, dims=tr.dims(c), **{
+                k: v for k, v in kw.items() if k not in ("optimizer",)})]
+            out[f"{name}/{dp}x{mp}/zero{zero}"] = {
+                "losses": losses, "tokens": n, "params": leaves(p), "shapes": [list(s) for s in shapes],
+                "q_spec": str(p["h_0/attn/q"]["w"].sharding.spec), "q_dtype": str(p["h_0/attn/q"]["w"].dtype)}
+    print("RESULT " + json.dumps(out))
+""")
+
+
+
+
+def _on_8_devices(script: str) -> dict:
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])
+
+
+@pytest.fixture(scope="module")
+def run8():
+    return _on_8_devices(SCRIPT)
+
+
+@pytest.fixture(scope="module")
+def packed8():
+    return _on_8_devices(PACKED_SCRIPT)
 
 
 def _norm(spec: str) -> str:
@@ -131,3 +175,32 @@ def test_backend_options_are_checked():
         HaikuXmapBackend(preset="tiny", zero=2)
     with pytest.raises(UserError, match="model.opt_state_dtype"):
         HaikuXmapBackend(preset="tiny", opt_state_dtype="float16")
+
+
+def test_packed_steps_on_a_mesh_equal_one_device(packed8):
+    ref = packed8["fp32/1x1"]
+    assert ref["losses"][-1] < ref["losses"][0]
+    for key in ("fp32/2x4/zero0", "fp32/4x2/zero1", "fp32/8x1/zero1"):
+        got = packed8[key]
+        assert got["tokens"] == ref["tokens"], key
+        np.testing.assert_allclose(got["losses"], ref["losses"], rtol=1e-5, err_msg=key)
+        for leaf, v in ref["params"].items():
+            np.testing.assert_allclose(got["params"][leaf], v, rtol=1e-4, atol=1e-5, err_msg=f"{key} {leaf}")
+        dp = int(key.split("/")[1].split("x")[0])
+        assert all(s[1] % dp == 0 for s in got["shapes"]), (key, got["shapes"])  # rows split evenly over dp
+        assert len({tuple(s) for s in got["shapes"]}) <= 4
+
+
+def test_zero1_splits_fp32_masters_of_bf16_compute_over_dp(packed8):
+    """bf16 compute: ZeRO-1 keeps the fp32 master weights split over dp like the
+    moments and gives the single-device steps (up to bf16 rounding of the compute)."""
+    ref = packed8["bf16/1x1"]
+    for key in ("bf16/4x2/zero1", "bf16/8x1/zero1"):
+        got = packed8[key]
+        assert got["q_dtype"] == "float32"
+        assert "dp" in got["q_spec"], got["q_spec"]
+        np.testing.assert_allclose(got["losses"], ref["losses"], rtol=2e-2, err_msg=key)
+        diffs = [np.abs(np.asarray(got["params"][k]) - np.asarray(v)).max() for k, v in ref["params"].items()]
+        assert max(diffs) < 2e-2, key
+    assert "dp" not in packed8["bf16/2x4/zero0"]["q_spec"] and packed8["bf16/2x4/zero0"]["q_dtype"] == "float32"
+    assert "dp" not in packed8["fp32/4x2/zero1"]["q_spec"]  # fp32 compute: the weights are not a separate master

@@ -1,0 +1,99 @@
+"""The backend's training options end to end: packing / loss from the TrainSpec,
+fp32 master weights in the fine-tuned checkpoint (and a continued run starting from
+exactly them), per-layer rematerialisation, and the errors a user can make."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from star_engine.api import GenRequest, GenSpec, TrainExample, TrainSpec
+from star_engine.errors import UserError
+from star_haiku_xmap import plugin
+from star_haiku_xmap.checkpoint import load_checkpoint, read_manifest
+
+SMALL = dict(preset="tiny", n_layer=1, d_model=64, n_head=4, d_head=16, d_ff=128, rotary_dim=8, n_ctx=64,
+             seq_len=48)
+EXAMPLES = [TrainExample(f"Q: {a}+{b}\nA:", f" {a + b}\n") for a in range(6) for b in range(4)]
+SPEC = TrainSpec(steps=4, batch_size=4, grad_accum=2, seed=1, optimizer={"lr": 1e-3})
+
+
+def _leaves(path):
+    params, _ = load_checkpoint(path)
+    return {f"{m}/{k}": np.asarray(v) for m, leaves in params.items() for k, v in leaves.items()}
+
+
+def test_bf16_checkpoint_stores_fp32_masters_and_continues_from_them(tmp_path):
+    backend = plugin.HaikuXmapBackend(**SMALL, dtype="bfloat16")
+    base = backend.base(tmp_path, seed=0)
+    res = backend.train(base, tmp_path / "it1", EXAMPLES, SPEC)
+    m = read_manifest(res.checkpoint)
+    assert m["model_config"]["dtype"] == "float32" and m["extra"]["compute_dtype"] == "bfloat16"
+    assert (m["extra"]["packing"], m["extra"]["loss"]) == ("segments", "completion")
+    first = _leaves(res.checkpoint)
+    assert all(v.dtype == np.float32 for v in first.values())
+    # the fp32 weights are not bf16 values: the small updates are in them
+    q = first["h_0/attn/q/w"]
+    assert (q != q.astype(jax.numpy.bfloat16).astype(np.float32)).mean() > 0.5
+    # generation runs in the compute dtype
+    out = backend.generate(res.checkpoint, [GenRequest("Q: 1+1\nA:", 0)],
+                           GenSpec(max_new_tokens=4, temperature=0.0, top_p=1.0, stop=(), batch_size=1))
+    assert len(out) == 1 and backend._cache[1] == "bfloat16"
+    # restart_from_base = false: the next fine-tune starts from exactly those fp32 weights
+    again = backend.train(res.checkpoint, tmp_path / "it2", EXAMPLES, dataclasses.replace(SPEC, steps=0))
+    for k, v in _leaves(again.checkpoint).items():
+        np.testing.assert_array_equal(v, first[k], err_msg=k)
+    # master_dtype = "bfloat16": bf16 weights, as stored
+    b16 = plugin.HaikuXmapBackend(**SMALL, dtype="bfloat16", master_dtype="bfloat16")
+    r16 = b16.train(base, tmp_path / "b16", EXAMPLES, SPEC)
+    assert read_manifest(r16.checkpoint)["model_config"]["dtype"] == "bfloat16"
+
+
+def test_remat_and_bf16_accumulator_train_the_same_steps(tmp_path):
+    plain = plugin.HaikuXmapBackend(**SMALL)
+    base = plain.base(tmp_path, seed=0)
+    ref = plain.train(base, tmp_path / "plain", EXAMPLES, SPEC)
+    remat = plugin.HaikuXmapBackend(**SMALL, remat=True)
+    got = remat.train(base, tmp_path / "remat", EXAMPLES, SPEC)
+    np.testing.assert_allclose(got.losses, ref.losses, rtol=1e-5)
+    acc16 = plugin.HaikuXmapBackend(**SMALL, grad_accum_dtype="bfloat16")
+    np.testing.assert_allclose(acc16.train(base, tmp_path / "acc16", EXAMPLES, SPEC).losses, ref.losses, rtol=2e-2)
+    assert remat.describe()["remat"] is True and acc16.describe()["grad_accum_dtype"] == "bfloat16"
+
+
+def test_packing_and_loss_reach_the_step(tmp_path):
+    backend = plugin.HaikuXmapBackend(**SMALL)
+    base = backend.base(tmp_path, seed=0)
+    n = {}
+    for packing in ("segments", "none"):
+        for loss in ("completion", "all"):
+            res = backend.train(base, tmp_path / f"{packing}-{loss}", EXAMPLES,
+                                dataclasses.replace(SPEC, packing=packing, loss=loss))
+            n[packing, loss] = res.tokens
+    assert n["segments", "completion"] == n["none", "completion"] < n["segments", "all"] == n["none", "all"]
+    stream = backend.train(base, tmp_path / "stream", EXAMPLES * 4,
+                           dataclasses.replace(SPEC, packing="stream", loss="all", batch_size=1))
+    assert stream.tokens == 4 * 2 * 1 * 48  # steps x grad_accum x batch x seq_len targets
+
+
+def test_training_mistakes_are_user_errors(tmp_path):
+    backend = plugin.HaikuXmapBackend(**SMALL)
+    base = backend.base(tmp_path, seed=0)
+    with pytest.raises(UserError, match="training.packing: must be one of"):
+        backend.train(base, tmp_path / "x", EXAMPLES, dataclasses.replace(SPEC, packing="pack"))
+    with pytest.raises(UserError, match="training.loss: must be one of"):
+        backend.train(base, tmp_path / "x", EXAMPLES, dataclasses.replace(SPEC, loss="prompt"))
+    with pytest.raises(UserError, match="training.packing: stream packing needs more than seq_len"):
+        backend.train(base, tmp_path / "x", EXAMPLES[:2], dataclasses.replace(SPEC, packing="stream"))
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(UserError, match="model.master_dtype"):
+        plugin.HaikuXmapBackend(**SMALL, master_dtype="bfloat16")  # under float32 compute
+    with pytest.raises(UserError, match="model.master_dtype"):
+        plugin.HaikuXmapBackend(**SMALL, master_dtype="float16")
+    with pytest.raises(UserError, match="model.grad_accum_dtype"):
+        plugin.HaikuXmapBackend(**SMALL, grad_accum_dtype="int8")
+    with pytest.raises(UserError, match="model.remat"):
+        plugin.HaikuXmapBackend(**SMALL, remat="yes")
