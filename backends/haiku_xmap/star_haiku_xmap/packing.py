@@ -32,13 +32,18 @@ from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from . import packplan
-from .packplan import first_fit_decreasing, plan_steps  # noqa: F401  (re-exported)
+from star_engine.api import LOSSES, PACKINGS  # noqa: F401  (the TrainSpec's values)
 
-PACKINGS = ("segments", "stream", "none")
-LOSSES = ("completion", "all")
+from . import packplan
+from .packplan import plan_steps
+
 STREAM_SEED = 10  # create_finetune_tfrecords.py: --seed default 10, used by every STaR iteration
 KEYS = ("tokens", "targets", "weights", "segments", "positions")
+
+
+class PackingError(ValueError):
+    """The examples cannot be laid out as asked (stream packing without a single chunk)."""
+
 
 class Encoded(NamedTuple):
     ids: np.ndarray  # int32 (n,): prompt + completion + end-of-text
@@ -76,10 +81,11 @@ def bucket_lengths(seq_len: int, smallest: int = 16) -> list[int]:
 
 
 def check_options(packing: str, loss: str) -> None:
+    """ValueError naming the option (``packing: ...``) for a value not offered."""
     if packing not in PACKINGS:
-        raise ValueError(f"packing must be one of {list(PACKINGS)}, got {packing!r}")
+        raise ValueError(f"packing: must be one of {list(PACKINGS)}, got {packing!r}")
     if loss not in LOSSES:
-        raise ValueError(f"loss must be one of {list(LOSSES)}, got {loss!r}")
+        raise ValueError(f"loss: must be one of {list(LOSSES)}, got {loss!r}")
 
 
 # ----------------------------------------------------------------------------- batches
@@ -213,7 +219,7 @@ def step_batches(encoded: Sequence[Encoded], *, steps: int, batch_size: int, gra
         chunks, flags = stream_chunks(encoded, seq_len, loss)
         if len(chunks) == 0:
             total = sum(len(e.ids) for e in encoded)
-            raise ValueError(f"stream packing needs more than seq_len + 1 = {seq_len + 1} tokens (the last chunk "
+            raise PackingError(f"stream packing needs more than seq_len + 1 = {seq_len + 1} tokens (the last chunk "
                              f"is dropped, as in the original), and the {len(encoded)} examples make {total}; "
                              f"use packing = \"segments\" or more examples")
         return stream_steps(chunks, flags, steps=steps, grad_accum=grad_accum, batch_size=batch_size, dp=dp,

@@ -223,10 +223,8 @@ class HaikuXmapBackend:
     def train(self, init: str, out: Path, examples: Sequence[TrainExample], spec: TrainSpec,
               progress: Progress | None = None) -> TrainResult:
         """Fine-tune (``spec.packing``, ``spec.loss``: ``packing.py``). The checkpoint
-        stores the master weights (``master_dtype``, recorded as its model dtype;
-        ``extra.compute_dtype`` says what they were trained under): a run that
-        continues from it starts from exactly those weights, generation casts them
-        to the compute dtype."""
+        stores the master weights (as its model dtype; ``extra.compute_dtype``): a
+        run continuing from it starts from exactly them, generation casts them."""
         import jax
         import jax.numpy as jnp
 
@@ -240,10 +238,10 @@ class HaikuXmapBackend:
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "steps" else 1):
                 raise UserError(f"training.{name}: must be an int >= {0 if name == 'steps' else 1}, got {value!r}")
         packing, loss = spec.packing, spec.loss
-        if packing not in pk.PACKINGS:
-            raise UserError(f"training.packing: must be one of {list(pk.PACKINGS)}, got {packing!r}")
-        if loss not in pk.LOSSES:
-            raise UserError(f"training.loss: must be one of {list(pk.LOSSES)}, got {loss!r}")
+        try:
+            pk.check_options(packing, loss)
+        except ValueError as exc:
+            raise UserError(f"training.{exc}") from None
         limit = None if packing == "stream" else self.seq_len  # a stream example may span chunks
         encoded = []
         for i, ex in enumerate(examples):
@@ -269,7 +267,7 @@ class HaikuXmapBackend:
                 seq_len=self.seq_len, pad_id=self.tokenizer.pad_id, mesh=self.mesh, progress=progress,
                 packing=packing, loss=loss, master_dtype=self.master_dtype, accum_dtype=self.grad_accum_dtype,
                 remat=self.remat)
-        except ValueError as exc:  # packing's (stream without a single chunk)
+        except pk.PackingError as exc:
             raise UserError(f"training.packing: {exc}") from None
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -95,8 +95,8 @@ def test_gptj_experiments_name_a_checkpoint_and_a_mesh():
 
 @pytest.mark.slow
 def test_the_shipped_gptj_experiments_fit_a_tpu_v3_core():
-    """GPT-J-6B as the experiments declare it (mesh, dtype, micro-batch, accumulation,
-    optimizer-state dtype, sequence length): XLA's per-device peak for the train step
+    """GPT-J-6B as the experiments declare it (mesh, dtype, master / moment / accumulator
+    dtypes, remat, micro-batch, accumulation, sequence length): XLA's per-device peak for the train step
     and the sampler is within a TPU v3 core's 16 GiB."""
     import tomllib
 
@@ -104,7 +104,9 @@ def test_the_shipped_gptj_experiments_fit_a_tpu_v3_core():
     m, t, g = cfg["model"], cfg["training"], cfg["generation"]
     mesh = f'{m["mesh"]["dp"]}x{m["mesh"]["mp"]}'
     rows = _plan("--preset", m["preset"], "--dtype", m["dtype"], "--mesh", mesh, "--zero", str(m["zero"]),
-                 "--opt-state-dtype", m["opt_state_dtype"], "--batch", str(t["batch_size"]),
+                 "--opt-state-dtype", m["opt_state_dtype"], "--master-dtype", m.get("master_dtype", "float32"),
+                 "--grad-accum-dtype", m.get("grad_accum_dtype", "float32"), *(["--remat"] if m.get("remat") else []),
+                 "--batch", str(t["batch_size"]),
                  "--grad-accum", str(t["grad_accum"]), "--seq-len", str(m["seq_len"]),
                  "--gen-batch", str(g["batch_size"]), "--prompt-len", str(m["seq_len"]),
                  "--new-tokens", str(g["max_new_tokens"]), "--device-gib", "16", "--what", "train,sample")

@@ -46,37 +46,29 @@ def test_bf16_checkpoint_stores_fp32_masters_and_continues_from_them(tmp_path):
     again = backend.train(res.checkpoint, tmp_path / "it2", EXAMPLES, dataclasses.replace(SPEC, steps=0))
     for k, v in _leaves(again.checkpoint).items():
         np.testing.assert_array_equal(v, first[k], err_msg=k)
-    # master_dtype = "bfloat16": bf16 weights, as stored
-    b16 = plugin.HaikuXmapBackend(**SMALL, dtype="bfloat16", master_dtype="bfloat16")
-    r16 = b16.train(base, tmp_path / "b16", EXAMPLES, SPEC)
-    assert read_manifest(r16.checkpoint)["model_config"]["dtype"] == "bfloat16"
 
 
-def test_remat_and_bf16_accumulator_train_the_same_steps(tmp_path):
+@pytest.mark.slow
+def test_bf16_accumulator_trains_the_same_steps(tmp_path):
     plain = plugin.HaikuXmapBackend(**SMALL)
     base = plain.base(tmp_path, seed=0)
     ref = plain.train(base, tmp_path / "plain", EXAMPLES, SPEC)
-    remat = plugin.HaikuXmapBackend(**SMALL, remat=True)
-    got = remat.train(base, tmp_path / "remat", EXAMPLES, SPEC)
-    np.testing.assert_allclose(got.losses, ref.losses, rtol=1e-5)
-    acc16 = plugin.HaikuXmapBackend(**SMALL, grad_accum_dtype="bfloat16")
+    acc16 = plugin.HaikuXmapBackend(**SMALL, grad_accum_dtype="bfloat16", remat=True)
     np.testing.assert_allclose(acc16.train(base, tmp_path / "acc16", EXAMPLES, SPEC).losses, ref.losses, rtol=2e-2)
-    assert remat.describe()["remat"] is True and acc16.describe()["grad_accum_dtype"] == "bfloat16"
+    assert acc16.describe()["grad_accum_dtype"] == "bfloat16" and acc16.describe()["remat"] is True
 
 
 def test_packing_and_loss_reach_the_step(tmp_path):
     backend = plugin.HaikuXmapBackend(**SMALL)
     base = backend.base(tmp_path, seed=0)
-    n = {}
-    for packing in ("segments", "none"):
-        for loss in ("completion", "all"):
-            res = backend.train(base, tmp_path / f"{packing}-{loss}", EXAMPLES,
-                                dataclasses.replace(SPEC, packing=packing, loss=loss))
-            n[packing, loss] = res.tokens
-    assert n["segments", "completion"] == n["none", "completion"] < n["segments", "all"] == n["none", "all"]
+    one = dataclasses.replace(SPEC, steps=1)
+    n = {loss: backend.train(base, tmp_path / loss, EXAMPLES, dataclasses.replace(one, loss=loss)).tokens
+         for loss in ("completion", "all")}
+    assert 0 < n["completion"] < n["all"]
     stream = backend.train(base, tmp_path / "stream", EXAMPLES * 4,
-                           dataclasses.replace(SPEC, packing="stream", loss="all", batch_size=1))
-    assert stream.tokens == 4 * 2 * 1 * 48  # steps x grad_accum x batch x seq_len targets
+                           dataclasses.replace(one, packing="stream", loss="all", batch_size=1))
+    assert stream.tokens == 2 * 1 * 48  # grad_accum x batch x seq_len targets
+    assert read_manifest(stream.checkpoint)["extra"]["packing"] == "stream"
 
 
 def test_training_mistakes_are_user_errors(tmp_path):

@@ -81,7 +81,7 @@ PACKED_SCRIPT = textwrap.dedent("""
         params = model.init_params(c, 0)
         p, losses, n = tr.train(params, c, enc, mesh=sharding.make_mesh({"dp": 1, "mp": 1}, jax.devices()[:1]), **kw)
         out[f"{name}/1x1"] = {"losses": losses, "tokens": n, "params": leaves(p)}
-        for dp, mp, zero in ((2, 4, 0), (4, 2, 1), (8, 1, 1)):
+        for dp, mp, zero in ((2, 4, 0), (4, 2, 1), (8, 1, 1))[:3 if name == "fp32" else 2]:
             mesh = sharding.make_mesh({"dp": dp, "mp": mp})
             p, losses, n = D.train(params, c, enc, mesh=mesh, zero=zero, **kw)
             shapes = [b["tokens"].shape for b in packing.step_batches(enc, dp=dp, dims=tr.dims(c), **{
@@ -195,7 +195,7 @@ def test_zero1_splits_fp32_masters_of_bf16_compute_over_dp(packed8):
     """bf16 compute: ZeRO-1 keeps the fp32 master weights split over dp like the
     moments and gives the single-device steps (up to bf16 rounding of the compute)."""
     ref = packed8["bf16/1x1"]
-    for key in ("bf16/4x2/zero1", "bf16/8x1/zero1"):
+    for key in ("bf16/4x2/zero1",):
         got = packed8[key]
         assert got["q_dtype"] == "float32"
         assert "dp" in got["q_spec"], got["q_spec"]
