@@ -334,9 +334,10 @@ def _prefill_into(params, state: Slots, prompts, budgets, key_data, take, unique
                                      config, T)
     counters["prefill_calls"] += 1
     counters["prefill_rows"] += rows
-    # Per shard: the assignments to its slots, padded with dropped ones (slot index = per).
+    # Per shard: the assignments to its slots, padded with dropped ones (slot index = per) to
+    # one per slot, so that the copy compiles once per prefill shape.
     mine = [[(i, r, b - s * per) for (i, r), b in zip(take, order) if b // per == s] for s in range(dp)]
-    N = count_bucket(max(map(len, mine)), 1)
+    N = per
     src = np.zeros((dp, N), np.int32)
     slot = np.full((dp, N), per, np.int32)
     budget = np.zeros((dp, N), np.int32)
