@@ -178,7 +178,7 @@ def test_continuous_and_static_generation_give_the_same_text(backend, trained):
     static = plugin.HaikuXmapBackend(**SMALL, generation="static")
     assert backend.generation == "continuous" and backend.describe()["generation"] == "continuous"
     reqs = [GenRequest("x" * (i % 7) + "Q: " + "ab" * i, seed=i) for i in range(11)] + [GenRequest("abc", 5)] * 3
-    for spec in (GenSpec(20, 0.0, 1.0, (), 4), GenSpec(20, 1.0, 0.9, (), 4), GenSpec(20, 1.0, 0.9, ("a", "\n"), 3)):
+    for spec in (GenSpec(20, 0.0, 1.0, (), 4), GenSpec(20, 1.0, 0.9, (), 4), GenSpec(20, 1.0, 0.9, ("a", "\n"), 4)):
         texts = backend.generate(base, reqs, spec)
         assert texts == static.generate(base, reqs, spec)
         assert len(set(texts)) > 5
