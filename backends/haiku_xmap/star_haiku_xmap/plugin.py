@@ -8,6 +8,7 @@ is built, not when the plugin is discovered.
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -32,6 +33,25 @@ def _cut_at_stop(text: str, stops: Sequence[str]) -> str:
     return text[:cut]
 
 
+def default_cpu_devices() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def use_every_core() -> None:
+    """``model.cpu_devices`` left unset: one XLA:CPU device per core
+    (``default_cpu_devices``), unless jax has already started its backends or the
+    count is set elsewhere (``XLA_FLAGS=--xla_force_host_platform_device_count``,
+    ``JAX_NUM_CPU_DEVICES``). The same machine and setting give the same mesh."""
+    import jax
+    from jax._src import xla_bridge
+
+    if ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
+            or jax.config.jax_num_cpu_devices != -1 or xla_bridge.backends_are_initialized()):
+        return
+    jax.config.update("jax_num_cpu_devices", default_cpu_devices())
+
+
 class HaikuXmapBackend:
     """``[model]`` options: a preset with field overrides (ignored when
     ``checkpoint_path`` is set: the checkpoint carries its config, and an override
@@ -42,7 +62,7 @@ class HaikuXmapBackend:
     bf16 compute by default; fine-tuned checkpoints store them), ``grad_accum_dtype``
     the gradient accumulator's, ``distributed`` starts multi-process JAX and
     ``cpu_devices`` sets how many XLA:CPU devices (cores) the mesh spans
-    (``distributed.py``). ``generation``: "continuous" (default: a slot whose row
+    (``distributed.py``; default: one per core, ``use_every_core``). ``generation``: "continuous" (default: a slot whose row
     has ended takes the next prompt, ``continuous.py``) or "static" (length-sorted
     batches, each until its last row ends); ``generation_chunk``: decode steps
     between the host's stop-string checks and refills."""
@@ -70,6 +90,8 @@ class HaikuXmapBackend:
         # Before anything starts jax's backends (make_mesh below lists the devices).
         if cpu_devices is not None:
             dist.set_cpu_devices(cpu_devices)
+        elif dist.resolve_options(distributed) is None:
+            use_every_core()
         self._distributed = dist.initialize(distributed)
         if isinstance(zero, bool) or zero not in (0, 1):
             raise UserError(f"model.zero: must be 0 (off) or 1 (ZeRO-1: optimizer state split over dp), got {zero!r}")

@@ -84,3 +84,39 @@ def test_ceiling_train_step_learns_a_repeated_batch():
         losses.append(float(loss))
     assert losses[-1] < 0.8 * losses[0], losses
     assert int(state.step) == 20
+
+
+WORKLOAD = SCRIPT.with_name("star_workload.py")
+
+
+def test_workload_benchmark_prints_every_ratio_of_both_mixes():
+    """star_workload.py end to end on a few requests of both mixes (one layer, a
+    small vocabulary; no HF peer): one JSON line with each side's useful tokens/s
+    and the ratios between this engine's sides."""
+    args = ["--addition-requests", "6", "--cqa-requests", "3", "--cqa-prompt", "24", "--cqa-vocab", "256",
+            "--train-steps", "1", "--rounds", "1", "--layers", "1", "--cpu-devices", "2"]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.run([sys.executable, str(WORKLOAD), *args], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [l for l in proc.stdout.splitlines() if l.strip()]
+    assert len(lines) == 1, proc.stdout
+    result = json.loads(lines[0])
+    assert result["mesh"] == {"dp": 2, "mp": 1} and result["threads"] >= 1
+    for mix in ("addition", "cqa"):
+        for kind, sides in (("gen", ("engine", "engine_static")), ("train", ("engine_packed", "engine_padded"))):
+            assert result[f"{mix}_{kind}_useful_tokens"] > 0
+            for side in sides:
+                assert result[f"{mix}_{kind}_{side}_tokens_per_s"] > 0, (mix, side, result)
+        assert result[f"{mix}_gen_engine_over_engine_static"] > 0
+        assert result[f"{mix}_train_engine_packed_over_engine_padded_cpu"] > 0
+        assert result[f"{mix}_engine_stats"]["decode_steps"] > 0
+        assert f"{mix}_gen_engine_over_hf_static" not in result  # only with --peer
+    # The addition mix is the demo's: its first requests are the first train questions with their gold lengths.
+    import tomllib
+
+    from star_arithmetic import AdditionTask
+
+    options = tomllib.loads((SCRIPT.parents[1] / "experiments" / "addition.toml").read_text())["task"]["options"]
+    task = AdditionTask(**options)
+    gold = [len(task.gold_completion(e, direct=False).encode()) for e in task.load("train", None)[:6]]
+    assert result["addition_gen_useful_tokens"] == sum(gold)
