@@ -59,7 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--mixes", default="addition,cqa", help="comma-separated: addition, cqa")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--train-steps", type=int, default=24, help="optimizer steps per training call")
-    ap.add_argument("--addition-requests", type=int, default=0, help="use the first N (0: all 1,750)")
+    ap.add_argument("--addition-requests", type=int, default=0, help="an even sample of N (0: all 1,750)")
     ap.add_argument("--cqa-requests", type=int, default=64)
     ap.add_argument("--cqa-prompt", type=int, default=600, help="mean prompt tokens")
     ap.add_argument("--cqa-vocab", type=int, default=50400)
@@ -99,8 +99,8 @@ def addition_mix(a) -> dict:
     pairs = ([(enc(task.context(e)), gold(e)) for e in train]  # generate
              + [(enc(hint.context(task, e)), gold(e)) for e in train[::2]]  # rationalize (about half)
              + [(enc(task.context(e)), gold(e)) for e in dev])  # evaluate
-    if a.addition_requests:
-        pairs = pairs[:a.addition_requests]
+    if a.addition_requests:  # an even sample of the three stages
+        pairs = [pairs[i * len(pairs) // a.addition_requests] for i in range(min(a.addition_requests, len(pairs)))]
     m = toml["model"]
     model = {"n_layer": 4, "d_model": 128, "n_head": 4, "d_head": 32, "d_ff": 512, "rotary_dim": 16, "n_ctx": 512,
              "vocab": 264}  # the tiny preset, then the file's overrides
@@ -211,11 +211,23 @@ def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
                 jax.block_until_ready(losses)
 
             fns[name, side] = steps
-    compile_s = {f"{m}_{s}_first_call_s": round(timed(fn)[0], 2) for (m, s), fn in fns.items()}
+    compile_s = {f"{m}_{s}_first_call_s": round(_logged(f"{m} {s} (first call)", lambda fn=fn: timed(fn))()[0], 2)
+                 for (m, s), fn in fns.items()}
     return fns, {**info, **compile_s}
 
 
 # ----------------------------------------------------------------------------- main
+
+
+def _logged(what: str, fn):
+    """``fn`` that also reports its times on stderr (a long run shows progress)."""
+    def call():
+        t = fn()
+        print(f"{what}: {t[0]:.2f} s wall, {t[1]:.2f} s CPU, load {os.getloadavg()[0]:.1f}", file=sys.stderr,
+              flush=True)
+        return t
+
+    return call
 
 
 def main(argv=None) -> None:
@@ -258,7 +270,7 @@ def main(argv=None) -> None:
                 for s in sides:
                     if s.startswith("hf_") and (s != "hf_continuous" or result[f"hf_{name}_continuous_supported"]):
                         calls[s] = lambda cmd=f"{s[3:]}:{name}": tuple(peers.ask(cmd)[k] for k in ("s", "cpu"))
-            times = dict(zip(calls, rotate(list(calls.values()), a.rounds)))
+            times = dict(zip(calls, rotate([_logged(f"{name} {s}", fn) for s, fn in calls.items()], a.rounds)))
             result[f"{name}_{kind}_useful_tokens"] = tokens[sides[0]]
             for s, t in times.items():
                 result[f"{name}_{kind}_{s}_tokens_per_s"] = summarise("x", t, tokens[s])["x_tokens_per_s"]

@@ -111,12 +111,36 @@ def test_workload_benchmark_prints_every_ratio_of_both_mixes():
         assert result[f"{mix}_train_engine_packed_over_engine_padded_cpu"] > 0
         assert result[f"{mix}_engine_stats"]["decode_steps"] > 0
         assert f"{mix}_gen_engine_over_hf_static" not in result  # only with --peer
-    # The addition mix is the demo's: its first requests are the first train questions with their gold lengths.
+    assert result["addition_gen_useful_tokens"] == sum(_workload_module().addition_mix(_Args(6))["budgets"])
+
+
+class _Args:
+    def __init__(self, addition_requests):
+        self.addition_requests = addition_requests
+
+
+def _workload_module():
+    _ceiling_module()  # puts benchmarks/ on sys.path
+    import star_workload
+
+    return star_workload
+
+
+def test_addition_mix_is_one_iteration_of_the_demo():
+    """The addition mix: 1,000 train questions, 500 of them hinted, the 250 dev
+    questions, each with its gold scratchpad's length as budget."""
     import tomllib
 
     from star_arithmetic import AdditionTask
 
-    options = tomllib.loads((SCRIPT.parents[1] / "experiments" / "addition.toml").read_text())["task"]["options"]
-    task = AdditionTask(**options)
-    gold = [len(task.gold_completion(e, direct=False).encode()) for e in task.load("train", None)[:6]]
-    assert result["addition_gen_useful_tokens"] == sum(gold)
+    mix = _workload_module().addition_mix(_Args(0))
+    toml = tomllib.loads((SCRIPT.parents[1] / "experiments" / "addition.toml").read_text())
+    task = AdditionTask(**toml["task"]["options"])
+    first = task.load("train", None)[0]
+    assert len(mix["prompts"]) == len(mix["budgets"]) == 1000 + 500 + 250
+    assert bytes(mix["prompts"][0]).decode() == task.context(first)
+    assert mix["budgets"][0] == len(task.gold_completion(first, direct=False).encode())
+    assert sum(b"Hint:" in bytes(p) for p in mix["prompts"]) == 500
+    assert 40 <= min(mix["budgets"]) and max(mix["budgets"]) <= toml["generation"]["max_new_tokens"]
+    assert mix["slots"] == toml["generation"]["batch_size"] and mix["model"]["n_layer"] == toml["model"]["n_layer"]
+    assert len(mix["train"]) == 500 and mix["train_batch"] == toml["training"]["batch_size"]
