@@ -248,6 +248,9 @@ def generate(params, prompts: Sequence[Sequence[int]], seeds: Sequence[int], bud
     per = min(-(-max(slots, 1) // dp), count_bucket(-(-len(pending) // dp), 1))  # slots per shard
     B = per * dp
     refill = max(1, per // 8) if refill is None else refill
+    # Prompts per prefill call: two sizes only (few compiles), room for a typical refill.
+    max_rows = min(count_bucket(max(2 * refill, 4) * dp, dp), count_bucket(B, dp))
+    few_rows = _round_up(max(max_rows // 4, 1), dp)
     groups: dict[tuple, list[int]] = {}
     for i in pending:  # identical prompts (k samples of a question) share one prefill
         groups.setdefault(tuple(int(t) for t in prompts[i]), []).append(i)
@@ -272,17 +275,15 @@ def generate(params, prompts: Sequence[Sequence[int]], seeds: Sequence[int], bud
             s = max(range(dp), key=lambda s: len(free[s]))
             order.append(free[s].pop(0))
         waiting -= len(order)
-        take, unique = [], []
-        while queue and len(take) < len(order):
+        admitted = []  # (prompt, [(request, slot), ...]): one prefill row each
+        while queue and order:
             g = queue.popleft()
-            room = len(order) - len(take)
-            if len(g) > room:
-                queue.appendleft(g[room:])
-                g = g[:room]
-            unique.append(prompts[g[0]])
-            take += [(i, len(unique) - 1) for i in g]
-        for (i, _), b in zip(take, order):
-            slot_req[b], slot_step[b] = i, 0
+            if len(g) > len(order):
+                queue.appendleft(g[len(order):])
+                g = g[:len(order)]
+            admitted.append((prompts[g[0]], [(i, order.pop(0)) for i in g]))
+            for i, b in admitted[-1][1]:
+                slot_req[b], slot_step[b] = i, 0
         # -- the cache length this chunk needs (rows start at slot 0)
         occupied = np.flatnonzero(slot_req >= 0)
         need_len = max(len(prompts[slot_req[b]]) + min(budgets[slot_req[b]], int(slot_step[b]) + chunk)
@@ -294,9 +295,11 @@ def generate(params, prompts: Sequence[Sequence[int]], seeds: Sequence[int], bud
         elif target > L or target <= L * 3 // 4:
             L = target
             state = _resize(state, L)
-        if take:
-            state = _prefill_into(params, state, prompts, budgets, key_data, take, unique, order, config=config,
+        while admitted:  # prefill calls of max_rows prompts, or a quarter of that for the last few
+            rows = max_rows if len(admitted) > few_rows else few_rows
+            state = _prefill_into(params, state, admitted[:rows], rows, budgets, key_data, config=config,
                                   buckets=buckets, pad_id=pad_id, per=per, mesh=mesh, counters=counters)
+            del admitted[:rows]
         # -- decode until enough rows end (while prompts wait) or chunk steps
         keep = _put(slot_req >= 0, mesh, P("dp"))
         need = refill if queue else per + 1
@@ -321,14 +324,13 @@ def generate(params, prompts: Sequence[Sequence[int]], seeds: Sequence[int], bud
     return results
 
 
-def _prefill_into(params, state: Slots, prompts, budgets, key_data, take, unique, order, *, config, buckets, pad_id,
+def _prefill_into(params, state: Slots, admitted, rows: int, budgets, key_data, *, config, buckets, pad_id,
                   per: int, mesh, counters: dict) -> Slots:
-    """Prefill the ``unique`` prompts in one batched call and copy them into the
-    slots ``order`` (request and prefill row of each in ``take``)."""
+    """Prefill the ``admitted`` prompts in one batched call of ``rows`` rows and
+    copy each into its slots (``admitted``: (prompt, [(request, slot), ...]))."""
     dp = _dp(mesh)
-    T = next(b for b in buckets if b >= max(len(p) for p in unique))
-    rows = count_bucket(len(unique), dp)
-    tokens_PT, mask_PT = left_pad(unique, pad_id, length=T, rows=rows)
+    T = next(b for b in buckets if b >= max(len(p) for p, _ in admitted))
+    tokens_PT, mask_PT = left_pad([p for p, _ in admitted], pad_id, length=T, rows=rows)
     lens_P = mask_PT.sum(axis=1).astype(np.int32)
     logits_PV, kv, _ = model.prefill(params, _put(tokens_PT, mesh, P("dp")), _put(mask_PT, mesh, P("dp")),
                                      config, T)
@@ -336,7 +338,8 @@ def _prefill_into(params, state: Slots, prompts, budgets, key_data, take, unique
     counters["prefill_rows"] += rows
     # Per shard: the assignments to its slots, padded with dropped ones (slot index = per) to
     # one per slot, so that the copy compiles once per prefill shape.
-    mine = [[(i, r, b - s * per) for (i, r), b in zip(take, order) if b // per == s] for s in range(dp)]
+    mine = [[(i, r, b - s * per) for r, (_, slots) in enumerate(admitted) for i, b in slots if b // per == s]
+            for s in range(dp)]
     N = per
     src = np.zeros((dp, N), np.int32)
     slot = np.full((dp, N), per, np.int32)
