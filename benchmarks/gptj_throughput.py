@@ -28,11 +28,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import statistics
 import sys
-import time
-from pathlib import Path
+
+from common import (MALLOC_HELP, MALLOC_MODES, Peer, apply_malloc, choose_peers, cpu_name, first_call,
+                    interleave, paired_ratio, summarise, thp_mode, threads, timed, timings)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -60,11 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "any attention kernel or cache scheme could reach here")
     ap.add_argument("--hf-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--hf-serve", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--malloc", choices=("default", "retain", "hugepages"), default="default",
-                    help="glibc malloc settings for both runtimes. XLA:CPU maps (and page-faults in) a fresh "
-                         "temporary buffer of the whole step on every call; retain: one arena, never mmap or "
-                         "trim, so the buffer is reused; hugepages: GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "
-                         "(transparent huge pages for malloc'd memory, when THP is in madvise mode)")
+    ap.add_argument("--malloc", choices=MALLOC_MODES, default="default", help=MALLOC_HELP)
     ap.add_argument("--hf-omp-wait-policy", choices=("auto", "default", "passive"), default="auto",
                     help="OpenMP wait policy of the HF peer; auto probes both and keeps the faster per workload "
                          "(torch's spinning threads collapse when other processes share the cores)")
@@ -76,45 +71,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     return a
 
 
-def threads() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def thp_mode() -> str:
-    """The kernel's transparent huge page mode (the bracketed word), or "unknown"."""
-    try:
-        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
-        return text.split("[", 1)[1].split("]", 1)[0]
-    except (OSError, IndexError):
-        return "unknown"
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def flops_per_token(a, context: float, train: bool) -> float:
     D, F, L, V = a.d_model, a.d_ff, a.layers, a.vocab
     matmul_params = L * (4 * D * D + 2 * D * F) + D * V
     fwd = 2 * matmul_params + 4 * L * context * D
     return 3 * fwd if train else fwd
-
-
-def timings(fn, n: int) -> tuple[float, float]:
-    """(best, median) seconds of ``n`` calls. Throughputs use the best call: on a
-    shared machine it is the least disturbed by other processes."""
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times), statistics.median(times)
 
 
 # ----------------------------------------------------------------------------- jax
@@ -179,7 +140,7 @@ def jax_workloads(a) -> tuple[dict, object, object]:
         return sample.generate(params, prompt, mask, keys, 0.0, 1.0, config=cfg, max_new_tokens=a.new_tokens,
                                eos_id=-1, mesh=mesh).block_until_ready()
 
-    info["generate_first_call_s"] = _first_call(gen)
+    info["generate_first_call_s"] = first_call(gen)
 
     tx = train.make_optimizer({"lr": 1e-4, "clip_norm": 1.0}, 1000)
     state = train.init_state(jax.tree.map(jnp.copy, params), tx)  # the update donates its state
@@ -192,7 +153,7 @@ def jax_workloads(a) -> tuple[dict, object, object]:
         box[0], box[1] = update(box[0], batch)
         jax.block_until_ready(box)
 
-    info["train_first_call_s"] = _first_call(step)
+    info["train_first_call_s"] = first_call(step)
     if a.ceiling:
         info["ceilings"] = _ceilings(a, cfg, mesh, params, tx, prompt, mask, tokens[0])
     info["loss"] = lambda: round(float(box[1]["loss"]), 4)
@@ -225,79 +186,18 @@ def _ceilings(a, cfg, mesh, params, tx, prompt, mask, tokens) -> dict:
     return {"generate": gen, "train": step}
 
 
-def _first_call(fn) -> float:
-    return _timed(fn)[0]
-
-
-def _timed(fn) -> tuple[float, float]:
-    """(wall, CPU) seconds of one call. CPU time (all threads of this process)
-    barely moves with other processes' load, wall time does."""
-    t, c = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - t, time.process_time() - c
-
-
-def interleave(jax_fn, hf_call, rounds: int) -> tuple[list, list]:
-    """(wall, CPU) per call of each side, alternating (ABBA...) so that slow drifts
-    in load hit both alike; a short pause between sides lets the other runtime's
-    spinning threads go to sleep."""
-    tj, th = [], []
-    for r in range(rounds):
-        for side in ((0, 1) if r % 2 == 0 else (1, 0)):
-            time.sleep(0.05)
-            if side == 0:
-                tj.append(_timed(jax_fn))
-            else:
-                reply = hf_call()
-                th.append((reply["s"], reply["cpu"]))
-    return tj, th
-
-
-def summarise(prefix: str, times: list, tokens: int) -> dict:
-    walls, cpus = [t[0] for t in times], [t[1] for t in times]
-    best, med = min(walls), statistics.median(walls)
-    return {f"{prefix}_s": round(best, 4), f"{prefix}_tokens_per_s": round(tokens / best, 1),
-            f"{prefix}_tokens_per_s_median": round(tokens / med, 1), f"{prefix}_cpu_s": round(min(cpus), 4)}
-
-
-def paired_ratio(jax_times: list, hf_times: list, index: int) -> float:
-    """Median over rounds of hf / jax (index 0: wall time, 1: CPU time)."""
-    return round(statistics.median(h[index] / j[index] for j, h in zip(jax_times, hf_times)), 2)
-
-
-HUGETLB = "glibc.malloc.hugetlb=1"
-
-
-def retain_malloc() -> None:
-    """Keep freed memory in glibc's heap for reuse. Must run before any thread
-    starts (threads pick their arena at their first malloc)."""
-    import ctypes
-
-    libc = ctypes.CDLL("libc.so.6")
-    M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8
-    ok = libc.mallopt(M_ARENA_MAX, 1) and libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1)
-    if not ok:
-        raise SystemExit("mallopt failed")
-
-
 def main(argv=None) -> None:
     import hf_peer  # beside this script; torch and transformers are imported only when it runs
 
     a = parse_args(argv)
     argv = sys.argv[1:] if argv is None else list(argv)
-    if a.malloc == "retain":
-        retain_malloc()
-    if a.malloc == "hugepages" and HUGETLB not in os.environ.get("GLIBC_TUNABLES", ""):
-        # glibc reads its tunables at process start: run again with them (the HF children inherit them).
-        tunables = ":".join(x for x in (os.environ.get("GLIBC_TUNABLES"), HUGETLB) if x)
-        os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve())] + argv,
-                  dict(os.environ, GLIBC_TUNABLES=tunables))
+    apply_malloc(a.malloc, __file__, argv)  # the HF children inherit the settings
     if a.hf_serve:
         hf_peer.hf_serve(a)
         return
     if a.hf_only:  # standalone HF timings (no interleaving)
         info, gen, step = hf_peer.hf_workloads(a)
-        tg, tt = [_timed(gen) for _ in range(a.repeats)], [_timed(step) for _ in range(a.train_steps)]
+        tg, tt = [timed(gen) for _ in range(a.repeats)], [timed(step) for _ in range(a.train_steps)]
         print(json.dumps({**info, **summarise("hf_generate", tg, a.gen_batch * a.new_tokens),
                           **summarise("hf_train", tt, a.train_batch * a.train_seq)}))
         return
@@ -306,15 +206,15 @@ def main(argv=None) -> None:
                                                    "gen_batch", "prompt", "new_tokens", "train_batch", "train_seq")}}
     # The peers start first: their import and warm-up must not overlap the JAX timings.
     policies = {"auto": ("default", "passive")}.get(a.hf_omp_wait_policy, (a.hf_omp_wait_policy,))
-    peers = [hf_peer.HFPeer(argv, policy) for policy in policies] if a.peer else []
-    peers = hf_peer.choose_peers([p.ready() for p in peers]) if peers else None
+    peers = [Peer(__file__, [x for x in argv if x != "--peer"], policy) for policy in policies] if a.peer else []
+    peers = choose_peers([p.ready() for p in peers], ("gen", "train")) if peers else None
     info, gen, step = jax_workloads(a)
     gen_tokens, train_tokens = a.gen_batch * a.new_tokens, a.train_batch * a.train_seq
 
     def rounds(fn, cmd: str, n: int) -> tuple[list, list | None]:
         """(wall, CPU) of n JAX calls and, with --peer, of n HF ``cmd`` calls alternating with them."""
         if peers is None:
-            return [_timed(fn) for _ in range(n)], None
+            return [timed(fn) for _ in range(n)], None
         return interleave(fn, lambda: peers[cmd].ask(cmd), n)
 
     tg, hg = rounds(gen, "gen", a.repeats)

@@ -191,7 +191,9 @@ def _gptj(p: Params, config: GPTJConfig, tokens_BT, positions_BT, key_mask_BS, c
     result is the (k, v) tuples of those T slots. With a cache the T new tokens
     are written into slots [start, start + T) and attend to every slot;
     ``key_mask_BS`` marks which of the S slots hold real tokens (left padding is
-    False). ``segments_BT`` (no cache): packed rows, a token attends only to the
+    False). ``start`` is one slot for every row, or a (B,) array: row b then
+    writes (and its queries sit at) slots [start[b], start[b] + T).
+    ``segments_BT`` (no cache): packed rows, a token attends only to the
     tokens of its own segment (block-diagonal causal attention).
     """
     c = config
@@ -207,12 +209,13 @@ def _gptj(p: Params, config: GPTJConfig, tokens_BT, positions_BT, key_mask_BS, c
     sin, cos = _rotary_sin_cos(positions_BT, c.rotary_dim)
     sin, cos = sin.transpose(0, 2, 1, 3), cos.transpose(0, 2, 1, 3)  # (B, 1, T, R): broadcast over heads
 
+    per_row = cache is not None and jnp.ndim(start) == 1
     if cache is None:
         q_slot_T, S = jnp.arange(T), T
     else:
-        q_slot_T, S = start + jnp.arange(T), cache.k[0].shape[2]
-    causal_TS = jnp.arange(S)[None, :] <= q_slot_T[:, None]
-    allowed_BTS = causal_TS[None] & key_mask_BS[:, None, :].astype(bool)
+        q_slot_T, S = jnp.asarray(start)[..., None] + jnp.arange(T), cache.k[0].shape[2]
+    causal_TS = jnp.arange(S) <= q_slot_T[..., None]  # (T, S), or (B, T, S) with a slot per row
+    allowed_BTS = (causal_TS if per_row else causal_TS[None]) & key_mask_BS[:, None, :].astype(bool)
     if segments_BT is not None:
         allowed_BTS = allowed_BTS & (segments_BT[:, :, None] == segments_BT[:, None, :])
 
@@ -232,9 +235,8 @@ def _gptj(p: Params, config: GPTJConfig, tokens_BT, positions_BT, key_mask_BS, c
             k_BHSK, v_BHSK = k_BHTK, v_BHTK
         else:
             # Only the T new slots are written; inside a decode loop XLA updates the buffer in place.
-            at = (0, 0, start, 0)
-            k_BHSK = jax.lax.dynamic_update_slice(cache.k[i], k_BHTK.astype(cache.k[i].dtype), at)
-            v_BHSK = jax.lax.dynamic_update_slice(cache.v[i], v_BHTK.astype(cache.v[i].dtype), at)
+            k_BHSK = _write(cache.k[i], k_BHTK, start, per_row)
+            v_BHSK = _write(cache.v[i], v_BHTK, start, per_row)
         new_k.append(k_BHSK)
         new_v.append(v_BHSK)
         ctx_BHTK = _attention(q_BHTK, k_BHSK, v_BHSK, allowed_BTS, K, block)
@@ -250,6 +252,14 @@ def _gptj(p: Params, config: GPTJConfig, tokens_BT, positions_BT, key_mask_BS, c
     x_ND = _layer_norm(x_ND, p["ln_f"], c.ln_eps)
     logits_NV = (x_ND @ p["lm_head"]["w"] + p["lm_head"]["b"]).astype(jnp.float32)
     return logits_NV.reshape(B, -1, c.vocab), KVCache(tuple(new_k), tuple(new_v))
+
+
+def _write(buf_BHSK, new_BHTK, start, per_row: bool) -> jax.Array:
+    """``new`` written into slots [start, start + T) of ``buf`` (per row: row b at start[b])."""
+    new_BHTK = new_BHTK.astype(buf_BHSK.dtype)
+    if not per_row:
+        return jax.lax.dynamic_update_slice(buf_BHSK, new_BHTK, (0, 0, start, 0))
+    return jax.vmap(lambda b, n, s: jax.lax.dynamic_update_slice(b, n, (0, s, 0)))(buf_BHSK, new_BHTK, start)
 
 
 @functools.lru_cache(maxsize=None)
@@ -350,3 +360,16 @@ def decode_step(params: Params, token_B: jax.Array, position_B: jax.Array, slot,
     key_mask_BS = key_mask_BS.at[:, slot].set(True)
     logits_BTV, cache = _gptj(params, config, token_B[:, None], position_B[:, None], key_mask_BS, cache, slot)
     return logits_BTV[:, 0], cache, key_mask_BS
+
+
+def decode_rows(params: Params, token_B: jax.Array, length_B: jax.Array, cache: KVCache,
+                config: GPTJConfig) -> tuple[jax.Array, KVCache]:
+    """One token per row for caches filled from slot 0 (no padding): row b holds
+    ``length_B[b]`` tokens, so its new token sits at position and slot
+    ``length_B[b]`` and attends slots [0, length_B[b]]. Each row has its own
+    length (continuous batching). Returns (logits (B, V), cache)."""
+    S = cache.k[0].shape[2]
+    length_B = jnp.minimum(length_B, S - 1)  # a finished row may sit at the end; it is not read back
+    key_mask_BS = jnp.arange(S)[None, :] <= length_B[:, None]
+    logits_BTV, cache = _gptj(params, config, token_B[:, None], length_B[:, None], key_mask_BS, cache, length_B)
+    return logits_BTV[:, 0], cache

@@ -8,6 +8,7 @@ is built, not when the plugin is discovered.
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -32,6 +33,25 @@ def _cut_at_stop(text: str, stops: Sequence[str]) -> str:
     return text[:cut]
 
 
+def default_cpu_devices() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def use_every_core() -> None:
+    """``model.cpu_devices`` left unset: one XLA:CPU device per core
+    (``default_cpu_devices``), unless jax has already started its backends or the
+    count is set elsewhere (``XLA_FLAGS=--xla_force_host_platform_device_count``,
+    ``JAX_NUM_CPU_DEVICES``). The same machine and setting give the same mesh."""
+    import jax
+    from jax._src import xla_bridge
+
+    if ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
+            or jax.config.jax_num_cpu_devices != -1 or xla_bridge.backends_are_initialized()):
+        return
+    jax.config.update("jax_num_cpu_devices", default_cpu_devices())
+
+
 class HaikuXmapBackend:
     """``[model]`` options: a preset with field overrides (ignored when
     ``checkpoint_path`` is set: the checkpoint carries its config, and an override
@@ -43,7 +63,12 @@ class HaikuXmapBackend:
     the gradient accumulator's, ``remat`` recomputes each block in the backward
     pass instead of keeping its activations, ``distributed`` starts multi-process JAX and
     ``cpu_devices`` sets how many XLA:CPU devices (cores) the mesh spans
-    (``distributed.py``)."""
+    (``distributed.py``; default: one per core, ``use_every_core``). ``generation``: "continuous" (default: a slot whose row
+    has ended takes the next prompt, ``continuous.py``) or "static" (length-sorted
+    batches, each until its last row ends); ``generation_chunk``: decode steps
+    between the host's stop-string checks and refills."""
+
+    GENERATION = ("continuous", "static")
 
     def __init__(self, preset: str = "tiny", dtype: str | None = None, n_layer: int | None = None,
                  d_model: int | None = None, n_head: int | None = None, d_head: int | None = None,
@@ -52,12 +77,22 @@ class HaikuXmapBackend:
                  checkpoint_path: str = "", mesh: Mapping[str, Any] | None = None,
                  seq_len: int | None = None, zero: int = 0, opt_state_dtype: str = "float32",
                  master_dtype: str = "float32", grad_accum_dtype: str = "float32", remat: bool = False,
-                 distributed: Mapping[str, Any] | str | None = None, cpu_devices: int | None = None) -> None:
+                 distributed: Mapping[str, Any] | str | None = None, cpu_devices: int | None = None,
+                 generation: str = "continuous", generation_chunk: int = 16) -> None:
         from . import distributed as dist
+
+        if generation not in self.GENERATION:
+            raise UserError(f"model.generation: must be one of {list(self.GENERATION)}, got {generation!r}")
+        if isinstance(generation_chunk, bool) or not isinstance(generation_chunk, int) or not \
+                1 <= generation_chunk <= 4096:
+            raise UserError(f"model.generation_chunk: must be an int in [1, 4096], got {generation_chunk!r}")
+        self.generation, self.generation_chunk = generation, generation_chunk
 
         # Before anything starts jax's backends (make_mesh below lists the devices).
         if cpu_devices is not None:
             dist.set_cpu_devices(cpu_devices)
+        elif dist.resolve_options(distributed) is None:
+            use_every_core()
         self._distributed = dist.initialize(distributed)
         if isinstance(zero, bool) or zero not in (0, 1):
             raise UserError(f"model.zero: must be 0 (off) or 1 (ZeRO-1: optimizer state split over dp), got {zero!r}")
@@ -290,10 +325,7 @@ class HaikuXmapBackend:
 
     def generate(self, checkpoint: str, requests: Sequence[GenRequest], spec: GenSpec,
                  progress: Progress | None = None) -> list[str]:
-        import jax
-
-        from . import sample, sharding
-        from .train import bucket_lengths
+        from . import continuous, sample
 
         if not isinstance(spec.max_new_tokens, int) or spec.max_new_tokens < 0:
             raise UserError(f"generation.max_new_tokens: must be an int >= 0, got {spec.max_new_tokens!r}")
@@ -317,39 +349,18 @@ class HaikuXmapBackend:
         tok = self.tokenizer
         # Prompts longer than the context keep their end; an empty one starts from end-of-text.
         prompts = [(tok.encode(r.prompt) or [tok.eos_id])[-max_prompt:] for r in requests]
-        order = sorted(range(len(requests)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
-        dp = sharding.dp_size(self.mesh)
-        rows = -(-spec.batch_size // dp) * dp
-        buckets = bucket_lengths(max_prompt)
-        from . import distributed as dist
-
-        rows_sh = sharding.batch_sharding(self.mesh)
-        keys_sh = sharding.batch_sharding(self.mesh, ndim=1)
-        keys_data_sh = sharding.batch_sharding(self.mesh, ndim=2)
-        results: list[str] = [""] * len(requests)
-        for start in range(0, len(order), spec.batch_size):
-            group = order[start:start + spec.batch_size]
-            longest = max(len(prompts[i]) for i in group)
-            T = next(b for b in buckets if b >= longest)
-            batch = [prompts[i] for i in group] + [[tok.eos_id]] * (rows - len(group))
-            tokens_BT, mask_BT = sample.left_pad(batch, tok.pad_id, length=T)
-            seeds = [requests[i].seed for i in group] + [0] * (rows - len(group))
-            keys_B = sample.keys_from_seeds(seeds)
-            if jax.process_count() > 1:  # global arrays from each process's slices
-                tokens_BT, mask_BT = dist.global_array(tokens_BT, rows_sh), dist.global_array(mask_BT, rows_sh)
-                keys_B = jax.random.wrap_key_data(dist.global_array(jax.random.key_data(keys_B), keys_data_sh))
-            out_BN = sample.generate(
-                params, jax.device_put(tokens_BT, rows_sh), jax.device_put(mask_BT, rows_sh),
-                jax.device_put(keys_B, keys_sh), float(spec.temperature),
-                float(spec.top_p), config=self.config, max_new_tokens=spec.max_new_tokens,
-                eos_id=tok.eos_id, valid_vocab=tok.vocab_size, mesh=self.mesh)
-            out_BN = dist.to_host(out_BN)
-            for row, i in enumerate(group):
-                text = tok.decode(sample.trim(out_BN[row], tok.eos_id))
-                results[i] = _cut_at_stop(text, spec.stop)
-            if progress is not None:
-                progress(len(group))
-        return results
+        stops = tuple(s for s in spec.stop if s)
+        # Continuous batching checks the stop strings after each chunk of decode steps and frees the slot.
+        stop = (lambda i, ids: _cut_at_stop(tok.decode(ids), stops) != tok.decode(ids)) if stops else None
+        if self.generation == "continuous":
+            run = functools.partial(continuous.generate, chunk=self.generation_chunk, stop=stop)
+        else:  # the static path: length-sorted batches, each until its last row ends
+            run = functools.partial(sample.generate_batches, max_new_tokens=spec.max_new_tokens)
+        out = run(params, prompts, [r.seed for r in requests], [spec.max_new_tokens] * len(requests),
+                  config=self.config, temperature=float(spec.temperature), top_p=float(spec.top_p),
+                  eos_id=tok.eos_id, pad_id=tok.pad_id, valid_vocab=tok.vocab_size, mesh=self.mesh,
+                  slots=spec.batch_size, progress=progress)
+        return [_cut_at_stop(tok.decode(ids), stops) for ids in out]
 
     # ------------------------------------------------------------------ processes
     # Multi-process JAX: the core writes the run directory from process 0 and
@@ -381,7 +392,7 @@ class HaikuXmapBackend:
                 "checkpoint_path": self._checkpoint_path, "seq_len": self.seq_len,
                 "mesh": {"dp": int(self.mesh.shape["dp"]), "mp": int(self.mesh.shape["mp"])},
                 "zero": self.zero, "opt_state_dtype": self.opt_state_dtype, "master_dtype": self.master_dtype,
-                "grad_accum_dtype": self.grad_accum_dtype, "remat": self.remat,
+                "grad_accum_dtype": self.grad_accum_dtype, "remat": self.remat, "generation": self.generation,
                 "processes": self.process_count(),
                 "devices": [str(d) for d in self.mesh.devices.flat]}
 

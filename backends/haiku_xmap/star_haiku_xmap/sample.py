@@ -11,14 +11,14 @@ on its own seed only, never on its batch mates.
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from . import model
+from . import model, sharding
 from .config import GPTJConfig
 
 
@@ -51,7 +51,9 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, length: int | None =
 
 def sample_logits(logits_BV: jax.Array, keys_B: jax.Array, step, temperature, top_p) -> jax.Array:
     """Next tokens (B,): argmax when ``temperature == 0``, else temperature then
-    nucleus (top-p) sampling with each row's key folded with ``step``."""
+    nucleus (top-p) sampling with each row's key folded with ``step``: the index
+    of the token being drawn, one for every row or a (B,) array (each row's own
+    token index, when rows started at different times)."""
     def greedy(_):
         return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
 
@@ -64,7 +66,7 @@ def sample_logits(logits_BV: jax.Array, keys_B: jax.Array, step, temperature, to
         n_keep_B = jnp.maximum(jnp.sum(before_BV < top_p, axis=-1), 1)
         cutoff_B = jnp.take_along_axis(sorted_BV, (n_keep_B - 1)[:, None], axis=-1)
         masked_BV = jnp.where(scaled_BV >= cutoff_B, scaled_BV, -jnp.inf)
-        row_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys_B, step)
+        row_keys = jax.vmap(jax.random.fold_in, in_axes=(0, 0 if jnp.ndim(step) else None))(keys_B, step)
         return jax.vmap(jax.random.categorical)(row_keys, masked_BV).astype(jnp.int32)
 
     return jax.lax.cond(temperature > 0, sampled, greedy, None)
@@ -73,10 +75,12 @@ def sample_logits(logits_BV: jax.Array, keys_B: jax.Array, step, temperature, to
 @functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "eos_id", "valid_vocab", "mesh"))
 def generate(params, tokens_BT: jax.Array, mask_BT: jax.Array, keys_B: jax.Array, temperature, top_p, *,
              config: GPTJConfig, max_new_tokens: int, eos_id: int, valid_vocab: int | None = None,
-             mesh: Mesh | None = None) -> jax.Array:
+             mesh: Mesh | None = None, budget_B: jax.Array | None = None) -> jax.Array:
     """New tokens (B, max_new_tokens) for left-padded prompts; after a row's
     end-of-text (included) the rest of the row is end-of-text. The loop stops
     early once every row has finished. Every row needs at least one real token.
+    ``budget_B`` (optional, (B,) int): row b ends after that many tokens (at
+    most ``max_new_tokens``); the batch still runs until its last row ends.
 
     ``valid_vocab``: ids at or above it (the padding rows of a padded vocabulary,
     never trained) are never produced. ``mesh``: rows split over its "dp" axis
@@ -84,15 +88,44 @@ def generate(params, tokens_BT: jax.Array, mask_BT: jax.Array, keys_B: jax.Array
     ("mp" stays automatic), so shards never synchronise per token and each
     stops once its own rows have finished."""
     rows = functools.partial(_generate_rows, config=config, max_new_tokens=max_new_tokens, eos_id=eos_id,
-                             valid_vocab=valid_vocab)
+                             valid_vocab=valid_vocab, mesh=mesh)
+    if budget_B is None:
+        budget_B = jnp.full(tokens_BT.shape[:1], max_new_tokens, jnp.int32)
+    args = (params, tokens_BT, mask_BT, keys_B, budget_B, temperature, top_p)
     if mesh is None or mesh.shape["dp"] == 1:
-        return rows(params, tokens_BT, mask_BT, keys_B, temperature, top_p)
-    return jax.shard_map(rows, mesh=mesh, in_specs=(P(), P("dp"), P("dp"), P("dp"), P(), P()), out_specs=P("dp"),
-                         axis_names={"dp"}, check_vma=False)(params, tokens_BT, mask_BT, keys_B, temperature, top_p)
+        return rows(*args)
+    return jax.shard_map(rows, mesh=mesh, in_specs=(P(),) + (P("dp"),) * 4 + (P(), P()), out_specs=P("dp"),
+                         axis_names={"dp"}, check_vma=False)(*args)
 
 
-def _generate_rows(params, tokens_BT, mask_BT, keys_B, temperature, top_p, *, config: GPTJConfig,
-                   max_new_tokens: int, eos_id: int, valid_vocab: int | None) -> jax.Array:
+def mask_vocab(logits_BV: jax.Array, valid_vocab: int | None, mesh: Mesh | None = None) -> jax.Array:
+    """Logits with the ids at or above ``valid_vocab`` (never trained) set to
+    -inf, whole on every device of an "mp" group (inside a dp shard's loop): the
+    sampler's sort and reversal then need no collectives, whose XLA:CPU
+    rendezvous span every device and would tie the shards' loops together."""
+    if mesh is not None and mesh.shape["mp"] > 1:
+        whole = P() if mesh.shape["dp"] > 1 else NamedSharding(mesh, P())
+        logits_BV = jax.lax.with_sharding_constraint(logits_BV, whole)
+    if valid_vocab is None or valid_vocab >= logits_BV.shape[-1]:
+        return logits_BV
+    return jnp.where(jnp.arange(logits_BV.shape[-1]) < valid_vocab, logits_BV, -jnp.inf)
+
+
+def lockstep(mesh: Mesh | None) -> bool:
+    """True when the dp shards' decode loops must run the same number of steps:
+    their bodies hold "mp" collectives (mp > 1) and the devices are XLA:CPU's,
+    whose in-process rendezvous wait for every device of the program."""
+    return (mesh is not None and mesh.shape["dp"] > 1 and mesh.shape["mp"] > 1
+            and sharding.needs_serial_steps(mesh))
+
+
+def any_shard(flag: jax.Array, mesh: Mesh | None) -> jax.Array:
+    """``flag`` or'ed over the dp shards when they run in ``lockstep``, else as it is."""
+    return jax.lax.psum(flag.astype(jnp.int32), "dp") > 0 if lockstep(mesh) else flag
+
+
+def _generate_rows(params, tokens_BT, mask_BT, keys_B, budget_B, temperature, top_p, *, config: GPTJConfig,
+                   max_new_tokens: int, eos_id: int, valid_vocab: int | None, mesh: Mesh | None) -> jax.Array:
     B, T = tokens_BT.shape
     N = max_new_tokens
     temperature = jnp.asarray(temperature, jnp.float32)
@@ -103,11 +136,10 @@ def _generate_rows(params, tokens_BT, mask_BT, keys_B, temperature, top_p, *, co
 
     def body(s):
         i, logits_BV, cache, key_mask_BS, out_BN, done_B = s
-        if valid_vocab is not None and valid_vocab < config.vocab:
-            logits_BV = jnp.where(jnp.arange(config.vocab) < valid_vocab, logits_BV, -jnp.inf)
+        logits_BV = mask_vocab(logits_BV, valid_vocab, mesh)
         tok_B = jnp.where(done_B, eos_id, sample_logits(logits_BV, keys_B, i, temperature, top_p))
         out_BN = jax.lax.dynamic_update_slice(out_BN, tok_B[:, None], (0, i))
-        done_B = done_B | (tok_B == eos_id)
+        done_B = done_B | (tok_B == eos_id) | (i + 1 >= budget_B)
         logits_BV, cache, key_mask_BS = model.decode_step(params, tok_B, next_pos_B + i, T + i, cache,
                                                           key_mask_BS, config)
         return i + 1, logits_BV, cache, key_mask_BS, out_BN, done_B
@@ -121,7 +153,7 @@ def _generate_rows(params, tokens_BT, mask_BT, keys_B, temperature, top_p, *, co
             cache = model.KVCache(*(tuple(jnp.pad(x, ((0, 0), (0, 0), (0, grow), (0, 0))) for x in xs)
                                     for xs in cache))
             state = (i, logits_BV, cache, jnp.pad(key_mask_BS, ((0, 0), (0, grow))), out_BN, done_B)
-        state = jax.lax.while_loop(lambda s, end=end: (s[0] < end) & ~jnp.all(s[5]), body, state)
+        state = jax.lax.while_loop(lambda s, end=end: (s[0] < end) & any_shard(~jnp.all(s[5]), mesh), body, state)
     return state[4]
 
 
@@ -134,6 +166,54 @@ def _phase_ends(prompt_len: int, n_new: int) -> list[int]:
     (a few per cent to gain) keep one phase."""
     phases = max(1, min(4, n_new // 16)) if n_new >= prompt_len else 1
     return [n_new * (j + 1) // phases for j in range(phases)]
+
+
+def generate_batches(params, prompts: Sequence[Sequence[int]], seeds: Sequence[int], budgets: Sequence[int], *,
+                     config: GPTJConfig, temperature: float, top_p: float, eos_id: int, pad_id: int,
+                     valid_vocab: int | None = None, mesh: Mesh | None = None, slots: int = 8,
+                     max_new_tokens: int | None = None, progress: Callable[[int], None] | None = None
+                     ) -> list[list[int]]:
+    """The static path: prompts sorted by length, ``slots`` at a time (rounded up
+    to a multiple of dp), left-padded to a length bucket and run by ``generate``
+    until the batch's last row ends. Same arguments and results as
+    ``continuous.generate`` (new tokens, end-of-text not included); stop strings
+    are the caller's to apply. ``max_new_tokens`` (default: the largest budget)
+    fixes the compiled loop length and the prompt buckets below n_ctx."""
+    from . import distributed as dist
+    from .train import bucket_lengths
+
+    N = max(budgets, default=0) if max_new_tokens is None else max_new_tokens
+    results: list[list[int]] = [[] for _ in prompts]
+    if not prompts or N == 0:
+        if progress is not None and prompts:
+            progress(len(prompts))
+        return results
+    mesh = mesh if mesh is not None else sharding.make_mesh({"dp": 1, "mp": 1}, jax.devices()[:1])
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
+    dp = sharding.dp_size(mesh)
+    rows = -(-slots // dp) * dp
+    buckets = bucket_lengths(config.n_ctx - N)
+    rows_sh = sharding.batch_sharding(mesh)
+    vec_sh = sharding.batch_sharding(mesh, ndim=1)
+    keys_data_sh = sharding.batch_sharding(mesh, ndim=2)
+    put = (lambda x, sh: dist.global_array(x, sh)) if jax.process_count() > 1 else jax.device_put
+    for start in range(0, len(order), slots):
+        group = order[start:start + slots]
+        T = next(b for b in buckets if b >= max(len(prompts[i]) for i in group))
+        batch = [prompts[i] for i in group] + [[eos_id if eos_id >= 0 else pad_id]] * (rows - len(group))
+        tokens_BT, mask_BT = left_pad(batch, pad_id, length=T)
+        key_data = np.asarray(jax.random.key_data(keys_from_seeds([seeds[i] for i in group] + [0] * (rows - len(group)))))
+        budget_B = np.asarray([budgets[i] for i in group] + [1] * (rows - len(group)), np.int32)
+        out_BN = generate(params, put(tokens_BT, rows_sh), put(mask_BT, rows_sh),
+                          jax.random.wrap_key_data(put(key_data, keys_data_sh)), float(temperature), float(top_p),
+                          config=config, max_new_tokens=N, eos_id=eos_id, valid_vocab=valid_vocab, mesh=mesh,
+                          budget_B=put(budget_B, vec_sh))
+        out_BN = dist.to_host(out_BN)
+        for row, i in enumerate(group):
+            results[i] = trim(out_BN[row, :budgets[i]], eos_id)
+        if progress is not None:
+            progress(len(group))
+    return results
 
 
 def trim(tokens_N: Sequence[int], eos_id: int) -> list[int]:

@@ -84,3 +84,63 @@ def test_ceiling_train_step_learns_a_repeated_batch():
         losses.append(float(loss))
     assert losses[-1] < 0.8 * losses[0], losses
     assert int(state.step) == 20
+
+
+WORKLOAD = SCRIPT.with_name("star_workload.py")
+
+
+def test_workload_benchmark_prints_every_ratio_of_both_mixes():
+    """star_workload.py end to end on a few requests of both mixes (one layer, a
+    small vocabulary; no HF peer): one JSON line with each side's useful tokens/s
+    and the ratios between this engine's sides."""
+    args = ["--addition-requests", "6", "--cqa-requests", "3", "--cqa-prompt", "24", "--cqa-vocab", "256",
+            "--train-steps", "1", "--rounds", "1", "--layers", "1", "--cpu-devices", "2"]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.run([sys.executable, str(WORKLOAD), *args], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [l for l in proc.stdout.splitlines() if l.strip()]
+    assert len(lines) == 1, proc.stdout
+    result = json.loads(lines[0])
+    assert result["mesh"] == {"dp": 2, "mp": 1} and result["threads"] >= 1
+    for mix in ("addition", "cqa"):
+        for kind, sides in (("gen", ("engine", "engine_static")), ("train", ("engine_packed", "engine_padded"))):
+            assert result[f"{mix}_{kind}_useful_tokens"] > 0
+            for side in sides:
+                assert result[f"{mix}_{kind}_{side}_tokens_per_s"] > 0, (mix, side, result)
+        assert result[f"{mix}_gen_engine_over_engine_static"] > 0
+        assert result[f"{mix}_train_engine_packed_over_engine_padded_cpu"] > 0
+        assert result[f"{mix}_engine_stats"]["decode_steps"] > 0
+        assert f"{mix}_gen_engine_over_hf_static" not in result  # only with --peer
+    assert result["addition_gen_useful_tokens"] == sum(_workload_module().addition_mix(_Args(6))["budgets"])
+
+
+class _Args:
+    def __init__(self, addition_requests):
+        self.addition_requests = addition_requests
+
+
+def _workload_module():
+    _ceiling_module()  # puts benchmarks/ on sys.path
+    import star_workload
+
+    return star_workload
+
+
+def test_addition_mix_is_one_iteration_of_the_demo():
+    """The addition mix: 1,000 train questions, 500 of them hinted, the 250 dev
+    questions, each with its gold scratchpad's length as budget."""
+    import tomllib
+
+    from star_arithmetic import AdditionTask
+
+    mix = _workload_module().addition_mix(_Args(0))
+    toml = tomllib.loads((SCRIPT.parents[1] / "experiments" / "addition.toml").read_text())
+    task = AdditionTask(**toml["task"]["options"])
+    first = task.load("train", None)[0]
+    assert len(mix["prompts"]) == len(mix["budgets"]) == 1000 + 500 + 250
+    assert bytes(mix["prompts"][0]).decode() == task.context(first)
+    assert mix["budgets"][0] == len(task.gold_completion(first, direct=False).encode())
+    assert sum(b"Hint:" in bytes(p) for p in mix["prompts"]) == 500
+    assert 40 <= min(mix["budgets"]) and max(mix["budgets"]) <= toml["generation"]["max_new_tokens"]
+    assert mix["slots"] == toml["generation"]["batch_size"] and mix["model"]["n_layer"] == toml["model"]["n_layer"]
+    assert len(mix["train"]) == 500 and mix["train_batch"] == toml["training"]["batch_size"]

@@ -57,7 +57,9 @@ def test_bad_options_name_the_option(tmp_path):
              (dict(tokenizer="hf"), "model.tokenizer_file"), (dict(vocab=200), "model.vocab"),
              (dict(rotary_dim=20), "rotary_dim"), (dict(tokenizer="bpe"), "model.tokenizer"),
              (dict(cpu_devices=0), "model.cpu_devices"), (dict(cpu_devices=True), "model.cpu_devices"),
-             (dict(cpu_devices="2"), "model.cpu_devices")]
+             (dict(cpu_devices="2"), "model.cpu_devices"), (dict(generation="dynamic"), "model.generation"),
+             (dict(generation_chunk=0), "model.generation_chunk"),
+             (dict(generation_chunk=2.5), "model.generation_chunk")]
     for options, name in cases:
         with pytest.raises(UserError, match=name):
             plugin.HaikuXmapBackend(**{**SMALL, **options})
@@ -169,6 +171,18 @@ def test_sampling_depends_on_seed_only(backend, trained):
     a = backend.generate(base, reqs, spec)
     b = backend.generate(base, list(reversed(reqs)), GenSpec(12, 1.0, 0.9, (), 2))[::-1]
     assert a == b and a[0] != a[1]
+
+
+def test_continuous_and_static_generation_give_the_same_text(backend, trained):
+    base, _ = trained
+    static = plugin.HaikuXmapBackend(**SMALL, generation="static")
+    assert backend.generation == "continuous" and backend.describe()["generation"] == "continuous"
+    reqs = [GenRequest("x" * (i % 7) + "Q: " + "ab" * i, seed=i) for i in range(11)] + [GenRequest("abc", 5)] * 3
+    for spec in (GenSpec(20, 0.0, 1.0, (), 4), GenSpec(20, 1.0, 0.9, (), 4), GenSpec(20, 1.0, 0.9, ("a", "\n"), 4)):
+        texts = backend.generate(base, reqs, spec)
+        assert texts == static.generate(base, reqs, spec)
+        assert len(set(texts)) > 5
+    assert len({len(t) for t in texts}) > 3  # the stop strings end rows at different lengths
 
 
 def test_retraining_is_bit_identical(backend, trained, tmp_path):

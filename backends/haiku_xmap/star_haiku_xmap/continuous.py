@@ -1,0 +1,354 @@
+"""Continuous-batching generation: a fixed set of slots decode together, and a
+slot whose row has ended (end-of-text, its token budget, or a stop string) takes
+the next waiting prompt instead of idling until the whole batch has ended.
+
+Device side (compiled, no Python per token):
+
+- ``prefill``: a batch of waiting prompts, left-padded to a length bucket, in one
+  call (``model.prefill``); prompt count and length come from small bucket sets.
+- ``_insert``: the prefilled keys/values moved into the freed slots, each row
+  shifted to start at cache slot 0, with its own length, budget, RNG key and
+  first-token logits. One prefill row may fill several slots (k samples of the
+  same prompt share one prefill).
+- ``_decode``: a ``lax.while_loop`` of decode steps over all slots, each row at
+  its own cache index and position (``model.decode_rows``), for up to ``steps``
+  steps or until ``need`` rows have ended.
+
+On a mesh each dp shard owns ``slots / dp`` slots and runs its own loop
+(``shard_map`` manual over dp, as ``sample.generate``), so shards never
+synchronise per token. Between chunks the host reads the chunk's tokens, checks
+the stop strings, frees the ended slots and refills them.
+
+A row's tokens do not depend on its slot or its batch mates: its cache holds
+only its own tokens (keys past its length are masked), its positions are those
+it would have alone, and its RNG key is folded with its own token index, as in
+``sample.generate``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import deque
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from . import model
+from .config import GPTJConfig
+from .sample import any_shard, keys_from_seeds, left_pad, mask_vocab, sample_logits
+
+CACHE_GRAIN = 32  # cache lengths are multiples of this (each length compiles one decode loop)
+
+
+class Slots(NamedTuple):
+    """Per-slot decoding state (B slots). Row b's tokens sit in cache slots
+    [0, length_B[b]); its next token is at that position."""
+
+    cache: model.KVCache  # (B, H, L, K) per layer
+    logits_BV: jax.Array  # fp32 logits of each row's next token
+    length_B: jax.Array  # int32 tokens in the row's cache
+    step_B: jax.Array  # int32 tokens generated so far (what its key is folded with)
+    budget_B: jax.Array  # int32 its token budget
+    active_B: jax.Array  # bool: the slot holds a row that has not ended
+    key_data_BK: jax.Array  # uint32 raw PRNG key of the row
+
+
+def length_buckets(n_ctx: int, smallest: int = 16) -> list[int]:
+    """Prompt lengths a prefill compiles for: 16, 24, 32, 48, 64, 96, ... (each
+    at most 1.5x the previous, so a prompt pads by under half), then n_ctx."""
+    out, n = [], smallest
+    while n < n_ctx:
+        out.append(n)
+        n = n * 3 // 2 if n & (n - 1) == 0 else n * 4 // 3
+    return out + [n_ctx]
+
+
+def count_bucket(n: int, multiple: int) -> int:
+    """Prompts per prefill call: a power of two >= n, as a multiple of ``multiple``."""
+    b = 1
+    while b < n:
+        b *= 2
+    return -(-b // multiple) * multiple
+
+
+def _dp(mesh: Mesh | None) -> int:
+    return 1 if mesh is None else int(mesh.shape["dp"])
+
+
+def _per_shard(fn, mesh: Mesh | None, in_specs, out_specs):
+    """``fn`` run by each dp shard on its own rows (manual over dp, mp automatic)."""
+    if _dp(mesh) == 1:
+        return fn
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names={"dp"},
+                         check_vma=False)
+
+
+# ----------------------------------------------------------------------------- device
+
+
+def _empty(config: GPTJConfig, rows: int, length: int, *, mesh: Mesh | None) -> Slots:
+    """Empty slots, split over the mesh's dp axis."""
+    return _empty_fn(mesh)(config, rows, length)
+
+
+@functools.lru_cache(maxsize=None)
+def _empty_fn(mesh: Mesh | None):
+    out = None if mesh is None else NamedSharding(mesh, P("dp"))
+    return jax.jit(_empty_slots, static_argnums=(0, 1, 2), out_shardings=out)
+
+
+def _empty_slots(config: GPTJConfig, rows: int, length: int) -> Slots:
+    key_shape = jax.random.key_data(jax.random.key(0)).shape
+    return Slots(model.init_cache(config, rows, length), jnp.zeros((rows, config.vocab), jnp.float32),
+                 jnp.zeros((rows,), jnp.int32), jnp.zeros((rows,), jnp.int32), jnp.zeros((rows,), jnp.int32),
+                 jnp.zeros((rows,), bool), jnp.zeros((rows,) + key_shape, jnp.uint32))
+
+
+@functools.partial(jax.jit, static_argnames="length")
+def _resize(slots: Slots, length: int) -> Slots:
+    """The same slots with a cache of ``length`` slots (rows start at slot 0, so
+    cutting keeps every row that fits)."""
+    have = slots.cache.k[0].shape[2]
+    fit = (lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, length - have), (0, 0)))) if length > have else \
+        (lambda x: x[:, :, :length])
+    return slots._replace(cache=jax.tree.map(fit, slots.cache))
+
+
+def _insert_rows(slots: Slots, kv: model.KVCache, logits_PV, lens_P, src_N, slot_N, budget_N, key_data_NK) -> Slots:
+    """Assignment n copies prefilled row src_N[n] (left-padded, lens_P[src] real
+    tokens) into slot slot_N[n]; slots out of range (padding assignments) are dropped."""
+    T, L = kv.k[0].shape[2], slots.cache.k[0].shape[2]
+    W = min(T, L)
+    off_N = T - lens_P[src_N]
+
+    def left_aligned(x_PHTK):  # (N, H, W, K): each row's real tokens moved to the front
+        rows = jnp.pad(x_PHTK[src_N], ((0, 0), (0, 0), (0, T), (0, 0)))
+        return jax.vmap(lambda r, o: jax.lax.dynamic_slice_in_dim(r, o, W, axis=1))(rows, off_N)
+
+    def put(buf_BHLK, x_PHTK):
+        return buf_BHLK.at[slot_N, :, :W].set(left_aligned(x_PHTK).astype(buf_BHLK.dtype), mode="drop")
+
+    cache = model.KVCache(tuple(map(put, slots.cache.k, kv.k)), tuple(map(put, slots.cache.v, kv.v)))
+    at = lambda x: x.at[slot_N]
+    return Slots(cache, at(slots.logits_BV).set(logits_PV[src_N], mode="drop"),
+                 at(slots.length_B).set(lens_P[src_N], mode="drop"), at(slots.step_B).set(0, mode="drop"),
+                 at(slots.budget_B).set(budget_N, mode="drop"), at(slots.active_B).set(True, mode="drop"),
+                 at(slots.key_data_BK).set(key_data_NK, mode="drop"))
+
+
+@functools.partial(jax.jit, static_argnames="mesh", donate_argnums=0)
+def _insert(slots: Slots, kv, logits_PV, lens_P, src_N, slot_N, budget_N, key_data_NK, *, mesh=None) -> Slots:
+    """``_insert_rows`` per dp shard: the prefilled rows are visible to every
+    shard (they were computed split over dp), the assignments are per shard with
+    slot indices local to the shard."""
+    fn = _per_shard(_insert_rows, mesh, (P("dp"), P(), P(), P(), P("dp"), P("dp"), P("dp"), P("dp")), P("dp"))
+    return fn(slots, kv, logits_PV, lens_P, src_N, slot_N, budget_N, key_data_NK)
+
+
+def _decode_rows(params, slots: Slots, keep_B, need, max_steps, temperature, top_p, *, config: GPTJConfig,
+                 steps: int, eos_id: int, valid_vocab: int | None, mesh: Mesh | None):
+    """Up to ``max_steps`` (<= ``steps``) decode steps, stopping early once ``need``
+    rows have ended or none is left (in ``sample.lockstep``: once any shard has
+    ``need`` ended rows, or none has rows left). Returns (slots, tokens (B, steps):
+    row b's new tokens are its first (step after - step before) columns)."""
+    B = slots.length_B.shape[0]
+    temperature = jnp.asarray(temperature, jnp.float32)
+    top_p = jnp.asarray(top_p, jnp.float32)
+    keys_B = jax.random.wrap_key_data(slots.key_data_BK)
+
+    def body(s):
+        i, n_end, sl, tok_BC = s
+        tok_B = sample_logits(mask_vocab(sl.logits_BV, valid_vocab, mesh), keys_B, sl.step_B, temperature, top_p)
+        tok_B = jnp.where(sl.active_B, tok_B, eos_id)
+        tok_BC = jax.lax.dynamic_update_slice(tok_BC, tok_B[:, None], (0, i))
+        end_B = sl.active_B & ((tok_B == eos_id) | (sl.step_B + 1 >= sl.budget_B))
+        logits_BV, cache = model.decode_rows(params, tok_B, sl.length_B, sl.cache, config)
+        grow = sl.active_B.astype(jnp.int32)
+        sl = sl._replace(cache=cache, logits_BV=logits_BV, length_B=sl.length_B + grow, step_B=sl.step_B + grow,
+                         active_B=sl.active_B & ~end_B)
+        return i + 1, n_end + jnp.sum(end_B, dtype=jnp.int32), sl, tok_BC
+
+    def cond(s):
+        i, n_end, sl, _ = s
+        return (i < max_steps) & ~any_shard(n_end >= need, mesh) & any_shard(jnp.any(sl.active_B), mesh)
+
+    slots = slots._replace(active_B=slots.active_B & keep_B)
+    start = (jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), slots, jnp.full((B, steps), eos_id, jnp.int32))
+    _, _, slots, tok_BC = jax.lax.while_loop(cond, body, start)
+    return slots, tok_BC
+
+
+@functools.partial(jax.jit, static_argnames=("config", "steps", "eos_id", "valid_vocab", "mesh"), donate_argnums=1)
+def _decode(params, slots: Slots, keep_B, need, max_steps, temperature, top_p, *, config: GPTJConfig, steps: int,
+            eos_id: int, valid_vocab: int | None, mesh: Mesh | None = None):
+    fn = functools.partial(_decode_rows, config=config, steps=steps, eos_id=eos_id, valid_vocab=valid_vocab,
+                           mesh=mesh)
+    fn = _per_shard(fn, mesh, (P(), P("dp"), P("dp"), P(), P(), P(), P()), (P("dp"), P("dp")))
+    return fn(params, slots, keep_B, need, max_steps, temperature, top_p)
+
+
+# ----------------------------------------------------------------------------- host
+
+
+def _put(x, mesh: Mesh | None, spec: P):
+    """A host array on the mesh (a global array from every process's identical copy)."""
+    if mesh is None:
+        return jnp.asarray(x)
+    from .distributed import global_array
+
+    sharding = NamedSharding(mesh, spec)
+    return global_array(x, sharding) if jax.process_count() > 1 else jax.device_put(x, sharding)
+
+
+def _host(x) -> np.ndarray:
+    from .distributed import to_host
+
+    return to_host(x)
+
+
+def _round_up(n: int, grain: int) -> int:
+    return -(-n // grain) * grain
+
+
+def generate(params, prompts: Sequence[Sequence[int]], seeds: Sequence[int], budgets: Sequence[int], *,
+             config: GPTJConfig, temperature: float, top_p: float, eos_id: int, pad_id: int,
+             valid_vocab: int | None = None, mesh: Mesh | None = None, slots: int = 8, chunk: int = 16,
+             refill: int | None = None, stop: Callable[[int, list[int]], bool] | None = None,
+             progress: Callable[[int], None] | None = None, stats: dict | None = None) -> list[list[int]]:
+    """New tokens of each request (end-of-text not included), continuously batched.
+
+    Request i is ``prompts[i]`` (at least one token; prompt + budget within
+    n_ctx) with at most ``budgets[i]`` new tokens, sampled with the key of
+    ``seeds[i]`` (temperature 0: greedy). ``slots`` rows decode together (rounded
+    up to a multiple of the mesh's dp size); the decode loop runs ``chunk`` steps
+    at most between refills, and returns earlier once ``refill`` rows of a
+    shard have ended while prompts are waiting (default: an eighth of a shard's
+    slots). ``stop(i, tokens)``, called on the host after each chunk with the
+    request's tokens so far, ends the request when True (a stop string in its
+    text); its tokens then run up to the chunk's end. ``stats`` (a dict) receives
+    counters: chunks, decode_steps, prefill_calls, prefill_rows, slots.
+    """
+    n = len(prompts)
+    if not (len(seeds) == len(budgets) == n):
+        raise ValueError("generate: prompts, seeds and budgets differ in length")
+    for i, (p, b) in enumerate(zip(prompts, budgets)):
+        if not len(p) or b < 0 or len(p) + b > config.n_ctx:
+            raise ValueError(f"generate: request {i} has {len(p)} prompt tokens and a budget of {b} "
+                             f"(needs >= 1 token and prompt + budget <= n_ctx={config.n_ctx})")
+    results: list[list[int]] = [[] for _ in range(n)]
+    pending = [i for i in range(n) if budgets[i] > 0]
+    if progress is not None and len(pending) < n:
+        progress(n - len(pending))
+    if not pending:
+        return results
+    dp = _dp(mesh)
+    per = min(-(-max(slots, 1) // dp), count_bucket(-(-len(pending) // dp), 1))  # slots per shard
+    B = per * dp
+    refill = max(1, per // 8) if refill is None else refill
+    # Prompts per prefill call: two sizes only (few compiles), room for a typical refill.
+    max_rows = min(count_bucket(max(2 * refill, 4) * dp, dp), count_bucket(B, dp))
+    few_rows = _round_up(max(max_rows // 4, 1), dp)
+    groups: dict[tuple, list[int]] = {}
+    for i in pending:  # identical prompts (k samples of a question) share one prefill
+        groups.setdefault(tuple(int(t) for t in prompts[i]), []).append(i)
+    queue = deque(sorted(groups.values(), key=lambda g: (len(prompts[g[0]]), g[0])))  # shortest first
+    waiting = len(pending)
+    buckets = length_buckets(config.n_ctx)
+    longest = _round_up(max(len(prompts[i]) + budgets[i] for i in pending), CACHE_GRAIN)
+    key_data = np.asarray(jax.random.key_data(keys_from_seeds([seeds[i] for i in range(n)])))
+
+    slot_req = np.full(B, -1)  # request in each slot
+    slot_step = np.zeros(B, np.int64)  # its tokens so far
+    L = 0
+    state = None
+    counters = {"chunks": 0, "decode_steps": 0, "prefill_calls": 0, "prefill_rows": 0, "slots": B}
+    decode = functools.partial(_decode, config=config, steps=chunk, eos_id=eos_id, valid_vocab=valid_vocab,
+                               mesh=None if dp == 1 else mesh)
+    while queue or (slot_req >= 0).any():
+        # -- refill the free slots (the emptiest shard first) from the queue
+        free = [[b for b in range(s * per, (s + 1) * per) if slot_req[b] < 0] for s in range(dp)]
+        order = []
+        for _ in range(min(sum(map(len, free)), waiting)):
+            s = max(range(dp), key=lambda s: len(free[s]))
+            order.append(free[s].pop(0))
+        waiting -= len(order)
+        admitted = []  # (prompt, [(request, slot), ...]): one prefill row each
+        while queue and order:
+            g = queue.popleft()
+            if len(g) > len(order):
+                queue.appendleft(g[len(order):])
+                g = g[:len(order)]
+            admitted.append((prompts[g[0]], [(i, order.pop(0)) for i in g]))
+            for i, b in admitted[-1][1]:
+                slot_req[b], slot_step[b] = i, 0
+        # -- the cache length this chunk needs (rows start at slot 0)
+        occupied = np.flatnonzero(slot_req >= 0)
+        need_len = max(len(prompts[slot_req[b]]) + min(budgets[slot_req[b]], int(slot_step[b]) + chunk)
+                       for b in occupied)
+        target = min(_round_up(need_len, CACHE_GRAIN), longest)
+        if state is None:
+            L = target
+            state = _empty(config, B, L, mesh=None if dp == 1 else mesh)
+        elif target > L or target <= L * 3 // 4:
+            L = target
+            state = _resize(state, L)
+        while admitted:  # prefill calls of max_rows prompts, or a quarter of that for the last few
+            rows = max_rows if len(admitted) > few_rows else few_rows
+            state = _prefill_into(params, state, admitted[:rows], rows, budgets, key_data, config=config,
+                                  buckets=buckets, pad_id=pad_id, per=per, mesh=mesh, counters=counters)
+            del admitted[:rows]
+        # -- decode until enough rows end (while prompts wait) or chunk steps
+        keep = _put(slot_req >= 0, mesh, P("dp"))
+        need = refill if queue else per + 1
+        state, tok_BC = decode(params, state, keep, need, chunk, float(temperature), float(top_p))
+        tok_BC, step_B, active_B = _host(tok_BC), _host(state.step_B), _host(state.active_B)
+        counters["chunks"] += 1
+        counters["decode_steps"] += int((step_B - np.where(slot_req >= 0, slot_step, step_B)).max(initial=0))
+        ended = 0
+        for b in occupied:
+            i, new = slot_req[b], int(step_B[b] - slot_step[b])
+            results[i].extend(int(t) for t in tok_BC[b, :new])
+            slot_step[b] = step_B[b]
+            if not active_B[b] or (stop is not None and new and stop(i, results[i])):
+                if results[i] and results[i][-1] == eos_id:
+                    results[i].pop()
+                slot_req[b] = -1
+                ended += 1
+        if progress is not None and ended:
+            progress(ended)
+    if stats is not None:
+        stats.update(counters)
+    return results
+
+
+def _prefill_into(params, state: Slots, admitted, rows: int, budgets, key_data, *, config, buckets, pad_id,
+                  per: int, mesh, counters: dict) -> Slots:
+    """Prefill the ``admitted`` prompts in one batched call of ``rows`` rows and
+    copy each into its slots (``admitted``: (prompt, [(request, slot), ...]))."""
+    dp = _dp(mesh)
+    T = next(b for b in buckets if b >= max(len(p) for p, _ in admitted))
+    tokens_PT, mask_PT = left_pad([p for p, _ in admitted], pad_id, length=T, rows=rows)
+    lens_P = mask_PT.sum(axis=1).astype(np.int32)
+    logits_PV, kv, _ = model.prefill(params, _put(tokens_PT, mesh, P("dp")), _put(mask_PT, mesh, P("dp")),
+                                     config, T)
+    counters["prefill_calls"] += 1
+    counters["prefill_rows"] += rows
+    # Per shard: the assignments to its slots, padded with dropped ones (slot index = per) to
+    # one per slot, so that the copy compiles once per prefill shape.
+    mine = [[(i, r, b - s * per) for r, (_, slots) in enumerate(admitted) for i, b in slots if b // per == s]
+            for s in range(dp)]
+    N = per
+    src = np.zeros((dp, N), np.int32)
+    slot = np.full((dp, N), per, np.int32)
+    budget = np.zeros((dp, N), np.int32)
+    keys = np.zeros((dp, N) + key_data.shape[1:], key_data.dtype)
+    for s, assigned in enumerate(mine):
+        for j, (i, r, local) in enumerate(assigned):
+            src[s, j], slot[s, j], budget[s, j], keys[s, j] = r, local, budgets[i], key_data[i]
+    flat = lambda x: _put(x.reshape((dp * N,) + x.shape[2:]), mesh, P("dp"))
+    rep = lambda x: _put(x, mesh, P())
+    return _insert(state, kv, logits_PV, rep(lens_P), flat(src), flat(slot), flat(budget), flat(keys),
+                   mesh=None if dp == 1 else mesh)

@@ -1,0 +1,183 @@
+"""Continuous batching (continuous.py): the same tokens as the static path for
+greedy and sampled rows, whatever the slot or batch mates; refills, stop checks
+between chunks, one prefill for k samples of a prompt; sharded == unsharded."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from star_haiku_xmap import continuous, model, sample
+from star_haiku_xmap.config import GPTJConfig
+
+CFG = GPTJConfig(n_layer=2, d_model=64, n_head=4, d_head=16, d_ff=128, rotary_dim=8, n_ctx=96, vocab=72)
+EOS = 70
+PAD = 0
+
+
+LENGTHS = (3, 40, 1, 17, 9, 25, 30, 12, 33, 2, 21, 6, 38, 14)
+
+
+def _requests(lengths=LENGTHS):
+    """Prompts of 1-40 tokens (several length buckets) with budgets of 1-28 new
+    tokens, in no particular order; requests 5-7 and 11-12 repeat a prompt (k
+    samples of one question, each with its own seed)."""
+    rng = np.random.default_rng(7)
+    prompts = [list(map(int, rng.integers(1, 64, n))) for n in lengths]
+    prompts[6] = prompts[7] = prompts[5]
+    prompts[12] = prompts[11]
+    budgets = [5, 28, 1, 12, 27, 3, 20, 8, 14, 25, 2, 16, 9, 22]
+    return prompts, list(range(100, 100 + len(prompts))), budgets
+
+
+@pytest.fixture(scope="module")
+def params():
+    p = model.init_params(CFG, 0)
+    p["lm_head"]["w"] = p["lm_head"]["w"] * 4  # sharpen: greedy choices are not near-ties
+    p["lm_head"]["b"] = p["lm_head"]["b"].at[EOS].set(2.5)  # some rows end early with end-of-text
+    return p
+
+
+def _run(fn, params, temperature, top_p, slots=4, **kw):
+    prompts, seeds, budgets = kw.pop("requests", _requests())
+    return fn(params, prompts, seeds, budgets, config=CFG, temperature=temperature, top_p=top_p, eos_id=EOS,
+              pad_id=PAD, slots=slots, **kw)
+
+
+@pytest.mark.parametrize("temperature, top_p", [(0.0, 1.0), (1.0, 0.8)])
+def test_continuous_equals_static_and_rows_alone(params, temperature, top_p):
+    stats = {}
+    cont = _run(continuous.generate, params, temperature, top_p, chunk=4, stats=stats)
+    static = _run(sample.generate_batches, params, temperature, top_p)
+    assert cont == static
+    _, _, budgets = _requests()
+    lengths = [len(t) for t in cont]
+    assert any(n < b for n, b in zip(lengths, budgets)), "no row ended with end-of-text"
+    assert sum(n == b for n, b in zip(lengths, budgets)) >= 3, "no row ran to its budget"
+    assert stats["chunks"] > 3 and stats["prefill_calls"] > 2, stats  # 14 requests through 4 slots
+    if temperature:  # the k samples of a prompt differ: each slot has its own key
+        assert len({tuple(cont[i]) for i in (5, 6, 7)}) > 1
+
+
+def test_slot_count_and_chunk_length_do_not_change_the_tokens(params):
+    # Other slots, other batch mates, other refill times: the same tokens.
+    a = _run(continuous.generate, params, 1.0, 0.8, slots=4, chunk=4)
+    b = _run(continuous.generate, params, 1.0, 0.8, slots=2, chunk=5, refill=1)
+    assert a == b
+
+
+def test_slots_are_refilled_so_decoding_takes_fewer_steps_than_static_batches(params):
+    # End-of-text never matches (-1): every row makes exactly its budget of tokens.
+    prompts = [[5 + i, 9, 11 + i] for i in range(12)]
+    budgets = [2, 30, 3, 29, 2, 30, 4, 28, 2, 30, 3, 29]
+    seeds = list(range(12))
+    stats = {}
+    out = continuous.generate(params, prompts, seeds, budgets, config=CFG, temperature=0.0, top_p=1.0, eos_id=-1,
+                              pad_id=PAD, slots=4, chunk=8, refill=1, stats=stats)
+    assert [len(t) for t in out] == budgets
+    # Static batches of 4 (all prompts are 3 tokens long) each run to their longest row: 3 x 30 steps.
+    static_steps = sum(max(budgets[s:s + 4]) for s in range(0, 12, 4))
+    assert stats["decode_steps"] <= 0.75 * static_steps, (stats, static_steps)
+    assert stats["decode_steps"] >= -(-sum(budgets) // 4)  # no fewer than the slots can emit
+    assert stats["prefill_calls"] >= 3  # the first fill, then refills as rows end
+    same = sample.generate_batches(params, prompts, seeds, budgets, config=CFG, temperature=0.0, top_p=1.0,
+                                   eos_id=-1, pad_id=PAD, slots=4)
+    assert out == same
+
+
+def test_stop_checks_between_chunks_free_the_slot(params):
+    prompts, seeds, budgets = _requests()
+    budgets = [28] * len(prompts)
+    plain = {}
+    full = _run(continuous.generate, params, 1.0, 0.8, requests=(prompts, seeds, budgets), chunk=4, stats=plain)
+    # A token that ends rows at many different steps (and is missing from some rows).
+    firsts = lambda v: {row.index(v) for row in full if v in row}
+    stop_token = max((v for v in range(CFG.vocab) if sum(v in row for row in full) < len(full)),
+                     key=lambda v: len(firsts(v)))
+    assert len(firsts(stop_token)) >= 4
+    stopped = {}
+    calls = []
+
+    def stop(i, ids):
+        calls.append(i)
+        return stop_token in ids
+
+    out = _run(continuous.generate, params, 1.0, 0.8, requests=(prompts, seeds, budgets), chunk=4, stop=stop,
+               stats=stopped)
+    cut = lambda row: row[:row.index(stop_token)] if stop_token in row else row
+    assert [cut(r) for r in out] == [cut(r) for r in full]
+    for row, whole in zip(out, full):
+        if stop_token in whole:  # ended within the chunk after the stop token, not at end-of-text or budget
+            assert len(row) - row.index(stop_token) <= 4 and whole[:len(row)] == row
+    assert stopped["decode_steps"] < plain["decode_steps"]
+    assert len(calls) > len(prompts)  # checked after every chunk, not once at the end
+
+
+def test_k_samples_of_a_prompt_share_one_prefill(params):
+    prompts = [[3, 4, 5, 6]] * 3 + [[7, 8, 9]] * 3 + [[10, 11]] * 2
+    seeds = list(range(8))
+    budgets = [6] * 8
+    stats = {}
+    out = continuous.generate(params, prompts, seeds, budgets, config=CFG, temperature=1.0, top_p=0.9, eos_id=-1,
+                              pad_id=PAD, slots=8, stats=stats)
+    assert stats["prefill_calls"] == 1 and stats["prefill_rows"] == 4  # 3 distinct prompts, bucketed to 4 rows
+    same = sample.generate_batches(params, prompts, seeds, budgets, config=CFG, temperature=1.0, top_p=0.9,
+                                   eos_id=-1, pad_id=PAD, slots=8)
+    assert out == same
+    assert len({tuple(t) for t in out[:3]}) > 1
+
+
+def test_bad_requests_are_rejected(params):
+    with pytest.raises(ValueError, match="request 1"):
+        continuous.generate(params, [[1], []], [0, 1], [2, 2], config=CFG, temperature=0.0, top_p=1.0, eos_id=EOS,
+                            pad_id=PAD)
+    with pytest.raises(ValueError, match="n_ctx=96"):
+        continuous.generate(params, [[1] * 90], [0], [7], config=CFG, temperature=0.0, top_p=1.0, eos_id=EOS,
+                            pad_id=PAD)
+    assert continuous.generate(params, [[1, 2]], [0], [0], config=CFG, temperature=0.0, top_p=1.0, eos_id=EOS,
+                               pad_id=PAD) == [[]]
+
+
+def test_buckets():
+    assert continuous.length_buckets(100) == [16, 24, 32, 48, 64, 96, 100]
+    assert [continuous.count_bucket(n, 2) for n in (1, 2, 3, 5, 8)] == [2, 2, 4, 8, 8]
+    assert continuous.count_bucket(3, 3) == 6
+
+
+_SHARDED = r"""
+import json, sys
+import jax, numpy as np
+sys.path.insert(0, sys.argv[1])
+import test_continuous as t
+from star_haiku_xmap import continuous, sharding
+assert jax.device_count() == 8
+params = t.model.init_params(t.CFG, 0)
+params["lm_head"]["w"] = params["lm_head"]["w"] * 4
+params["lm_head"]["b"] = params["lm_head"]["b"].at[t.EOS].set(2.5)
+cpu0 = jax.devices()[0]
+settings = [(0.0, 1.0), (1.0, 0.8)]
+# Prompts of 2-16 tokens (one prefill bucket: fewer compiles), budgets of 1-28.
+requests = t._requests([2, 16, 1, 9, 5, 13, 4, 16, 11, 3, 8, 6, 15, 7])
+ref = [t._run(continuous.generate, jax.device_put(params, cpu0), *s, requests=requests) for s in settings]
+out = {}
+for dp, mp in [(1, 8), (2, 4), (8, 1)]:
+    mesh = sharding.make_mesh({"dp": dp, "mp": mp})
+    p = sharding.shard_tree(params, mesh)
+    out[f"{dp}x{mp}"] = [t._run(continuous.generate, p, *s, mesh=mesh, slots=8, chunk=4, requests=requests) == r
+                         for s, r in zip(settings, ref)]
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_sharded_equals_unsharded_on_8_devices():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", _SHARDED, os.path.dirname(__file__)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))[len("RESULT "):])
+    assert result == {m: [True, True] for m in ("1x8", "2x4", "8x1")}, result
