@@ -75,15 +75,28 @@ def get(obj: dict[str, Any], key: str, typ: type, where: str, name: str | None =
     return value
 
 
-def read_blocks(path: str | Path) -> list[tuple[str, str]]:
+def read_blocks(path: str | Path, verbatim: bool = False) -> list[tuple[str, str]]:
     """A prompts file in the original STaR format: examples separated by blank
-    lines, returned as ``("file:line", text)`` with the line the example starts on."""
+    lines, returned as ``("file:line", text)`` with the line the example starts on.
+
+    By default the file is tidied: Windows line ends become ``\n``, lines lose
+    trailing blanks, runs of blank lines separate examples. ``verbatim`` reads it as
+    the released STaR code does (``read().split("\n\n")``): the pieces between
+    each ``"\n\n"``, nothing stripped, so ``"\n\n".join(pieces)`` is the file's text."""
     p = Path(path)
     try:
-        text = _read_text(p).decode("utf-8-sig")
+        text = _read_text(p).decode("utf-8" if verbatim else "utf-8-sig")
     except UnicodeDecodeError:
         raise UserError(f"{p}: not valid UTF-8") from None
     blocks: list[tuple[str, str]] = []
+    if verbatim:
+        if not text.strip():
+            raise UserError(f"{p}: no examples (the file is empty)")
+        at = 1
+        for piece in text.split("\n\n"):
+            blocks.append((f"{p}:{at}", piece))
+            at += piece.count("\n") + 2
+        return blocks
     start, lines = 0, []
     for n, line in enumerate(text.replace("\r\n", "\n").split("\n"), start=1):
         if line.strip():
