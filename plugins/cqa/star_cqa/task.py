@@ -12,7 +12,7 @@ Context format (REFERENCE.md)::
 A completion starts with a space and ends with "... the answer is <text> (<letter>)."
 Few-shot prompts are examples in that format separated by blank lines; ``prompt()``
 returns them with a trailing blank line so that ``prompt + context`` reads on (as the
-original joins them: ``"\n\n".join(prompts) + "\n\n" + context``).
+original joins them: ``"\\n\\n".join(prompts) + "\\n\\n" + context``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 
 from star_engine.api import Example, TrainExample
-from star_engine.datafiles import check_option_path, get, read_blocks, read_jsonl
+from star_engine.datafiles import PROMPT_KINDS, few_shot_prompts, get, prompt_files, read_blocks, read_jsonl
 from star_engine.errors import UserError
 from star_engine.options import require_bool, require_choice, require_str_list
 
@@ -28,11 +28,8 @@ from .answers import extract_letter, first_line, original_letter
 from .prompts import answer_sentence, builtin_blocks, question_block
 
 MARK = " (CORRECT)"
-PROMPT_KINDS = ("rationale", "direct", "hint", "direct_hint")
 EXTRACTIONS = ("lenient", "original")
 STORED = ("until_stop", "original")
-PROMPT_OPTIONS = {"rationale": "prompts_file", "hint": "hint_prompts_file", "direct": "direct_prompts_file",
-                  "direct_hint": "direct_hint_prompts_file"}
 
 __all__ = ["CQATask", "CorrectHint", "extract_letter", "mark_choice"]
 
@@ -70,15 +67,16 @@ def _checked_blocks(path: str, kind: str, verbatim: bool) -> list[tuple[str, str
     return out
 
 
-def _marked(checked: list[tuple[str, str, str]]) -> list[str]:
-    """Hint prompt examples derived from answered ones: the answer's choice marked."""
-    out = []
-    for where, text, letter in checked:
-        try:
-            out.append(mark_choice(text, letter))
-        except ValueError as e:  # only a user's prompts file can get here
-            raise UserError(f"{where}: cannot mark the correct choice for the hint prompt: {e}") from None
-    return out
+def _marked(where: str, text: str, letter: str) -> str:
+    """A hint prompt example derived from an answered one: its answer's choice marked."""
+    try:
+        return mark_choice(text, letter)
+    except ValueError as e:  # only a user's prompts file can get here
+        raise UserError(f"{where}: cannot mark the correct choice for the hint prompt: {e}") from None
+
+
+def _builtin(kind: str) -> list[tuple[str, str, str]]:
+    return [("built-in", text, extract_letter(_split_answer(text)[1])) for text in builtin_blocks(kind == "direct")]
 
 
 class CQATask:
@@ -87,14 +85,14 @@ class CQATask:
     - ``prompts_file``, ``direct_prompts_file``: rationale / direct-answer examples
       (default: built in); ``hint_prompts_file``, ``direct_hint_prompts_file``: the
       hinted ones (default: derived, the answer's choice marked " (CORRECT)").
-    - ``verbatim``: read prompt files as the original does (split on ``"\n\n"``,
+    - ``verbatim``: read prompt files as the original does (split on ``"\\n\\n"``,
       nothing stripped) and keep stems and choice texts exactly as in the data file
       (default: tidied, each on one line).
     - ``extraction``: ``"lenient"`` (default) or ``"original"`` (``answers.py``).
     - ``stored_completion``: what of a generation is checked and stored:
       ``"until_stop"`` (default: all of it, up to a stop string) or ``"original"``
       (its first line, cut at ``<|endoftext|>``).
-    - ``stop``: the stop strings (default ``["\n\n", "\nQ:"]``).
+    - ``stop``: the stop strings (default ``["\\n\\n", "\\nQ:"]``).
     """
 
     default_checker = "mc_letter"
@@ -108,23 +106,9 @@ class CQATask:
         self.extraction = require_choice("extraction", extraction, EXTRACTIONS)
         self.stored_completion = require_choice("stored_completion", stored_completion, STORED)
         self.stop = ("\n\n", "\nQ:") if stop is None else tuple(require_str_list("stop", stop))
-        given = {"rationale": prompts_file, "hint": hint_prompts_file, "direct": direct_prompts_file,
-                 "direct_hint": direct_hint_prompts_file}
-        files = {kind: check_option_path(PROMPT_OPTIONS[kind], path) for kind, path in given.items()}
-        answered: dict[str, list[tuple[str, str, str]]] = {}
-        for kind in ("rationale", "direct"):
-            if files[kind]:
-                answered[kind] = _checked_blocks(files[kind], kind, self.verbatim)
-            else:
-                answered[kind] = [("built-in", text, extract_letter(_split_answer(text)[1]))
-                                  for text in builtin_blocks(direct=kind == "direct")]
-        blocks = {kind: [text for _, text, _ in answered[kind]] for kind in answered}
-        for kind, base in (("hint", "rationale"), ("direct_hint", "direct")):
-            if files[kind]:
-                blocks[kind] = [text for _, text, _ in _checked_blocks(files[kind], kind, self.verbatim)]
-            else:
-                blocks[kind] = _marked(answered[base])
-        self._prompts = {kind: "\n\n".join(b) + "\n\n" for kind, b in blocks.items()}
+        files = prompt_files(prompts_file, hint_prompts_file, direct_prompts_file, direct_hint_prompts_file)
+        self._prompts = few_shot_prompts(files, lambda path, kind: _checked_blocks(path, kind, self.verbatim),
+                                         _builtin, _marked)
 
     # ------------------------------------------------------------------ data
 

@@ -1,9 +1,9 @@
 """The GSM8K task and its ``gsm8k_answer`` hint formatter.
 
-Context: ``Q: <question>\nA:``. Rationale completion: `` <steps, one per line>\n#### <n>``;
+Context: ``Q: <question>\\nA:``. Rationale completion: `` <steps, one per line>\\n#### <n>``;
 direct completion: `` #### <n>``. Hinted context (default template):
-``Q: <question> (Answer: <n>)\nA:``. Few-shot prompts are examples separated by blank
-lines, with a trailing blank line (``"\n\n".join(prompts) + "\n\n"``, as the original).
+``Q: <question> (Answer: <n>)\\nA:``. Few-shot prompts are examples separated by blank
+lines, with a trailing blank line (``"\\n\\n".join(prompts) + "\\n\\n"``, as the original).
 """
 
 from __future__ import annotations
@@ -12,16 +12,13 @@ import re
 import string
 
 from star_engine.api import Example, TrainExample
-from star_engine.datafiles import check_option_path, get, read_blocks, read_jsonl
+from star_engine.datafiles import PROMPT_KINDS, few_shot_prompts, get, prompt_files, read_blocks, read_jsonl
 from star_engine.errors import UserError
 from star_engine.options import require_bool, require_choice, require_str, require_str_list
 
 from .answers import answer_lines, final_answer, normalize_number, original_answer
 from .prompts import builtin_blocks
 
-PROMPT_KINDS = ("rationale", "direct", "hint", "direct_hint")
-PROMPT_OPTIONS = {"rationale": "prompts_file", "hint": "hint_prompts_file", "direct": "direct_prompts_file",
-                  "direct_hint": "direct_hint_prompts_file"}
 ANNOTATION_MODES = ("strip", "keep")
 GOLD_ANSWERS = ("normalized", "raw")
 EXTRACTIONS = ("lenient", "original")
@@ -63,13 +60,13 @@ class GSM8KTask:
     - ``prompts_file``, ``direct_prompts_file``: rationale / direct examples (default:
       built in); ``hint_prompts_file``, ``direct_hint_prompts_file``: hinted ones
       (default: derived, ``(Answer: <n>)`` after each question).
-    - ``verbatim``: prompt files split on ``"\n\n"`` with nothing stripped, questions
+    - ``verbatim``: prompt files split on ``"\\n\\n"`` with nothing stripped, questions
       kept exactly as in the data file (the original); default: tidied, one line.
     - ``gold_answer``: "normalized" (default: ``1,080`` -> ``1080``) or "raw" (the
       original's ``answer.split("#### ")[-1]``, commas kept).
     - ``extraction``: "lenient" (``final_answer``) or "original" (``original_answer``).
     - ``stored_completion``: "until_stop" (default) or "original" (``answer_lines``).
-    - ``stop``: the stop strings (default ``["\nQ:", "\n\n\n"]``).
+    - ``stop``: the stop strings (default ``["\\nQ:", "\\n\\n\\n"]``).
     """
 
     default_checker = "numeric"
@@ -89,22 +86,11 @@ class GSM8KTask:
         # "\nQ:" ends a generation that runs on into a new question; a rationale
         # itself has no blank lines, so "\n\n\n" only cuts rambling.
         self.stop = ("\nQ:", "\n\n\n") if stop is None else tuple(require_str_list("stop", stop))
-        given = {"rationale": prompts_file, "hint": hint_prompts_file, "direct": direct_prompts_file,
-                 "direct_hint": direct_hint_prompts_file}
-        files = {kind: check_option_path(PROMPT_OPTIONS[kind], path) for kind, path in given.items()}
-        answered = {}
-        for kind in ("rationale", "direct"):
-            if files[kind]:
-                answered[kind] = _checked_blocks(files[kind], kind, self.verbatim)
-            else:
-                answered[kind] = [("built-in", t, final_answer(t)) for t in builtin_blocks(direct=kind == "direct")]
-        blocks = {kind: [t for _, t, _ in answered[kind]] for kind in answered}
-        for kind, base in (("hint", "rationale"), ("direct_hint", "direct")):
-            if files[kind]:
-                blocks[kind] = [t for _, t, _ in _checked_blocks(files[kind], kind, self.verbatim)]
-            else:
-                blocks[kind] = [add_hint(t, DEFAULT_TEMPLATE.format(answer=a)) for _, t, a in answered[base]]
-        self._prompts = {kind: "\n\n".join(b) + "\n\n" for kind, b in blocks.items()}
+        files = prompt_files(prompts_file, hint_prompts_file, direct_prompts_file, direct_hint_prompts_file)
+        self._prompts = few_shot_prompts(
+            files, lambda path, kind: _checked_blocks(path, kind, self.verbatim),
+            lambda kind: [("built-in", t, final_answer(t)) for t in builtin_blocks(direct=kind == "direct")],
+            lambda where, text, answer: add_hint(text, DEFAULT_TEMPLATE.format(answer=answer)))
 
     def load(self, split: str, path: str | None) -> list[Example]:
         if path is None:
