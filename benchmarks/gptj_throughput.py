@@ -155,7 +155,7 @@ def jax_workloads(a) -> tuple[dict, object, object]:
     import jax.numpy as jnp
     import numpy as np
 
-    from star_haiku_xmap import model, sample, sharding, train
+    from star_haiku_xmap import model, packing, sample, sharding, train
     from star_haiku_xmap.config import GPTJConfig
     from star_haiku_xmap.distributed import set_cpu_devices
 
@@ -185,9 +185,7 @@ def jax_workloads(a) -> tuple[dict, object, object]:
     state = train.init_state(jax.tree.map(jnp.copy, params), tx)  # the update donates its state
     update = train.make_update(cfg, tx, mesh, state)
     tokens = rng.integers(0, a.vocab, (1, a.train_batch, a.train_seq)).astype(np.int32)
-    batch = jax.device_put({"tokens": tokens, "mask": np.ones_like(tokens, bool),
-                            "loss_mask": np.ones_like(tokens, bool)},
-                           sharding.batch_sharding(mesh, batch_axis=1, ndim=3))
+    batch = jax.device_put(packing.dense_batch(tokens), sharding.batch_sharding(mesh, batch_axis=1, ndim=3))
     box = [state, None]
 
     def step():

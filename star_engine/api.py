@@ -93,16 +93,45 @@ class GenRequest:
     seed: int
 
 
+PACKINGS = ("segments", "stream", "none")
+LOSSES = ("completion", "all")
+
+
 @dataclass(frozen=True)
 class TrainSpec:
     """One fine-tuning job. ``optimizer`` is the TOML ``[training.optimizer]`` table
-    (lr, warmup_steps, end_lr, schedule, weight_decay, clip_norm, ...)."""
+    (lr, warmup_steps, end_lr, schedule, weight_decay, clip_norm, ...).
+
+    A step takes ``batch_size`` x ``grad_accum`` examples (``"stream"``: sequences)
+    and minimises the mean loss over every loss-carrying token of the step.
+
+    ``packing`` — how a backend lays examples out in its rows:
+
+    - ``"segments"`` (default): several examples share a row, each attending only
+      to itself, with its own positions; no example sees another, so the result is
+      that of one example per row, without the padding.
+    - ``"none"``: one example per row, padded.
+    - ``"stream"``: as the original STaR code: the examples shuffled with seed 10
+      (always 10, whatever the experiment seed), concatenated into one token stream,
+      cut into sequences of the backend's training length + 1 (the last one
+      dropped), plain causal attention over a whole sequence (an example sees the
+      examples before it), steps cycling through the sequences in one fixed order;
+      ``batch_size`` counts sequences. Too few examples for one sequence is a
+      UserError naming ``training.packing``.
+
+    ``loss`` — which tokens carry loss: ``"completion"`` (default; the completion
+    and the end-of-text the backend appends) or ``"all"`` (every token of each
+    example after its first; with ``"stream"`` every token of a sequence after its
+    first, which is what the released original code trained on).
+    """
 
     steps: int
     batch_size: int
     grad_accum: int
     seed: int
     optimizer: Mapping[str, Any]
+    packing: str = "segments"
+    loss: str = "completion"
 
 
 @dataclass(frozen=True)

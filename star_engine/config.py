@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from .api import LOSSES, PACKINGS
 from .errors import UserError
 from .registry import close_matches
 
@@ -96,6 +97,8 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "steps": _f("int", 0, 0),
         "batch_size": _f("int", 8, 1),
         "grad_accum": _f("int", 1, 1),
+        "packing": _f("str", "segments", choices=PACKINGS),
+        "loss": _f("str", "completion", choices=LOSSES),
         "optimizer": OPTIMIZER,
     },
     "training": {
@@ -104,6 +107,8 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "source": _f("str", "generated", choices=("generated", "gold")),
         "batch_size": _f("int", 8, 1),
         "grad_accum": _f("int", 1, 1),
+        "packing": _f("str", "segments", choices=PACKINGS),
+        "loss": _f("str", "completion", choices=LOSSES),
         "optimizer": OPTIMIZER,
     },
     "evaluation": {

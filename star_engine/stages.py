@@ -262,7 +262,8 @@ class Stages:
                     "losses": [], "examples": len(examples)}
         else:
             remove(self.store.root / model_rel, model_rel)  # a stale, unrecorded attempt
-            spec = TrainSpec(steps, section["batch_size"], section["grad_accum"], seed, section["optimizer"])
+            spec = TrainSpec(steps, section["batch_size"], section["grad_accum"], seed, section["optimizer"],
+                             packing=section["packing"], loss=section["loss"])
             with ui.progress(f"{rel_dir}: train", steps) as advance, _disk_full(self.store.root / model_rel):
                 res = self.backend.train(self.path(init), self.store.root / model_rel, examples, spec,
                                          progress=advance)

@@ -168,7 +168,7 @@ class ScriptedBackend:
         for ex in examples:
             learned[ex.prompt] = ex.completion
         new = {"learned": learned, "steps": spec.steps, "lineage": model["lineage"] + [self.checkpoint_id(init)[:8]],
-               "seed": spec.seed, "n_examples": len(examples)}
+               "seed": spec.seed, "n_examples": len(examples), "packing": spec.packing, "loss": spec.loss}
         self._write(Path(out), new)
         losses = tuple(round(1.0 / (i + 1), 6) for i in range(spec.steps))
         return TrainResult(str(out), self.checkpoint_id(str(out)), spec.steps,

@@ -39,6 +39,10 @@ CASES = [
     ("top_p_zero", lambda t: t + "", None),  # placeholder replaced below
     ("bad_source", lambda t: _edit(t, "restart_from_base = true", 'restart_from_base = true\nsource = "silver"'),
      "training.source: must be one of generated, gold"),
+    ("bad_packing", lambda t: _edit(t, "restart_from_base = true", 'restart_from_base = true\npacking = "pack"'),
+     "training.packing: must be one of segments, stream, none"),
+    ("bad_loss", lambda t: _edit(t, "restart_from_base = true", 'restart_from_base = true\nloss = "prompt"'),
+     "training.loss: must be one of completion, all"),
     ("unknown_task", lambda t: _edit(t, 'dataset = "toy"', 'dataset = "tyo"'),
      "task.dataset: unknown task 'tyo'; available: toy, toy_trim (did you mean 'toy'?)"),
     ("unknown_filter", lambda t: _edit(t, 'filters = ["toy_leak"]', 'filters = ["toy_lek"]'),
@@ -114,6 +118,11 @@ def test_set_overrides_and_defaults(scripted, tmp_path):
     assert cfg["training"]["optimizer"]["lr"] == 3e-4 and cfg["training"]["optimizer"]["warmup_steps"] == 100
     assert cfg["rationalization"]["p_show_hint_save"] == 0.0
     assert (cfg["evaluation"]["temperature"], cfg["evaluation"]["top_p"]) == (0.0, 1.0)  # greedy
+    for section in ("training", "base_training"):  # how a backend batches, and what carries loss
+        assert cfg[section]["packing"] == "segments" and cfg[section]["loss"] == "completion"
+    cfg = load_experiment(path, ['training.packing="stream"', 'training.loss="all"', 'base_training.packing="none"'])
+    assert (cfg["training"]["packing"], cfg["training"]["loss"], cfg["base_training"]["packing"]) == \
+        ("stream", "all", "none")
 
 
 def test_set_bad_type_names_key(scripted, tmp_path, capsys):

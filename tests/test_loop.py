@@ -94,6 +94,19 @@ def test_continue_mode_chains_models(scripted, toy_toml):
     assert [len(model(run, n)["lineage"]) for n in (1, 2, 3)] == [2, 3, 4]
 
 
+def test_packing_and_loss_reach_the_backend(scripted, toy_toml):
+    """[training] packing / loss arrive in the backend's TrainSpec (defaults when unset)."""
+    path = toy_toml()
+    path.write_text(path.read_text().replace("restart_from_base = true",
+                                             'restart_from_base = true\npacking = "stream"\nloss = "all"'))
+    assert main(["run", str(path), "--quiet"]) == 0
+    assert (model(path.parent / "run", 1)["packing"], model(path.parent / "run", 1)["loss"]) == ("stream", "all")
+    other = toy_toml(out="run2", name="other.toml")
+    assert main(["run", str(other), "--quiet"]) == 0
+    assert (model(other.parent / "run2", 1)["packing"], model(other.parent / "run2", 1)["loss"]) == \
+        ("segments", "completion")
+
+
 def test_results_do_not_depend_on_batching(scripted, toy_toml, tmp_path):
     a = toy_toml("a", name="a.toml")
     b = toy_toml("b", name="b.toml")

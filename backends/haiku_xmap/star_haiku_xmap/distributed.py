@@ -242,47 +242,72 @@ def with_state_dtype(tx, dtype: str):
 # ----------------------------------------------------------------------------- training
 
 
-def init_train_state(params: Any, tx, mesh, *, zero: int = 0) -> tuple[Any, Any]:
-    """(state, state shardings): the optimizer state is created by a jit whose
-    outputs already have their final (ZeRO) shardings, so no replicated copy of the
-    moments ever exists. ``params`` is donated (pass a copy to keep yours)."""
+def state_shardings(state: Any, mesh, zero: int, compute_dtype: Any) -> Any:
+    """Shardings of a (possibly abstract) ``train.TrainState``: the rule table, the
+    optimizer state also over dp with ``zero = 1`` (``sharding.train_state_shardings``).
+    Master weights kept in another dtype than the compute one (fp32 under bf16) are
+    optimizer state as well: with ZeRO-1 they are split over dp like the moments, and
+    each step all-gathers their compute-dtype cast (``train.make_update``)."""
     import jax
 
     from . import sharding
+
+    state_sh = sharding.train_state_shardings(state, mesh, zero)
+    if zero and any(x.dtype != compute_dtype for x in jax.tree.leaves(state.params)):
+        specs = sharding.zero_tree_specs(state.params, mesh)
+        state_sh = state_sh._replace(params=jax.tree.map(
+            lambda spec: jax.sharding.NamedSharding(mesh, spec), specs,
+            is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
+    return state_sh
+
+
+def init_train_state(params: Any, tx, mesh, *, zero: int = 0, compute_dtype: Any = None) -> tuple[Any, Any]:
+    """(state, state shardings): the optimizer state is created by a jit whose
+    outputs already have their final (ZeRO) shardings (``state_shardings``), so no
+    replicated copy of the moments ever exists. ``compute_dtype``: the model's
+    (default: the params' own, i.e. no separate master weights). ``params`` is
+    donated (pass a copy to keep yours)."""
+    import jax
+
     from . import train as tr
 
     abstract = jax.eval_shape(lambda p: tr.init_state(p, tx), params)
-    state_sh = sharding.train_state_shardings(abstract, mesh, zero)
+    compute = jax.tree.leaves(params)[0].dtype if compute_dtype is None else compute_dtype
+    state_sh = state_shardings(abstract, mesh, zero, compute)
     build = jax.jit(lambda p: tr.init_state(p, tx), out_shardings=state_sh, donate_argnums=0)
     return build(params), state_sh
 
 
 def train(params: Any, config, encoded: Sequence[Any], *, steps: int, batch_size: int, grad_accum: int, seed: int,
           optimizer: Mapping[str, Any], seq_len: int, pad_id: int, mesh, zero: int = 0,
-          opt_state_dtype: str = "float32", progress: Callable[[int], None] | None = None
-          ) -> tuple[Any, list[float], int]:
+          opt_state_dtype: str = "float32", progress: Callable[[int], None] | None = None,
+          packing: str = "segments", loss: str = "completion", master_dtype: str = "float32",
+          accum_dtype: str = "float32") -> tuple[Any, list[float], int]:
     """``train.train`` (same batches, same loss, same optimizer) with ZeRO-1 and the
-    optimizer-state dtype as options, multi-process safe. Returns (params, losses, tokens)."""
+    optimizer-state dtype as options, multi-process safe. Returns (master params,
+    losses, tokens); with ZeRO-1 fp32 masters come back split over dp."""
     import jax
-    import jax.numpy as jnp
 
-    from . import sharding
+    from . import model, sharding
     from . import train as tr
 
     if steps < 0 or batch_size < 1 or grad_accum < 1:
         raise ValueError(f"bad training shape: steps={steps} batch_size={batch_size} grad_accum={grad_accum}")
+    tr.check_dtypes(config, master_dtype, accum_dtype)
     if steps == 0:
         return params, [], 0
+    batches = tr.packing_batches(encoded, steps=steps, batch_size=batch_size, grad_accum=grad_accum, seed=seed,
+                                 seq_len=seq_len, pad_id=pad_id, dp=sharding.dp_size(mesh), packing=packing,
+                                 loss=loss, config=config)
     tx = with_state_dtype(tr.make_optimizer(optimizer, steps), opt_state_dtype)
     params = place(params, mesh)
-    # A copy (the update donates its state; the caller's arrays must survive).
-    params = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=sharding.tree_shardings(params, mesh))(params)
-    state, state_sh = init_train_state(params, tx, mesh, zero=zero)
-    update = tr.make_update(config, tx, mesh, state_shardings=state_sh)
+    # A copy in the master dtype (the update donates its state; the caller's arrays must survive).
+    params = jax.jit(lambda p: tr.master_params(p, master_dtype),
+                     out_shardings=sharding.tree_shardings(params, mesh))(params)
+    state, state_sh = init_train_state(params, tx, mesh, zero=zero, compute_dtype=model.dtype_of(config))
+    update = tr.make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=accum_dtype)
     batch_sh = sharding.batch_sharding(mesh, batch_axis=1, ndim=3)
-    state, metrics, n_tokens = tr.run_steps(
-        update, state, encoded, steps=steps, batch_size=batch_size, grad_accum=grad_accum, seed=seed,
-        seq_len=seq_len, pad_id=pad_id, mesh=mesh, progress=progress,
-        put=lambda batch: {k: global_array(v, batch_sh) for k, v in batch.items()})
+    state, metrics, n_tokens = tr.run_steps(update, state, batches, mesh=mesh, progress=progress,
+                                            put=lambda batch: {k: global_array(v, batch_sh) for k, v in batch.items()})
     losses = [float(to_host(x)) for x in metrics]
     return state.params, losses, n_tokens

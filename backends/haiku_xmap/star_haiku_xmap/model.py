@@ -181,7 +181,7 @@ def _attention(q_BHTK, k_BHSK, v_BHSK, allowed_BTS, d_head: int, block: int = 0)
 
 
 def _gptj(p: Params, config: GPTJConfig, tokens_BT, positions_BT, key_mask_BS, cache: KVCache | None,
-          start, last_only: bool = False):
+          start, last_only: bool = False, segments_BT=None):
     """Logits (B, T, V) fp32 (``last_only``: (B, 1, V) of the last slot) and the
     new per-layer keys/values.
 
@@ -189,7 +189,8 @@ def _gptj(p: Params, config: GPTJConfig, tokens_BT, positions_BT, key_mask_BS, c
     result is the (k, v) tuples of those T slots. With a cache the T new tokens
     are written into slots [start, start + T) and attend to every slot;
     ``key_mask_BS`` marks which of the S slots hold real tokens (left padding is
-    False).
+    False). ``segments_BT`` (no cache): packed rows, a token attends only to the
+    tokens of its own segment (block-diagonal causal attention).
     """
     c = config
     B, T = tokens_BT.shape
@@ -210,6 +211,8 @@ def _gptj(p: Params, config: GPTJConfig, tokens_BT, positions_BT, key_mask_BS, c
         q_slot_T, S = start + jnp.arange(T), cache.k[0].shape[2]
     causal_TS = jnp.arange(S)[None, :] <= q_slot_T[:, None]
     allowed_BTS = causal_TS[None] & key_mask_BS[:, None, :].astype(bool)
+    if segments_BT is not None:
+        allowed_BTS = allowed_BTS & (segments_BT[:, :, None] == segments_BT[:, None, :])
 
     # Long self-attention (training, long prompts) runs in causal query blocks.
     block = _CAUSAL_BLOCK if cache is None and T >= 2 * _CAUSAL_BLOCK else 0
@@ -274,18 +277,25 @@ def default_positions(mask_BT: jax.Array) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames="config")
 def forward(params: Params, tokens_BT: jax.Array, config: GPTJConfig,
-            positions_BT: jax.Array | None = None, mask: jax.Array | None = None) -> jax.Array:
+            positions_BT: jax.Array | None = None, mask: jax.Array | None = None,
+            segments: jax.Array | None = None) -> jax.Array:
     """Causal LM logits (B, T, V) in fp32 (jit'd; ``config`` is static).
 
     ``mask`` (B, T) bool marks real tokens (False = padding, never attended to);
     ``positions_BT`` defaults to the count of real tokens before each one, so
-    left-padded rows get the positions they would have alone.
+    left-padded rows get the positions they would have alone. ``segments`` (B, T)
+    int: several sequences packed in a row (1, 2, ... each; 0 = padding): a token
+    attends only to earlier tokens of its own segment; ``mask`` defaults to
+    ``segments > 0`` (pass ``positions_BT`` restarting at each segment).
     """
     tokens_BT = jnp.asarray(tokens_BT, jnp.int32)
+    if segments is not None:
+        segments = jnp.asarray(segments, jnp.int32)
+        mask = segments > 0 if mask is None else mask
     mask_BT = jnp.ones(tokens_BT.shape, bool) if mask is None else jnp.asarray(mask, bool)
     if positions_BT is None:
         positions_BT = default_positions(mask_BT)
-    logits_BTV, _ = _gptj(params, config, tokens_BT, positions_BT, mask_BT, None, 0)
+    logits_BTV, _ = _gptj(params, config, tokens_BT, positions_BT, mask_BT, None, 0, segments_BT=segments)
     return logits_BTV
 
 

@@ -28,16 +28,16 @@ import time
 from typing import Any
 
 GIB = 1 << 30
-STANDARD = (  # (mesh, zero, opt-state dtype, device GiB, micro-batch, grad accum): docs/gptj6b.md's table
-    ("1x8", 0, "bfloat16", 16.0, 1, 64),  # the GPT-J experiments as shipped (a TPU v3-8)
-    ("1x8", 0, "float32", 16.0, 1, 64),
-    ("1x8", 0, "float32", 16.0, 8, 8),  # the same 64 sequences per step, 8 per micro-batch
-    ("1x8", 0, "bfloat16", 16.0, 8, 8),
-    ("8x1", 1, "float32", 80.0, 8, 8),
-    ("8x1", 0, "float32", 80.0, 8, 8),
-    ("1x1", 0, "float32", 80.0, 8, 8),
-    ("1x1", 0, "bfloat16", 80.0, 8, 8),
-    ("1x1", 0, "bfloat16", 80.0, 1, 64),
+STANDARD = (  # (mesh, zero, master, moments, grad accumulator, device GiB, micro-batch, grad accum): docs/gptj6b.md
+    ("1x8", 0, "float32", "bfloat16", "float32", 16.0, 1, 8),  # the paper's step (stream: 8 x 1537 tokens) on a v3-8
+    ("1x8", 0, "float32", "bfloat16", "bfloat16", 16.0, 1, 8),  # ... with the original's bf16 gradient accumulator
+    ("1x8", 0, "float32", "float32", "bfloat16", 16.0, 1, 8),  # ... and the original's fp32 Adam moments
+    ("1x8", 0, "float32", "float32", "float32", 16.0, 1, 8),
+    ("1x8", 0, "bfloat16", "bfloat16", "float32", 16.0, 1, 8),  # bf16 weights (small updates lost)
+    ("1x8", 0, "float32", "float32", "float32", 16.0, 8, 8),  # 8 sequences per micro-batch
+    ("8x1", 1, "float32", "float32", "float32", 80.0, 8, 8),
+    ("8x1", 0, "float32", "float32", "float32", 80.0, 8, 8),
+    ("1x1", 0, "float32", "bfloat16", "bfloat16", 80.0, 1, 8),
 )
 
 
@@ -50,9 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zero", type=int, default=0, choices=(0, 1), help="1: ZeRO-1 optimizer state over dp")
     parser.add_argument("--opt-state-dtype", default="bfloat16", choices=("float32", "bfloat16"),
                         help="Adam moments' dtype (model.opt_state_dtype; default: the GPT-J experiments')")
+    parser.add_argument("--master-dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="dtype of the trained weights (model.master_dtype; default fp32 masters)")
+    parser.add_argument("--grad-accum-dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="gradient accumulator's dtype (model.grad_accum_dtype)")
     parser.add_argument("--batch", type=int, default=1,
-                        help="sequences per micro-batch (training.batch_size; default: the GPT-J experiments')")
-    parser.add_argument("--grad-accum", type=int, default=64, help="micro-batches per step (training.grad_accum)")
+                        help="sequences per micro-batch (training.batch_size; default: the paper's 1)")
+    parser.add_argument("--grad-accum", type=int, default=8,
+                        help="micro-batches per step (training.grad_accum; default: the paper's 8)")
     parser.add_argument("--seq-len", type=int, default=1536, help="training sequence length")
     parser.add_argument("--gen-batch", type=int, default=8, help="sampling batch (generation.batch_size)")
     parser.add_argument("--prompt-len", type=int, default=1536, help="sampling prompt length")
@@ -118,13 +123,14 @@ def _stats(compiled) -> dict[str, int]:
 
 
 def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch: int, grad_accum: int,
-             seq_len: int, gen_batch: int, prompt_len: int, new_tokens: int, what: tuple[str, ...]) -> list[dict]:
+             seq_len: int, gen_batch: int, prompt_len: int, new_tokens: int, what: tuple[str, ...],
+             master_dtype: str = "float32", accum_dtype: str = "float32") -> list[dict]:
     """Compile the requested programs for one mesh; a list of result dicts."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from . import distributed, model, sample, sharding
+    from . import distributed, model, packing, sample, sharding
     from . import train as tr
 
     mesh = sharding.make_mesh({"dp": dp, "mp": mp}, devices=jax.devices()[:dp * mp])
@@ -134,20 +140,21 @@ def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch
     base = {"mesh": f"{dp}x{mp}", "layers": config.n_layer, "dtype": config.dtype}
     if "train" in what:
         tx = distributed.with_state_dtype(tr.make_optimizer({"lr": 1e-6, "clip_norm": 1.0}, 1000), opt_state_dtype)
-        state_abs = jax.eval_shape(lambda p: tr.init_state(p, tx), params_abs)
-        state_sh = sharding.train_state_shardings(state_abs, mesh, zero)
-        update = tr.make_update(config, tx, mesh, state_shardings=state_sh)
+        master_abs = jax.eval_shape(lambda p: tr.master_params(p, master_dtype), params_abs)
+        state_abs = jax.eval_shape(lambda p: tr.init_state(p, tx), master_abs)
+        state_sh = distributed.state_shardings(state_abs, mesh, zero, model.dtype_of(config))
+        update = tr.make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=accum_dtype)
         bsh = sharding.batch_sharding(mesh, batch_axis=1, ndim=3)
         rows = -(-batch // dp) * dp
-        batch_abs = {"tokens": jax.ShapeDtypeStruct((grad_accum, rows, seq_len), jnp.int32, sharding=bsh),
-                     "mask": jax.ShapeDtypeStruct((grad_accum, rows, seq_len), jnp.bool_, sharding=bsh),
-                     "loss_mask": jax.ShapeDtypeStruct((grad_accum, rows, seq_len), jnp.bool_, sharding=bsh)}
+        batch_abs = {k: jax.ShapeDtypeStruct((grad_accum, rows, seq_len), jnp.bool_ if k == "weights" else jnp.int32,
+                                             sharding=bsh) for k in packing.KEYS}
         t0 = time.perf_counter()
         lowered = update.lower(_abstract(state_abs, state_sh), batch_abs)
         t1 = time.perf_counter()
         compiled = lowered.compile()
         t2 = time.perf_counter()
         results.append({**base, "program": "train step", "zero": zero, "opt_state_dtype": opt_state_dtype,
+                        "master_dtype": master_dtype, "accum_dtype": accum_dtype,
                         "shape": f"{grad_accum} x {rows} x {seq_len}", "lower_s": round(t1 - t0, 1),
                         "compile_s": round(t2 - t1, 1), **_stats(compiled)})
         del compiled, lowered
@@ -166,6 +173,7 @@ def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch
         compiled = lowered.compile()
         t2 = time.perf_counter()
         results.append({**base, "program": "sample (prefill + decode loop)", "zero": 0, "opt_state_dtype": "-",
+                        "master_dtype": "-", "accum_dtype": "-",
                         "shape": f"{rows} x ({prompt_len} + {new_tokens})", "lower_s": round(t1 - t0, 1),
                         "compile_s": round(t2 - t1, 1), **_stats(compiled)})
     return results
@@ -174,14 +182,19 @@ def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch
 def _row(r: dict, device_gib: float) -> str:
     g = lambda b: f"{b / GIB:.2f}"
     fits = "yes" if r["peak"] <= device_gib * GIB else "NO"
-    return (f"| {r['mesh']} | {r['program']} | {r['zero']} | {r['opt_state_dtype']} | {r['shape']} | "
+    return (f"| {r['mesh']} | {r['program']} | {r['zero']} | {_short(r['master_dtype'])} | "
+            f"{_short(r['opt_state_dtype'])} | {_short(r['accum_dtype'])} | {r['shape']} | "
             f"{g(r['argument'])} | {g(r['output'] - r['alias'])} | {g(r['temp'])} | {g(r['peak'])} | "
             f"{device_gib:g} | {fits} | {r['compile_s']} |")
 
 
-HEADER = ("| mesh dp x mp | program | ZeRO | opt state | shape | arguments GiB | outputs (not aliased) GiB | "
-          "temporaries GiB | peak GiB | device GiB | fits | compile s |\n"
-          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+def _short(dtype: str) -> str:
+    return {"float32": "fp32", "bfloat16": "bf16"}.get(dtype, dtype)
+
+
+HEADER = ("| mesh dp x mp | program | ZeRO | master | moments | grad accum | shape | arguments GiB | "
+          "outputs (not aliased) GiB | temporaries GiB | peak GiB | device GiB | fits | compile s |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -189,10 +202,10 @@ def run(args: argparse.Namespace) -> int:
 
     what = tuple(w.strip() for w in args.what.split(",") if w.strip())
     if args.standard:
-        jobs = [(_parse_mesh(m), z, d, gib, b, a) for m, z, d, gib, b, a in STANDARD]
+        jobs = [(_parse_mesh(m), *rest) for m, *rest in STANDARD]
     else:
-        jobs = [(_parse_mesh(args.mesh), args.zero, args.opt_state_dtype, args.device_gib, args.batch,
-                 args.grad_accum)]
+        jobs = [(_parse_mesh(args.mesh), args.zero, args.master_dtype, args.opt_state_dtype, args.grad_accum_dtype,
+                 args.device_gib, args.batch, args.grad_accum)]
     _setup_devices(max(dp * mp for (dp, mp), *_ in jobs), args.platform)
     import jax
 
@@ -202,13 +215,14 @@ def run(args: argparse.Namespace) -> int:
               f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} devices)")
         print(HEADER)
     done_sample = set()
-    for (dp, mp), zero, opt_dtype, gib, batch, grad_accum in jobs:
+    for (dp, mp), zero, master, opt_dtype, accum, gib, batch, grad_accum in jobs:
         todo = tuple(w for w in what if w != "sample" or (dp, mp) not in done_sample)
         if "sample" in todo:
             done_sample.add((dp, mp))
         for r in plan_one(config=config, dp=dp, mp=mp, zero=zero, opt_state_dtype=opt_dtype, batch=batch,
                           grad_accum=grad_accum, seq_len=args.seq_len, gen_batch=args.gen_batch,
-                          prompt_len=args.prompt_len, new_tokens=args.new_tokens, what=todo):
+                          prompt_len=args.prompt_len, new_tokens=args.new_tokens, what=todo,
+                          master_dtype=master, accum_dtype=accum):
             if args.json:
                 print(json.dumps({**r, "device_gib": gib, "fits": r["peak"] <= gib * GIB}), flush=True)
             else:

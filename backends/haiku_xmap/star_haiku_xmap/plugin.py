@@ -38,8 +38,11 @@ class HaikuXmapBackend:
     that disagrees with it is an error), the tokenizer, the mesh and the maximum
     training length ``seq_len`` (default n_ctx); ``zero = 1`` partitions the
     optimizer state over "dp" (ZeRO-1), ``opt_state_dtype`` stores it in fp32 or
-    bf16, ``distributed`` starts multi-process JAX and ``cpu_devices`` sets how
-    many XLA:CPU devices (cores) the mesh spans (``distributed.py``)."""
+    bf16, ``master_dtype`` is the dtype of the trained weights (fp32 masters under
+    bf16 compute by default; fine-tuned checkpoints store them), ``grad_accum_dtype``
+    the gradient accumulator's, ``distributed`` starts multi-process JAX and
+    ``cpu_devices`` sets how many XLA:CPU devices (cores) the mesh spans
+    (``distributed.py``)."""
 
     def __init__(self, preset: str = "tiny", dtype: str | None = None, n_layer: int | None = None,
                  d_model: int | None = None, n_head: int | None = None, d_head: int | None = None,
@@ -47,6 +50,7 @@ class HaikuXmapBackend:
                  vocab: int | None = None, tokenizer: str = "byte", tokenizer_file: str = "",
                  checkpoint_path: str = "", mesh: Mapping[str, Any] | None = None,
                  seq_len: int | None = None, zero: int = 0, opt_state_dtype: str = "float32",
+                 master_dtype: str = "float32", grad_accum_dtype: str = "float32",
                  distributed: Mapping[str, Any] | str | None = None, cpu_devices: int | None = None) -> None:
         from . import distributed as dist
 
@@ -60,6 +64,7 @@ class HaikuXmapBackend:
             raise UserError(f"model.opt_state_dtype: must be one of {list(dist.OPT_STATE_DTYPES)}, "
                             f"got {opt_state_dtype!r}")
         self.zero, self.opt_state_dtype = zero, opt_state_dtype
+        self.master_dtype, self.grad_accum_dtype = master_dtype, grad_accum_dtype
 
         from . import checkpoint as ckpt
         from . import sharding
@@ -101,6 +106,13 @@ class HaikuXmapBackend:
             raise UserError("model.tokenizer_file: required when model.tokenizer = 'hf'")
         else:
             self.tokenizer = ByteTokenizer()
+        from . import train as tr
+
+        try:
+            tr.check_dtypes(self.config, master_dtype, grad_accum_dtype)
+        except ValueError as exc:
+            key = "grad_accum_dtype" if "grad_accum_dtype" in str(exc) else "master_dtype"
+            raise UserError(f"model.{key}: {exc}") from None
         if self.tokenizer.vocab_size > self.config.vocab:
             raise UserError(f"model.vocab: {self.config.vocab} is smaller than the tokenizer's "
                             f"{self.tokenizer.vocab_size} tokens")
@@ -116,28 +128,32 @@ class HaikuXmapBackend:
             self.mesh = sharding.make_mesh(self._mesh_cfg)
         except ValueError as exc:
             raise UserError(f"model.mesh: {exc}") from None
-        self._cache: tuple[tuple[str, str], Any] | None = None  # ((path, checkpoint id), params)
+        self._cache: tuple[tuple[str, str], str, Any] | None = None  # ((path, checkpoint id), dtype, params)
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _save(self, path: Path, params: Any, extra: dict) -> None:
+    def _save(self, path: Path, params: Any, extra: dict, dtype: str | None = None) -> None:
+        """Write ``params``; ``dtype``: the stored dtype when it is not the compute
+        dtype (fp32 master weights), recorded as the checkpoint's model dtype."""
         import jax
 
         from . import distributed as dist
         from .checkpoint import save_checkpoint, write_checkpoint
 
+        config = self.config if dtype is None else self.config.replace(dtype=dtype)
+
         # On an mp > 1 mesh the mp-sharded leaves are stored as mp parts, so that a
         # later load reads only each device's slice (checkpoint.py, version 2).
         mp_split = int(self.mesh.shape["mp"])
         if jax.process_count() == 1:
-            save_checkpoint(path, params, model_config=self.config.to_dict(), tokenizer=self.tokenizer.to_dict(),
+            save_checkpoint(path, params, model_config=config.to_dict(), tokenizer=self.tokenizer.to_dict(),
                             extra=extra, mp_split=mp_split)
             return
         # Several processes: every one takes part in the per-leaf gathers, process 0
         # writes (the path must be on a filesystem all of them see), then all wait.
         leaves = dist.host_leaves(params)
         if dist.is_primary():
-            write_checkpoint(path, leaves, model_config=self.config.to_dict(), tokenizer=self.tokenizer.to_dict(),
+            write_checkpoint(path, leaves, model_config=config.to_dict(), tokenizer=self.tokenizer.to_dict(),
                              extra=extra, mp_split=mp_split)
         else:
             for _ in leaves:
@@ -149,24 +165,32 @@ class HaikuXmapBackend:
 
         return manifest_sha256(checkpoint)
 
-    def _load(self, checkpoint: str) -> Any:
-        """Params of ``checkpoint`` on the mesh, cast to the configured dtype (last one cached)."""
+    def _load(self, checkpoint: str, dtype: str | None = None, keep: bool = True) -> Any:
+        """Params of ``checkpoint`` on the mesh, cast to ``dtype`` (default: the compute
+        dtype). The last one loaded is cached (``keep``) in its dtype; the cache also
+        serves another dtype when it holds the stored values (the cast is then exact)."""
         import jax
+        import jax.numpy as jnp
 
         from . import model, sharding
         from .checkpoint import load_checkpoint, read_manifest
 
+        dtype = dtype or self.config.dtype
         key = (str(Path(checkpoint).resolve()), self.checkpoint_id(checkpoint))
-        if self._cache is not None and self._cache[0] == key:
-            return self._cache[1]
         stored = GPTJConfig.from_dict(read_manifest(checkpoint)["model_config"])
+        cache, self._cache = self._cache, (self._cache if keep else None)
+        if cache is not None and cache[0] == key and cache[1] in (dtype, stored.dtype):
+            return jax.tree.map(lambda p: p.astype(jnp.dtype(dtype)), cache[2])
+        del cache
+        self._cache = None  # one model on the devices at a time
         if stored.replace(dtype=self.config.dtype) != self.config:
             raise UserError(f"{checkpoint}: its model config {stored.to_dict()} is not this backend's "
                             f"{self.config.to_dict()}")
         shapes = jax.eval_shape(lambda k: model.init_params(stored, k), jax.random.key(0))
         params, _ = load_checkpoint(checkpoint, shardings=sharding.tree_shardings(shapes, self.mesh))
-        params = jax.tree.map(lambda p: p.astype(model.dtype_of(self.config)), params)
-        self._cache = (key, params)
+        params = jax.tree.map(lambda p: p.astype(jnp.dtype(dtype)), params)
+        if keep:
+            self._cache = (key, dtype, params)
         return params
 
     def base(self, workdir: Path, seed: int) -> str:
@@ -194,16 +218,33 @@ class HaikuXmapBackend:
 
     def train(self, init: str, out: Path, examples: Sequence[TrainExample], spec: TrainSpec,
               progress: Progress | None = None) -> TrainResult:
+        """Fine-tune (``spec.packing``, ``spec.loss``: ``packing.py``). The checkpoint
+        stores the master weights (``master_dtype``, recorded as its model dtype;
+        ``extra.compute_dtype`` says what they were trained under): a run that
+        continues from it starts from exactly those weights, generation casts them
+        to the compute dtype."""
+        import jax
+        import jax.numpy as jnp
+
+        from . import distributed as dist
+        from . import packing as pk
+        from . import sharding
         from . import train as tr
 
         for name in ("steps", "batch_size", "grad_accum"):
             value = getattr(spec, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "steps" else 1):
                 raise UserError(f"training.{name}: must be an int >= {0 if name == 'steps' else 1}, got {value!r}")
+        packing, loss = spec.packing, spec.loss
+        if packing not in pk.PACKINGS:
+            raise UserError(f"training.packing: must be one of {list(pk.PACKINGS)}, got {packing!r}")
+        if loss not in pk.LOSSES:
+            raise UserError(f"training.loss: must be one of {list(pk.LOSSES)}, got {loss!r}")
+        limit = None if packing == "stream" else self.seq_len  # a stream example may span chunks
         encoded = []
         for i, ex in enumerate(examples):
             try:
-                encoded.append(tr.encode_example(self.tokenizer, ex.prompt, ex.completion, self.seq_len))
+                encoded.append(tr.encode_example(self.tokenizer, ex.prompt, ex.completion, limit))
             except ValueError as exc:
                 raise UserError(f"training example {i}: {exc}") from None
         if spec.steps > 0 and not encoded:
@@ -212,23 +253,33 @@ class HaikuXmapBackend:
             tr.optimizer_options(spec.optimizer)
         except ValueError as exc:
             raise UserError(f"training.{exc}") from None
-        import jax
-
-        from . import distributed as dist
 
         run = tr.train
         if self.zero or self.opt_state_dtype != "float32" or jax.process_count() > 1:
             run = functools.partial(dist.train, zero=self.zero, opt_state_dtype=self.opt_state_dtype)
-        params, losses, tokens = run(
-            self._load(init), self.config, encoded, steps=spec.steps, batch_size=spec.batch_size,
-            grad_accum=spec.grad_accum, seed=spec.seed, optimizer=spec.optimizer, seq_len=self.seq_len,
-            pad_id=self.tokenizer.pad_id, mesh=self.mesh, progress=progress)
+        try:
+            # No local reference to the loaded weights: the trainer's master copy replaces them.
+            params, losses, tokens = run(
+                self._load(init, self.master_dtype, keep=False), self.config, encoded, steps=spec.steps,
+                batch_size=spec.batch_size, grad_accum=spec.grad_accum, seed=spec.seed, optimizer=spec.optimizer,
+                seq_len=self.seq_len, pad_id=self.tokenizer.pad_id, mesh=self.mesh, progress=progress,
+                packing=packing, loss=loss, master_dtype=self.master_dtype, accum_dtype=self.grad_accum_dtype)
+        except ValueError as exc:  # packing's (stream without a single chunk)
+            raise UserError(f"training.packing: {exc}") from None
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
+        stored = str(jax.tree.leaves(params)[0].dtype)
         self._save(out, params, {"kind": "finetune", "init": self.checkpoint_id(init), "steps": spec.steps,
-                                 "seed": spec.seed, "examples": len(encoded)})
+                                 "seed": spec.seed, "examples": len(encoded), "packing": packing, "loss": loss,
+                                 "compute_dtype": self.config.dtype}, dtype=stored)
         ckpt_id = self.checkpoint_id(str(out))
-        self._cache = ((str(out.resolve()), ckpt_id), params)
+        # Cached for generation in the compute dtype, laid out by the rule table (ZeRO-1
+        # returns fp32 masters split over dp).
+        cast = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(jnp.dtype(self.config.dtype)), p),
+                       out_shardings=sharding.tree_shardings(params, self.mesh))
+        compute = cast(params)
+        del params
+        self._cache = ((str(out.resolve()), ckpt_id), self.config.dtype, compute)
         return TrainResult(checkpoint=str(out), checkpoint_id=ckpt_id, steps=spec.steps, tokens=tokens,
                            losses=tuple(losses))
 
@@ -326,7 +377,8 @@ class HaikuXmapBackend:
                 "tokenizer": {k: v for k, v in self.tokenizer.to_dict().items() if k != "json"},
                 "checkpoint_path": self._checkpoint_path, "seq_len": self.seq_len,
                 "mesh": {"dp": int(self.mesh.shape["dp"]), "mp": int(self.mesh.shape["mp"])},
-                "zero": self.zero, "opt_state_dtype": self.opt_state_dtype,
+                "zero": self.zero, "opt_state_dtype": self.opt_state_dtype, "master_dtype": self.master_dtype,
+                "grad_accum_dtype": self.grad_accum_dtype,
                 "processes": self.process_count(),
                 "devices": [str(d) for d in self.mesh.devices.flat]}
 

@@ -1,39 +1,46 @@
 """Fine-tuning: AdamW with warmup + anneal, masked cross-entropy, gradient
-accumulation inside one jit'd step, length-bucketed deterministic batches.
+accumulation inside one jit'd step, master weights kept apart from the compute dtype.
 
-A batch is three arrays of shape (A, B, T): A accumulation micro-batches of B
-sequences, right-padded to a bucket length T. ``loss_mask`` marks the tokens that
-carry loss (the completion and its end-of-text); token t is predicted from t-1.
+A batch is the five (A, R, T) arrays of ``packing.py``: A accumulation
+micro-batches of R rows of T tokens, with next-token ``targets``, loss ``weights``,
+``segments`` (packed examples attend only to themselves) and ``positions``. How
+examples become rows (padded, packed segments, the original's stream) and which
+tokens carry loss are ``packing.py``'s.
+
+Master weights: ``TrainState.params`` holds the weights the optimizer updates, in
+``master_dtype`` (float32 by default). Each step casts them to the model's compute
+dtype (``config.dtype``) for the forward and backward passes, so under bf16 compute
+an update of 1e-6 still moves a weight of 0.02 (a bf16 weight has a spacing of
+~1.2e-4 there and would round it away). ``master_dtype = "bfloat16"`` with bf16
+compute stores and rounds the weights in bf16 (half the memory, small updates lost).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from . import model, sharding
+from . import model, packing, sharding
 from .config import GPTJConfig
+from .packing import Encoded, bucket_lengths, encode_example, plan_steps  # noqa: F401  (the backend's API)
 
 OPTIMIZER_DEFAULTS: dict[str, Any] = {
     "lr": 1e-4, "warmup_steps": 0, "schedule": "constant", "end_lr": None,
     "weight_decay": 0.0, "clip_norm": 1.0, "b1": 0.9, "b2": 0.999,
 }
 SCHEDULES = ("constant", "linear", "cosine")
+MASTER_DTYPES = ("float32", "bfloat16")
+ACCUM_DTYPES = ("float32", "bfloat16")
 
 
 class TrainState(NamedTuple):
-    params: Any
+    params: Any  # the master weights (master_dtype), cast to the compute dtype inside each step
     opt_state: Any
     step: jax.Array  # int32 scalar: optimizer steps taken
-
-
-class Encoded(NamedTuple):
-    ids: np.ndarray  # int32 (n,): prompt + completion + end-of-text
-    n_prompt: int  # the first n_prompt ids carry no loss
 
 
 # ----------------------------------------------------------------------------- optimizer
@@ -93,6 +100,23 @@ def make_optimizer(opt: Mapping[str, Any], total_steps: int) -> optax.GradientTr
     return adamw
 
 
+def check_dtypes(config: GPTJConfig, master_dtype: str, accum_dtype: str = "float32") -> None:
+    """ValueError for a master dtype coarser than the compute dtype or an unknown dtype."""
+    if master_dtype not in MASTER_DTYPES:
+        raise ValueError(f"master_dtype must be one of {list(MASTER_DTYPES)}, got {master_dtype!r}")
+    if accum_dtype not in ACCUM_DTYPES:
+        raise ValueError(f"grad_accum_dtype must be one of {list(ACCUM_DTYPES)}, got {accum_dtype!r}")
+    if master_dtype == "bfloat16" and config.dtype == "float32":
+        raise ValueError("master_dtype bfloat16 under float32 compute would round every update; use float32")
+
+
+def master_params(params: Any, master_dtype: str) -> Any:
+    """A fresh copy of ``params`` in the master dtype (the update donates its state,
+    so the caller's arrays must not be used as the state)."""
+    dt = jnp.dtype(master_dtype)
+    return jax.tree.map(lambda p: jnp.copy(p) if p.dtype == dt else p.astype(dt), params)
+
+
 def init_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
     # Moments in fp32 even for bf16 params: bf16 second moments underflow.
     return TrainState(params, tx.init(jax.tree.map(lambda p: p.astype(jnp.float32), params)),
@@ -102,46 +126,55 @@ def init_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
 # ----------------------------------------------------------------------------- loss / step
 
 
-def token_loss(params, tokens_BT, mask_BT, loss_mask_BT, config: GPTJConfig):
-    """(sum of fp32 next-token NLL over loss tokens, number of loss tokens)."""
-    logits_BTV = model.forward(params, tokens_BT, config, mask=mask_BT)
-    # Position t predicts token t + 1; the last position gets weight 0 (and a dummy
-    # target) instead of slicing the logits, whose gradient would be a padded copy.
+def token_loss(params, batch: Mapping[str, jax.Array], config: GPTJConfig):
+    """(sum of fp32 next-token NLL over the weighted targets, number of them) for one
+    micro-batch of (B, T) arrays (``packing.KEYS``)."""
+    logits_BTV = model.forward(params, batch["tokens"], config, positions_BT=batch["positions"],
+                               segments=batch["segments"])
     # log p(target) = (x - max)[target] - log sum exp(x - max), as log_softmax
     # computes it; the one-hot product picks the target exactly, and its gradient
     # stays elementwise (take_along_axis's would be a scatter).
-    target_BT = jnp.concatenate([tokens_BT[:, 1:], jnp.zeros_like(tokens_BT[:, :1])], axis=1)
-    w_BT = jnp.concatenate([loss_mask_BT[:, 1:], jnp.zeros_like(loss_mask_BT[:, :1])], axis=1).astype(jnp.float32)
+    w_BT = batch["weights"].astype(jnp.float32)
     shifted_BTV = logits_BTV - jax.lax.stop_gradient(jnp.max(logits_BTV, axis=-1, keepdims=True))
-    onehot_BTV = jax.nn.one_hot(target_BT, logits_BTV.shape[-1], dtype=jnp.float32)
+    onehot_BTV = jax.nn.one_hot(batch["targets"], logits_BTV.shape[-1], dtype=jnp.float32)
     logp_BT = jnp.sum(shifted_BTV * onehot_BTV, axis=-1) - jnp.log(jnp.sum(jnp.exp(shifted_BTV), axis=-1))
     return -jnp.sum(logp_BT * w_BT), jnp.sum(w_BT)
 
 
 def make_update(config: GPTJConfig, tx: optax.GradientTransformation, mesh=None,
-                state_example: TrainState | None = None, state_shardings: Any = None) -> Callable:
+                state_example: TrainState | None = None, state_shardings: Any = None, *,
+                accum_dtype: str = "float32") -> Callable:
     """``update(state, batch) -> (state, metrics)``, jit'd with the state donated.
 
-    Gradients of the summed loss are accumulated over the A micro-batches with a
-    scan and divided by the total loss-token count, so the step minimises the
-    per-token mean over every loss token of the step (not a mean of means).
-    With a mesh, ``state_example`` fixes the state's shardings (rule table) and
-    the batch is split over "dp" on its B axis.
+    The master weights are cast to the compute dtype (``config.dtype``) once per
+    step (on a mesh: laid out by the rule table, which all-gathers master weights
+    that ZeRO-1 split over dp). Gradients of the summed loss are accumulated in
+    ``accum_dtype`` over the A micro-batches with a scan and divided by the total
+    loss-token count, so the step minimises the per-token mean over every loss token
+    of the step (not a mean of means). The optimizer and the update run in fp32 on
+    the master weights. With a mesh, ``state_example`` fixes the state's shardings
+    (rule table) and the batch is split over "dp" on its R axis.
     """
-    grad_fn = jax.value_and_grad(lambda p, t, m, lm: token_loss(p, t, m, lm, config), has_aux=True)
+    compute = model.dtype_of(config)
+    accum = jnp.dtype(accum_dtype)
+    grad_fn = jax.value_and_grad(lambda p, mb: token_loss(p, mb, config), has_aux=True)
 
     def update(state: TrainState, batch: Mapping[str, jax.Array]):
+        params_c = jax.tree.map(lambda p: p.astype(compute), state.params)
+        if mesh is not None:
+            params_c = jax.lax.with_sharding_constraint(params_c, sharding.tree_shardings(params_c, mesh))
+
         def micro(carry, mb):
             g_acc, loss_acc, n_acc = carry
-            (loss_sum, n), g = grad_fn(state.params, mb["tokens"], mb["mask"], mb["loss_mask"])
-            g_acc = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_acc, g)
+            (loss_sum, n), g = grad_fn(params_c, mb)
+            g_acc = jax.tree.map(lambda a, b: a + b.astype(accum), g_acc, g)
             return (g_acc, loss_acc + loss_sum, n_acc + n), None
 
-        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, accum), params_c)
         scalar = jnp.zeros((), jnp.float32)
         (g_sum, loss_sum, n), _ = jax.lax.scan(micro, (zeros, scalar, scalar), batch)
         denom = jnp.maximum(n, 1.0)
-        grads = jax.tree.map(lambda g: g / denom, g_sum)
+        grads = jax.tree.map(lambda g: g.astype(jnp.float32) / denom, g_sum)
         updates, opt_state = tx.update(grads, state.opt_state,
                                        jax.tree.map(lambda p: p.astype(jnp.float32), state.params))
         params = jax.tree.map(lambda p, u: (p.astype(jnp.float32) + u).astype(p.dtype), state.params, updates)
@@ -159,122 +192,57 @@ def make_update(config: GPTJConfig, tx: optax.GradientTransformation, mesh=None,
                    donate_argnums=0)
 
 
-# ----------------------------------------------------------------------------- data
+# ----------------------------------------------------------------------------- loop
 
 
-def encode_example(tokenizer, prompt: str, completion: str, seq_len: int) -> Encoded:
-    """Token ids of prompt + completion + end-of-text, at most ``seq_len`` long.
-
-    Prompt and completion are encoded separately (generation sees the prompt
-    alone, so its tokens must not merge with the completion's). Too long: the
-    prompt loses tokens from its left (one is kept to predict the completion's
-    first token); a completion that cannot fit raises ValueError.
-    """
-    p = tokenizer.encode(prompt)
-    c = tokenizer.encode(completion) + [tokenizer.eos_id]
-    keep_prompt = min(len(p), max(seq_len - len(c), 0))
-    if len(c) + (1 if p else 0) > seq_len:
-        raise ValueError(f"completion of {len(c)} tokens (with end-of-text) does not fit seq_len={seq_len} "
-                         f"after its prompt; raise seq_len or shorten the completion: {completion[:60]!r}...")
-    ids = p[len(p) - keep_prompt:] + c
-    return Encoded(np.asarray(ids, np.int32), keep_prompt)
-
-
-def bucket_lengths(seq_len: int, smallest: int = 16) -> list[int]:
-    """Powers of two from ``smallest`` below seq_len, then seq_len itself."""
-    out, n = [], smallest
-    while n < seq_len:
-        out.append(n)
-        n *= 2
-    return out + [seq_len]
-
-
-def plan_steps(lengths: Sequence[int], *, steps: int, per_step: int, seed: int,
-               window: int = 8) -> list[np.ndarray]:
-    """Example indices for each optimizer step, deterministic in ``seed``.
-
-    Indices come from a stream of seeded permutations (epoch after epoch). Every
-    ``window`` steps' worth is sorted by length and cut into steps whose order is
-    then shuffled, so a step holds similar lengths and pads to a short bucket.
-    """
-    if not lengths:
-        raise ValueError("no training examples")
-    rng = np.random.default_rng(seed)
-    lengths = np.asarray(lengths)
-    stream: list[int] = []
-    plan: list[np.ndarray] = []
-    while len(plan) < steps:
-        n_steps = min(window, steps - len(plan))
-        while len(stream) < n_steps * per_step:
-            stream.extend(rng.permutation(len(lengths)).tolist())
-        chunk = np.asarray(stream[:n_steps * per_step])
-        del stream[:n_steps * per_step]
-        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
-        groups = chunk.reshape(n_steps, per_step)
-        plan.extend(groups[rng.permutation(n_steps)])
-    return plan
-
-
-def collate(encoded: Sequence[Encoded], idx: np.ndarray, *, grad_accum: int, batch_size: int,
-            buckets: Sequence[int], pad_id: int, row_multiple: int = 1) -> dict[str, np.ndarray]:
-    """(A, B, T) arrays for one step; B is padded with loss-free rows to a multiple of
-    ``row_multiple`` (the dp size) and T to the smallest bucket that fits."""
-    longest = max(len(encoded[i].ids) for i in idx)
-    T = next(b for b in buckets if b >= longest)
-    B = -(-batch_size // row_multiple) * row_multiple
-    tokens = np.full((grad_accum, B, T), pad_id, np.int32)
-    mask = np.zeros((grad_accum, B, T), bool)
-    loss_mask = np.zeros((grad_accum, B, T), bool)
-    for j, i in enumerate(idx):
-        a, b = divmod(j, batch_size)
-        ids, n_prompt = encoded[i]
-        tokens[a, b, :len(ids)] = ids
-        mask[a, b, :len(ids)] = True
-        loss_mask[a, b, n_prompt:len(ids)] = True
-    return {"tokens": tokens, "mask": mask, "loss_mask": loss_mask}
+def dims(config: GPTJConfig) -> tuple[int, int, int, int]:
+    """(n_layer, d_model, d_ff, vocab): what packing's cost model needs."""
+    return config.n_layer, config.d_model, config.d_ff, config.vocab
 
 
 def train(params: Any, config: GPTJConfig, encoded: Sequence[Encoded], *, steps: int, batch_size: int,
           grad_accum: int, seed: int, optimizer: Mapping[str, Any], seq_len: int, pad_id: int,
-          mesh=None, progress: Callable[[int], None] | None = None) -> tuple[Any, list[float], int]:
-    """Run ``steps`` optimizer steps from ``params`` (left intact). Returns (params,
-    per-step losses, number of loss tokens). Each step takes batch_size x grad_accum
-    examples; with a mesh the state is sharded by the rule table."""
+          mesh=None, progress: Callable[[int], None] | None = None, packing: str = "segments",
+          loss: str = "completion", master_dtype: str = "float32", accum_dtype: str = "float32"
+          ) -> tuple[Any, list[float], int]:
+    """Run ``steps`` optimizer steps from ``params`` (left intact). Returns (master
+    params in ``master_dtype``, per-step losses, number of loss tokens). Each step
+    takes batch_size x grad_accum examples (``packing = "stream"``: chunks); with a
+    mesh the state is sharded by the rule table."""
     if steps < 0 or batch_size < 1 or grad_accum < 1:
         raise ValueError(f"bad training shape: steps={steps} batch_size={batch_size} grad_accum={grad_accum}")
+    check_dtypes(config, master_dtype, accum_dtype)
     if steps == 0:
         return params, [], 0
+    rows = 1 if mesh is None else sharding.dp_size(mesh)
+    batches = packing_batches(encoded, steps=steps, batch_size=batch_size, grad_accum=grad_accum, seed=seed,
+                              seq_len=seq_len, pad_id=pad_id, dp=rows, packing=packing, loss=loss, config=config)
     tx = make_optimizer(optimizer, steps)
     if mesh is not None:
         params = sharding.shard_tree(params, mesh)
-    # The update donates its state; copy so the caller's arrays (e.g. a cache) survive.
-    params = jax.tree.map(jnp.copy, params)
-    state = init_state(params, tx)
-    update = make_update(config, tx, mesh, state)
-    state, metrics, n_tokens = run_steps(update, state, encoded, steps=steps, batch_size=batch_size,
-                                         grad_accum=grad_accum, seed=seed, seq_len=seq_len, pad_id=pad_id,
-                                         mesh=mesh, progress=progress)
+    state = init_state(master_params(params, master_dtype), tx)
+    update = make_update(config, tx, mesh, state, accum_dtype=accum_dtype)
+    state, metrics, n_tokens = run_steps(update, state, batches, mesh=mesh, progress=progress)
     losses = [float(x) for x in jax.device_get(metrics)]
     return state.params, losses, n_tokens
 
 
-def run_steps(update: Callable, state: TrainState, encoded: Sequence[Encoded], *, steps: int, batch_size: int,
-              grad_accum: int, seed: int, seq_len: int, pad_id: int, mesh=None,
+def packing_batches(encoded: Sequence[Encoded], *, config: GPTJConfig, **kw) -> Iterable[dict[str, np.ndarray]]:
+    """``packing.step_batches`` with the model's dimensions for the row-shape choice."""
+    return packing.step_batches(encoded, dims=dims(config), **kw)
+
+
+def run_steps(update: Callable, state: TrainState, batches: Iterable[Mapping[str, np.ndarray]], *, mesh=None,
               put: Callable[[dict], dict] = lambda batch: batch,
               progress: Callable[[int], None] | None = None) -> tuple[TrainState, list, int]:
-    """The step loop of ``train`` and ``distributed.train``: plan, collate, update.
+    """The step loop of ``train`` and ``distributed.train``: one update per host batch.
 
     ``put`` places a host batch on the devices (multi-process runs build global
     arrays). Returns (state, per-step loss arrays, number of loss tokens)."""
-    buckets = bucket_lengths(seq_len)
-    rows = 1 if mesh is None else sharding.dp_size(mesh)
-    plan = plan_steps([len(e.ids) for e in encoded], steps=steps, per_step=batch_size * grad_accum, seed=seed)
     metrics, n_tokens = [], 0
     serial = sharding.needs_serial_steps(mesh)
-    for idx in plan:
-        batch = collate(encoded, idx, grad_accum=grad_accum, batch_size=batch_size, buckets=buckets,
-                        pad_id=pad_id, row_multiple=rows)
-        n_tokens += int(batch["loss_mask"][:, :, 1:].sum())
+    for batch in batches:
+        n_tokens += int(batch["weights"].sum())
         state, m = update(state, put(batch))
         if serial:  # overlapping steps' all-reduces deadlock XLA:CPU's in-process rendezvous
             jax.block_until_ready(m["loss"])

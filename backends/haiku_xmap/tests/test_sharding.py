@@ -79,12 +79,17 @@ tokens = rng.integers(0, cfg.vocab, (8, 16)).astype(np.int32)
 mask = np.arange(16)[None] >= rng.integers(0, 6, 8)[:, None]     # left padding
 loss_mask = mask & (np.arange(16)[None] >= 10)
 def loss(p, t, m, lm):
-    s, n = train.token_loss(p, t, m, lm, cfg)
+    mb = {"tokens": t, "targets": jnp.roll(t, -1, axis=1), "weights": jnp.roll(lm, -1, axis=1).at[:, -1].set(False),
+          "segments": m.astype(jnp.int32), "positions": model.default_positions(m)}
+    s, n = train.token_loss(p, mb, cfg)
     return s / n
 def logits_and_grads(p, t, m, lm):
     return model.forward(p, t, cfg, mask=m), jax.grad(loss)(p, t, m, lm)
 tx = train.make_optimizer({"lr": 1e-2, "clip_norm": 0.5, "weight_decay": 0.1}, 10)
-batch = {"tokens": tokens[None], "mask": mask[None], "loss_mask": loss_mask[None]}
+w = np.roll(loss_mask, -1, axis=1)
+w[:, -1] = False
+batch = {"tokens": tokens[None], "targets": np.roll(tokens, -1, axis=1)[None], "weights": w[None],
+         "segments": mask.astype(np.int32)[None], "positions": np.asarray(model.default_positions(mask))[None]}
 cpu0 = jax.devices()[0]
 ref_logits, ref_grads = jax.jit(logits_and_grads)(*jax.device_put((params, tokens, mask, loss_mask), cpu0))
 ref_params = jax.tree.map(jnp.copy, jax.device_put(params, cpu0))  # the update donates its state

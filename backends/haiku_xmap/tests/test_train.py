@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from star_haiku_xmap import model, sample, train
+from star_haiku_xmap import model, packing, sample, train
 from star_haiku_xmap.config import PRESETS, GPTJConfig
 from star_haiku_xmap.tokenizer import ByteTokenizer
 
@@ -51,23 +51,32 @@ def test_optimizer_options_validated():
 # ----------------------------------------------------------------------------- loss / data
 
 
+def _micro(batch, a=0):
+    return {k: jnp.asarray(v[a]) for k, v in batch.items()}
+
+
 def test_masked_loss_counts_completion_tokens_only():
     params = model.init_params(CFG, 0)
     e = train.encode_example(TOK, "Q: 12+3\nA:", " 15", seq_len=64)
     assert e.n_prompt == len("Q: 12+3\nA:") and list(e.ids[e.n_prompt:]) == TOK.encode(" 15") + [TOK.eos_id]
-    b = train.collate([e], np.array([0]), grad_accum=1, batch_size=1, buckets=[16, 64], pad_id=TOK.pad_id)
-    tokens, mask, loss_mask = (jnp.asarray(b[k][0]) for k in ("tokens", "mask", "loss_mask"))
-    assert tokens.shape == (1, 16)
-    total, n = train.token_loss(params, tokens, mask, loss_mask, CFG)
-    logp = jax.nn.log_softmax(model.forward(params, tokens, CFG, mask=mask)[0], -1)
+    b = packing.collate_padded([e], np.array([0]), grad_accum=1, batch_size=1, seq_len=64, pad_id=TOK.pad_id)
+    mb = _micro(b)
+    assert mb["tokens"].shape == (1, 16)
+    total, n = train.token_loss(params, mb, CFG)
+    logp = jax.nn.log_softmax(model.forward(params, mb["tokens"], CFG, mask=mb["segments"] > 0)[0], -1)
     ids = list(e.ids)
     want = -sum(float(logp[t - 1, ids[t]]) for t in range(e.n_prompt, len(ids)))
     assert int(n) == len(ids) - e.n_prompt == 4
     assert float(total) == pytest.approx(want, rel=1e-5)
     # Targets inside the prompt or the padding do not matter at all.
-    tokens2 = tokens.at[0, len(ids):].set(7)
-    again = float(train.token_loss(params, tokens2, mask, loss_mask, CFG)[0])
+    again = float(train.token_loss(params, {**mb, "tokens": mb["tokens"].at[0, len(ids):].set(7)}, CFG)[0])
     assert again == pytest.approx(float(total), rel=1e-6)
+    # loss = "all": every token after the first.
+    b_all = packing.collate_padded([e], np.array([0]), grad_accum=1, batch_size=1, seq_len=64, pad_id=TOK.pad_id,
+                                   loss="all")
+    total_all, n_all = train.token_loss(params, _micro(b_all), CFG)
+    assert int(n_all) == len(ids) - 1
+    assert float(total_all) == pytest.approx(-sum(float(logp[t - 1, ids[t]]) for t in range(1, len(ids))), rel=1e-5)
 
 
 def test_truncation_keeps_completion_and_rejects_what_cannot_fit():
@@ -88,15 +97,15 @@ def test_plan_is_seeded_and_bucketed():
     assert train.bucket_lengths(100) == [16, 32, 64, 100]
     # Sorting within a window groups lengths: most steps pad to a short bucket.
     enc = [train.Encoded(np.zeros(n, np.int32), 1) for n in lengths]
-    Ts = [train.collate(enc, idx, grad_accum=1, batch_size=4, buckets=[16, 32, 64], pad_id=0)["tokens"].shape[2]
+    Ts = [packing.collate_padded(enc, idx, grad_accum=1, batch_size=4, seq_len=64, pad_id=0)["tokens"].shape[2]
           for idx in train.plan_steps(lengths, steps=8, per_step=4, seed=0)]
     assert Ts.count(16) == 4 and Ts.count(64) == 4
 
 
 def test_collate_pads_rows_for_data_parallelism():
     enc = [train.encode_example(TOK, "ab", "c", 16) for _ in range(3)]
-    b = train.collate(enc, np.arange(3), grad_accum=1, batch_size=3, buckets=[16], pad_id=0, row_multiple=2)
-    assert b["tokens"].shape == (1, 4, 16) and not b["mask"][0, 3].any() and not b["loss_mask"][0, 3].any()
+    b = packing.collate_padded(enc, np.arange(3), grad_accum=1, batch_size=3, seq_len=16, pad_id=0, dp=2)
+    assert b["tokens"].shape == (1, 4, 16) and not b["segments"][0, 3].any() and not b["weights"][0, 3].any()
 
 
 def test_gradient_accumulation_is_a_per_token_mean_over_the_whole_step():
@@ -105,7 +114,7 @@ def test_gradient_accumulation_is_a_per_token_mean_over_the_whole_step():
     tx = train.make_optimizer({"lr": 1e-3}, 1)
     out = {}
     for A, B in ((1, 4), (2, 2)):  # micro-batches of 7 and 19 loss tokens
-        batch = train.collate(enc, np.arange(4), grad_accum=A, batch_size=B, buckets=[32], pad_id=0)
+        batch = packing.collate_padded(enc, np.arange(4), grad_accum=A, batch_size=B, seq_len=32, pad_id=0)
         state = train.init_state(jax.tree.map(jnp.copy, params), tx)
         _, m = train.make_update(CFG, tx)(state, batch)
         out[A] = (float(m["loss"]), float(m["grad_norm"]), float(m["tokens"]))
@@ -144,13 +153,40 @@ def test_tiny_model_learns_to_reverse_unseen_strings():
     assert sum(g == w[::-1] for g, w in zip(got, held_out)) >= 22, list(zip(held_out, got))
 
 
-def test_bfloat16_training_keeps_dtypes():
+def test_bfloat16_training_keeps_fp32_masters_and_moments():
     cfg = CFG.replace(dtype="bfloat16")
     enc = [train.encode_example(TOK, "ab", "cd", 16) for _ in range(4)]
-    params, losses, _ = train.train(model.init_params(cfg, 0), cfg, enc, steps=2, batch_size=2, grad_accum=1,
-                                    seed=0, optimizer={"lr": 1e-3}, seq_len=16, pad_id=TOK.pad_id)
-    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(params))
+    kw = dict(steps=2, batch_size=2, grad_accum=1, seed=0, optimizer={"lr": 1e-3}, seq_len=16, pad_id=TOK.pad_id)
+    params, losses, _ = train.train(model.init_params(cfg, 0), cfg, enc, **kw)
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))  # the master weights
     assert np.isfinite(losses).all() and losses[1] < losses[0]
     tx = train.make_optimizer({"lr": 1e-3}, 1)
     moments = [x for x in jax.tree.leaves(train.init_state(params, tx).opt_state) if x.ndim > 0]
     assert moments and all(x.dtype == jnp.float32 for x in moments)
+    p16, losses16, _ = train.train(model.init_params(cfg, 0), cfg, enc, master_dtype="bfloat16", **kw)
+    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(p16))  # bf16 weights, rounded every step
+    assert losses16[0] == losses[0]
+    with pytest.raises(ValueError, match="master_dtype"):
+        train.train(model.init_params(CFG, 0), CFG, enc, master_dtype="bfloat16", **kw)
+
+
+def test_bf16_compute_applies_updates_of_1e_6_as_fp32_does():
+    """lr 1e-6 (the paper's): a bf16 weight of 0.02 has a spacing of ~1.2e-4, so
+    storing the weights in bf16 would round almost every update away. With fp32
+    master weights, 20 steps under bf16 compute move every matrix as far as the fp32
+    model moves it (Adam's steps are ~lr whatever the gradient's rounding)."""
+    enc = [train.encode_example(TOK, f"{i} + {i} =", f" {2 * i}.", 32) for i in range(40)]
+    kw = dict(steps=20, batch_size=4, grad_accum=2, seed=0, seq_len=32, pad_id=TOK.pad_id,
+              optimizer={"lr": 1e-6, "clip_norm": 1.0})
+    moved = {}
+    for dtype in ("float32", "bfloat16"):
+        cfg = CFG.replace(dtype=dtype)
+        p0 = jax.tree.map(lambda x: x.astype(model.dtype_of(cfg)), model.init_params(CFG, 3))
+        p_n, _, _ = train.train(p0, cfg, enc, **kw)
+        moved[dtype] = {f"{m}/{k}": float(np.linalg.norm(np.asarray(p_n[m][k], np.float32)
+                                                          - np.asarray(p0[m][k], np.float32))
+                                          / np.linalg.norm(np.asarray(p0[m][k], np.float32)))
+                        for m in p0 for k in p0[m] if p0[m][k].ndim == 2}
+    for leaf, ref in moved["float32"].items():
+        assert ref > 1e-5, (leaf, ref)  # the fp32 model does move
+        assert moved["bfloat16"][leaf] == pytest.approx(ref, rel=0.05), (leaf, moved["bfloat16"][leaf], ref)
