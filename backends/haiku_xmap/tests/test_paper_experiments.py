@@ -121,13 +121,15 @@ def test_paper_files_smoke_run_on_fixtures(name, tmp_path):
 def test_gsm8k_paper_trains_packed_on_every_token(tmp_path):
     """The tiny random model gets nothing right, so a smoke run trains nothing; fine-tuning
     on the gold solutions instead runs the paper file's training settings (stream packing,
-    loss on every token, 1 x 8 sequences a step)."""
+    loss on every token, 1 x 8 sequences a step). The 3 fixture problems make ~440 byte
+    tokens: sequences of 32 (+ 1) give 13 of them, enough for full steps."""
     path, prompts = FIXTURES["gsm8k_paper.toml"]
     run = smoke("gsm8k_paper.toml", {"train": path, "test": path}, prompts, tmp_path / "run",
-                "--set", 'training.source="gold"', "--set",
-                'training.schedule={name = "exponential_grow", start_steps = 2, grow = 1.2}')
+                "--set", 'model={backend = "haiku_xmap", seq_len = 32}', "--set", 'training.source="gold"',
+                "--set", 'training.schedule={name = "exponential_grow", start_steps = 2, grow = 1.2}')
     info = json.loads((run / "iterations/001/train.json").read_text())
-    assert info["steps"] == 2 and info["tokens"] > 0 and len(info["losses"]) == 2
+    assert info["steps"] == 2 and len(info["losses"]) == 2
+    assert info["tokens"] == 2 * 8 * 32  # 8 sequences a step, every token carrying loss
 
 
 @pytest.mark.real_data
@@ -156,7 +158,8 @@ def test_paper_files_are_the_original_loop():
         assert tr["schedule"] == {"name": "exponential_grow", "start_steps": 40, "grow": 1.2}, name
         assert tr["restart_from_base"] and (tr["packing"], tr["loss"]) == ("stream", "all"), name
         m = cfg["model"]
-        assert m["preset"] == "gptj-6b" and m["mesh"] == {"dp": 1, "mp": 8} and m["opt_state_dtype"] == "float32"
+        assert m["preset"] == "gptj-6b" and m["mesh"] == {"dp": 1, "mp": 8} and m["dtype"] == "bfloat16", name
+        assert (m["master_dtype"], m["grad_accum_dtype"]) == ("float32", "bfloat16"), name
     assert paper("gsm8k_paper.toml")["task"]["hint"] == {"name": "gsm8k_answer", "template": "({solution})"}
     assert paper("gsm8k_paper.toml")["task"]["options"]["gold_answer"] == "raw"
 
