@@ -148,7 +148,17 @@ class TrainResult:
 
 @runtime_checkable
 class Task(Protocol):
-    """A dataset and how to talk to a model about it."""
+    """A dataset and how to talk to a model about it.
+
+    Optional method (the core calls it when a task has it):
+
+    ``trim(generation: str) -> str``
+        The part of a generation that counts: what is checked (``extract``, the
+        checker) and stored (the rationale trained on, the evaluation's
+        ``generation``). A task whose model writes on after its answer cuts it here,
+        as the original STaR code keeps only CQA's first line. Without it the whole
+        generation (already cut before the first stop string) counts.
+    """
 
     default_checker: str
     default_hint: str
@@ -162,7 +172,9 @@ class Task(Protocol):
         """The hint-free question context, ending in the answer cue ("A:")."""
 
     def prompt(self, kind: str) -> str:
-        """Few-shot prefix; ``kind`` is "rationale", "direct" or "hint". May be ""."""
+        """Few-shot prefix; ``kind`` is "rationale", "direct", "hint" (rationalization)
+        or "direct_hint" (rationalization when ``task.direct``). May be "". The core
+        asks for the kinds a run uses when it builds the experiment."""
 
     def extract(self, generation: str) -> str | None:
         """The answer stated in ``generation`` (None when there is none)."""

@@ -117,6 +117,8 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "every": _f("int", 1, 1),
         "at_start": _f("bool", True),
         "max_new_tokens": _f("int", 0, 0),
+        "temperature": _f("float", 0.0, 0),
+        "top_p": _f("float", 1.0, 0, 1, lo_open=True),
     },
     "model": FREE,
 }

@@ -1,14 +1,15 @@
 """Reading a task's input files with errors that say ``file:line: reason``.
 
 For task plugin authors: JSONL rows, typed fields and prompt files in the
-original STaR format (examples separated by blank lines).
+original STaR format (examples separated by blank lines), and a task's four
+few-shot prompts assembled from them.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from star_engine.errors import UserError
 
@@ -75,15 +76,28 @@ def get(obj: dict[str, Any], key: str, typ: type, where: str, name: str | None =
     return value
 
 
-def read_blocks(path: str | Path) -> list[tuple[str, str]]:
+def read_blocks(path: str | Path, verbatim: bool = False) -> list[tuple[str, str]]:
     """A prompts file in the original STaR format: examples separated by blank
-    lines, returned as ``("file:line", text)`` with the line the example starts on."""
+    lines, returned as ``("file:line", text)`` with the line the example starts on.
+
+    By default the file is tidied: Windows line ends become ``\\n``, lines lose
+    trailing blanks, runs of blank lines separate examples. ``verbatim`` reads it as
+    the released STaR code does (``read().split("\\n\\n")``): the pieces between
+    each ``"\\n\\n"``, nothing stripped, so ``"\\n\\n".join(pieces)`` is the file's text."""
     p = Path(path)
     try:
-        text = _read_text(p).decode("utf-8-sig")
+        text = _read_text(p).decode("utf-8" if verbatim else "utf-8-sig")
     except UnicodeDecodeError:
         raise UserError(f"{p}: not valid UTF-8") from None
     blocks: list[tuple[str, str]] = []
+    if verbatim:
+        if not text.strip():
+            raise UserError(f"{p}: no examples (the file is empty)")
+        at = 1
+        for piece in text.split("\n\n"):
+            blocks.append((f"{p}:{at}", piece))
+            at += piece.count("\n") + 2
+        return blocks
     start, lines = 0, []
     for n, line in enumerate(text.replace("\r\n", "\n").split("\n"), start=1):
         if line.strip():
@@ -104,3 +118,34 @@ def check_option_path(name: str, value: Any) -> str | None:
     if value is not None and (not isinstance(value, str) or not value):
         raise UserError(f"{name}: expected a path string, got {_type_name(value)}")
     return value
+
+
+PROMPT_KINDS = ("rationale", "direct", "hint", "direct_hint")
+Examples = list[tuple[str, str, Any]]
+"""Prompt examples as ("file:line", text, answer)."""
+
+
+def prompt_files(prompts_file: Any, hint_prompts_file: Any, direct_prompts_file: Any,
+                 direct_hint_prompts_file: Any) -> dict[str, str | None]:
+    """A task's prompt-file options (each a path or None), checked, by prompt kind."""
+    given = {"rationale": ("prompts_file", prompts_file), "hint": ("hint_prompts_file", hint_prompts_file),
+             "direct": ("direct_prompts_file", direct_prompts_file),
+             "direct_hint": ("direct_hint_prompts_file", direct_hint_prompts_file)}
+    return {kind: check_option_path(name, value) for kind, (name, value) in given.items()}
+
+
+def few_shot_prompts(files: Mapping[str, str | None], read: Callable[[str, str], Examples],
+                     builtin: Callable[[str], Examples], hinted: Callable[[str, str, Any], str]) -> dict[str, str]:
+    """A task's few-shot prompts for the four ``PROMPT_KINDS``, each joined as the original
+    STaR code joins a prompt file's examples: ``"\\n\\n".join(examples) + "\\n\\n"``.
+
+    ``read(path, kind)`` gives the examples of a kind's file, ``builtin(kind)`` those of
+    "rationale" or "direct" when no file is given; a hinted kind ("hint", "direct_hint")
+    without a file is derived from its plain kind's examples by ``hinted(where, text, answer)``."""
+    plain = {kind: read(files[kind], kind) if files.get(kind) else builtin(kind) for kind in ("rationale", "direct")}
+    texts = {kind: [text for _, text, _ in examples] for kind, examples in plain.items()}
+    for kind, base in (("hint", "rationale"), ("direct_hint", "direct")):
+        path = files.get(kind)
+        texts[kind] = ([text for _, text, _ in read(path, kind)] if path
+                       else [hinted(where, text, answer) for where, text, answer in plain[base]])
+    return {kind: "\n\n".join(texts[kind]) + "\n\n" for kind in PROMPT_KINDS}

@@ -56,10 +56,21 @@ def build(cfg: dict[str, Any], registry: Registry, load_data: bool = True) -> Ex
     model = cfg["model"]
     backend_options = {k: v for k, v in model.items() if k != "backend"}
     backend = registry.create("backend", model["backend"], backend_options, "model")
+    # Ask for the few-shot prompts the run will use now, so that a kind the task lacks
+    # fails before anything runs.
+    plain, hinted = prompt_kinds(cfg)
+    task.prompt(plain)
+    if hint is not None:
+        task.prompt(hinted)
     exp = Experiment(cfg, registry, task, checker, checker_ref["name"], hint, filters, schedule, backend, {})
     if load_data:
         exp.splits = load_splits(cfg, task)
     return exp
+
+
+def prompt_kinds(cfg: dict[str, Any]) -> tuple[str, str]:
+    """The few-shot prompt kinds a run asks its task for: (plain, hinted)."""
+    return ("direct", "direct_hint") if cfg["task"]["direct"] else ("rationale", "hint")
 
 
 def load_splits(cfg: dict[str, Any], task: Any) -> dict[str, list[Example]]:

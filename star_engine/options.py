@@ -51,3 +51,10 @@ def require_str(name: str, value: Any, allow_empty: bool = False) -> str:
     if not allow_empty and not value:
         raise UserError(f"{name}: must not be empty")
     return value
+
+
+def require_str_list(name: str, value: Any) -> list[str]:
+    """A list (possibly empty) of non-empty strings."""
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise UserError(f"{name}: must be a list of non-empty strings, got {value!r}")
+    return list(value)

@@ -21,9 +21,9 @@ import pyarrow as pa
 import structlog
 
 from . import ui
-from .api import Candidate, Example, GenRequest, GenSpec, TrainExample, TrainSpec
+from .api import Candidate, Example, GenRequest, GenSpec, TrainExample, TrainSpec, Verdict
 from .errors import PluginError, UserError
-from .experiment import Experiment
+from .experiment import Experiment, prompt_kinds
 from .store import RunStore, remove
 
 log = structlog.get_logger("star_engine")
@@ -69,9 +69,12 @@ class Stages:
         g = self.cfg["generation"]
         self.stop = tuple(self.task.stop)
         self.sample_spec = GenSpec(g["max_new_tokens"], g["temperature"], g["top_p"], self.stop, g["batch_size"])
-        eval_tokens = self.cfg["evaluation"]["max_new_tokens"] or g["max_new_tokens"]
-        self.greedy_spec = GenSpec(eval_tokens, 0.0, 1.0, self.stop, g["batch_size"])
-        self.kind = "direct" if self.cfg["task"]["direct"] else "rationale"
+        ev = self.cfg["evaluation"]
+        self.eval_spec = GenSpec(ev["max_new_tokens"] or g["max_new_tokens"], ev["temperature"], ev["top_p"],
+                                 self.stop, g["batch_size"])
+        self.kind, self.hint_kind = prompt_kinds(self.cfg)
+        # Optional Task method: the part of a generation that is checked and stored.
+        self.trim = getattr(self.task, "trim", None) or (lambda text: text)
         self.timings: dict[str, float] = {}
 
     # -- references to checkpoints (relative inside the run directory) -------------
@@ -139,9 +142,14 @@ class Stages:
     def _stored_prompt(self, context: str, kind: str) -> str:
         return (self.task.prompt(kind) + context) if self.cfg["task"]["few_shot_train"] else context
 
+    def _judge(self, text: str, gold: str) -> tuple[str, Verdict]:
+        """(the generation as the task keeps it, the checker's verdict on that)."""
+        text = self.trim(text)
+        return text, self.exp.checker.check(text, self.task.extract(text), gold)
+
     def _row(self, n: int, ex: Example, s: int, text: str, stored: str, full: str, seed: int, hinted: bool,
              model_id: str, leaks: Sequence[str] = ()) -> dict:
-        verdict = self.exp.checker.check(text, self.task.extract(text), ex.answer)
+        text, verdict = self._judge(text, ex.answer)
         return {"question_id": ex.id, "class": ex.cls, "iteration": n, "sample": s, "prompt": stored,
                 "rationale": text, "predicted": verdict.predicted, "gold": ex.answer,
                 "correct": bool(verdict.correct), "was_hinted": hinted, "kept": False, "rejected_by": None,
@@ -176,7 +184,7 @@ class Stages:
         chosen = [ex for ex in wrong if coin(r["p_rationalization"], self.seed, n, ex.id, "rationalize")]
         k = self.cfg["generation"]["samples_per_question"]
         items = [(ex, s) for ex in chosen for s in range(k)]
-        prefix = self.task.prompt("hint")
+        prefix = self.task.prompt(self.hint_kind)
         hinted = [self.exp.hint.context(self.task, ex) for ex, _ in items]
         prompts = [prefix + h for h in hinted]
         seeds = [derive_seed(self.seed, n, ex.id, s, "rationalize") for ex, s in items]
@@ -187,7 +195,8 @@ class Stages:
         for (ex, s), text, h, full, seed in zip(items, texts, hinted, prompts, seeds):
             # Stored as if no hint had been given, unless p_show_hint_save says otherwise.
             show = coin(r["p_show_hint_save"], self.seed, n, ex.id, s, "show_hint")
-            stored = self._stored_prompt(h, "hint") if show else self._stored_prompt(self.task.context(ex), self.kind)
+            stored = (self._stored_prompt(h, self.hint_kind) if show
+                      else self._stored_prompt(self.task.context(ex), self.kind))
             leaks = self.exp.hint.leak_strings(self.task, ex)
             rows.append(self._row(n, ex, s, text, stored, full, seed, True, mid, leaks))
         self._timed("rationalize", t0)
@@ -293,12 +302,12 @@ class Stages:
         prefix = "" if (self.cfg["evaluation"]["no_prompt"] and n > 0) else self.task.prompt(self.kind)
         prompts = [prefix + self.task.context(ex) for ex in examples]
         seeds = [derive_seed(self.seed, n, ex.id, split, "evaluate") for ex in examples]
-        texts = self._generate(f"{it_dir(n)}/eval_{split}", prompts, seeds, self.greedy_spec, model,
+        texts = self._generate(f"{it_dir(n)}/eval_{split}", prompts, seeds, self.eval_spec, model,
                                f"iter {n}: evaluate {split}")
         mid = self.checkpoint_id(model)
         rows = []
         for ex, text, full in zip(examples, texts, prompts):
-            v = self.exp.checker.check(text, self.task.extract(text), ex.answer)
+            text, v = self._judge(text, ex.answer)
             rows.append({"question_id": ex.id, "class": ex.cls, "iteration": n, "split": split,
                          "generation": text, "predicted": v.predicted, "gold": ex.answer,
                          "correct": bool(v.correct), "model_checkpoint": mid, "prompt_hash": prompt_hash(full)})

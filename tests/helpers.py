@@ -9,6 +9,11 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
+# The real data sets and the original STaR prompt files (never in the repository):
+# ../shared/data next to the checkout, or wherever STAR_SHARED_DATA points (a git
+# worktree elsewhere). Tests that need them are marked real_data and skip without them.
+SHARED_DATA = Path(os.environ.get("STAR_SHARED_DATA") or REPO.parent / "shared" / "data")
+STAR_PROMPTS = SHARED_DATA / "star-prompts"
 
 TOY_TOML = """
 [experiment]

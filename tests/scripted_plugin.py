@@ -78,7 +78,8 @@ class ToyTask:
     def prompt(self, kind: str) -> str:
         return {"rationale": "Q: 1+1\nA: one plus one. The answer is 2.\n\n",
                 "direct": "Q: 1+1\nA: The answer is 2.\n\n",
-                "hint": "Q: 1+1 (hint: 2)\nA: one plus one. The answer is 2.\n\n"}[kind]
+                "hint": "Q: 1+1 (hint: 2)\nA: one plus one. The answer is 2.\n\n",
+                "direct_hint": "Q: 1+1 (hint: 2)\nA: The answer is 2.\n\n"}[kind]
 
     def extract(self, generation: str) -> str | None:
         m = re.search(r"answer is (-?\d+)", generation)
@@ -89,6 +90,17 @@ class ToyTask:
 
     def seed_examples(self) -> list[TrainExample]:
         return [TrainExample("Q: 2+2\nA:", " two and two. The answer is 4.")]
+
+
+class ToyTrimTask(ToyTask):
+    """The toy task with the optional ``trim``: only the text before ``at`` counts."""
+
+    def __init__(self, at: str = ".", n_train: int = 24, n_dev: int = 12, seed: int = 0):
+        super().__init__(n_train, n_dev, seed)
+        self.at = at
+
+    def trim(self, generation: str) -> str:
+        return generation.split(self.at)[0]
 
 
 class ToyExact:
@@ -195,6 +207,7 @@ class ScriptedBackend:
 @hookimpl
 def register_tasks(register):
     register("toy", ToyTask)
+    register("toy_trim", ToyTrimTask)
 
 
 @hookimpl

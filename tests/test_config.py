@@ -44,7 +44,7 @@ CASES = [
     ("bad_loss", lambda t: _edit(t, "restart_from_base = true", 'restart_from_base = true\nloss = "prompt"'),
      "training.loss: must be one of completion, all"),
     ("unknown_task", lambda t: _edit(t, 'dataset = "toy"', 'dataset = "tyo"'),
-     "task.dataset: unknown task 'tyo'; available: toy (did you mean 'toy'?)"),
+     "task.dataset: unknown task 'tyo'; available: toy, toy_trim (did you mean 'toy'?)"),
     ("unknown_filter", lambda t: _edit(t, 'filters = ["toy_leak"]', 'filters = ["toy_lek"]'),
      "task.filters[0]: unknown filter 'toy_lek'"),
     ("unknown_backend", lambda t: _edit(t, 'backend = "scripted"', 'backend = "scriptd"'),
@@ -59,6 +59,10 @@ CASES = [
     ("section_not_table", lambda t: "evaluation = 3\n" + t.replace("[evaluation]\nsplits = [\"dev\"]", ""),
      "evaluation: expected a table"),
     ("unknown_backend_option", lambda t: t + "colour = 3\n", "model.colour: unknown option for backend 'scripted'"),
+    ("eval_top_p_zero", lambda t: _edit(t, 'splits = ["dev"]', 'splits = ["dev"]\ntop_p = 0'),
+     "evaluation.top_p: must be in (0, 1]"),
+    ("eval_negative_temperature", lambda t: _edit(t, 'splits = ["dev"]', 'splits = ["dev"]\ntemperature = -0.5'),
+     "evaluation.temperature: must be >= 0"),
     ("missing_data_file", lambda t: _edit(t, 'filters = ["toy_leak"]', 'filters = ["toy_leak"]\ndata = { train = "nope.txt" }'),
      "task.data.train: no such file"),
 ]
@@ -113,6 +117,7 @@ def test_set_overrides_and_defaults(scripted, tmp_path):
     assert cfg["experiment"]["name"] == "x" and cfg["experiment"]["limit"] == 4
     assert cfg["training"]["optimizer"]["lr"] == 3e-4 and cfg["training"]["optimizer"]["warmup_steps"] == 100
     assert cfg["rationalization"]["p_show_hint_save"] == 0.0
+    assert (cfg["evaluation"]["temperature"], cfg["evaluation"]["top_p"]) == (0.0, 1.0)  # greedy
     for section in ("training", "base_training"):  # how a backend batches, and what carries loss
         assert cfg[section]["packing"] == "segments" and cfg[section]["loss"] == "completion"
     cfg = load_experiment(path, ['training.packing="stream"', 'training.loss="all"', 'base_training.packing="none"'])

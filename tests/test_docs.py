@@ -114,6 +114,37 @@ def test_protocol_is_documented(name):
         assert f"`{attr}" in text, f"{name}.{attr} is not documented"
 
 
+def optional_methods(cls: type) -> list[str]:
+    """Methods a protocol's docstring lists as optional (``name(...) -> ...`` lines
+    after "Optional method")."""
+    doc = inspect.getdoc(cls) or ""
+    tail = doc.split("Optional method", 1)[1] if "Optional method" in doc else ""
+    return re.findall(r"^``(\w+)\(", tail, re.MULTILINE)
+
+
+@pytest.mark.parametrize("name", PROTOCOLS)
+def test_optional_methods_are_documented(name):
+    text = section(DOC.read_text(), name)
+    for m in optional_methods(getattr(api, name)):
+        assert f"optional `{m}(" in text, f"{name}.{m} (optional) is not documented under '### {name}'"
+
+
+def test_optional_method_check_can_fail():
+    assert optional_methods(api.Task) == ["trim"]
+
+    class Fake:
+        """A protocol.
+
+        Optional method (the core calls it when present):
+
+        ``frobnicate(x: int) -> int``
+            Nobody documented it.
+        """
+
+    assert optional_methods(Fake) == ["frobnicate"]
+    assert "optional `frobnicate(" not in section(DOC.read_text(), "Task")
+
+
 def test_environment_switches_are_documented():
     switches = set(re.findall(r"STAR_ENGINE_[A-Z_]+", inspect.getsource(registry)))
     assert switches == {"STAR_ENGINE_DISABLE_AUTOLOAD", "STAR_ENGINE_BLOCK_PLUGINS", "STAR_ENGINE_PLUGINS"}

@@ -244,3 +244,75 @@ def test_early_stop_on_dev_plateau(scripted, toy_toml):
     # The scripted model's dev accuracy never changes: iteration 2 does not improve on 1, so it stops.
     assert (run / "iterations/002").exists() and not (run / "iterations/003").exists()
     assert "early_stop" in (run / "events.jsonl").read_text()
+
+
+def test_evaluation_samples_with_its_own_temperature_and_top_p(scripted, toy_toml, monkeypatch):
+    import scripted_plugin
+
+    seen: list[tuple[float, float, int]] = []
+    generate = scripted_plugin.ScriptedBackend.generate
+
+    def spy(self, checkpoint, requests, spec, progress=None):
+        seen.append((spec.temperature, spec.top_p, len(requests)))
+        return generate(self, checkpoint, requests, spec, progress)
+
+    monkeypatch.setattr(scripted_plugin.ScriptedBackend, "generate", spy)
+    _run(toy_toml(), "experiment.iterations=1", "generation.temperature=0.7", "generation.top_p=0.95")
+    assert {(t, p) for t, p, _ in seen} == {(0.7, 0.95), (0.0, 1.0)}  # evaluation: greedy by default
+    assert sum(n for t, p, n in seen if t == 0.0) == 2 * 12  # dev at iterations 0 and 1
+    seen.clear()
+    path = toy_toml("run2", name="toy2.toml")
+    assert main(["run", str(path), "--quiet", "--set", "experiment.iterations=1", "--set", "evaluation.temperature=0.01",
+                 "--set", "evaluation.top_p=0.9"]) == 0
+    assert {(t, p) for t, p, _ in seen} == {(0.0, 1.0), (0.01, 0.9)}
+    assert sum(n for t, p, n in seen if t == 0.01) == 2 * 12
+
+
+def test_task_trim_is_applied_before_checking_and_storing(scripted, toy_toml):
+    plain = _run(toy_toml(), "experiment.iterations=1")
+    before = {r["question_id"]: r for r in rows(plain, "iterations/001/generated.parquet")}
+    assert any(r["correct"] for r in before.values())
+    assert all("The answer is" in r["rationale"] for r in before.values())
+    path = toy_toml("trimmed", name="trim.toml")
+    assert main(["run", str(path), "--quiet", "--set", "experiment.iterations=1", "--set", 'task.dataset="toy_trim"']) == 0
+    trimmed = path.parent / "trimmed"
+    after = rows(trimmed, "iterations/001/generated.parquet")
+    assert sorted(r["question_id"] for r in after) == sorted(before)
+    # The stored rationale is the generation before "."; checked on that, nothing is right.
+    for r in after:
+        assert r["rationale"] == before[r["question_id"]]["rationale"].split(".")[0]
+        assert r["predicted"] is None and not r["correct"]
+    hinted = rows(trimmed, "iterations/001/rationalized.parquet")
+    assert len(hinted) == len(after) and all("." not in r["rationale"] and not r["correct"] for r in hinted)
+    evals = rows(trimmed, "iterations/001/eval_dev.parquet")
+    assert evals and all("." not in r["generation"] and not r["correct"] for r in evals)
+
+
+def test_direct_rationalization_uses_the_direct_hint_prompt(scripted, toy_toml, monkeypatch):
+    import scripted_plugin
+
+    prompts: list[str] = []
+    generate = scripted_plugin.ScriptedBackend.generate
+
+    def spy(self, checkpoint, requests, spec, progress=None):
+        prompts.extend(r.prompt for r in requests)
+        return generate(self, checkpoint, requests, spec, progress)
+
+    monkeypatch.setattr(scripted_plugin.ScriptedBackend, "generate", spy)
+    run = _run(toy_toml(), "experiment.iterations=1", "task.direct=true")
+    hinted = [p for p in prompts if "(hint: " in p.split("\n\n")[-1]]
+    assert hinted and all(p.startswith("Q: 1+1 (hint: 2)\nA: The answer is 2.\n\n") for p in hinted)
+    assert all(p.startswith("Q: 1+1\nA: The answer is 2.\n\n") for p in prompts if p not in hinted)
+    assert any(r["was_hinted"] for r in rows(run, "iterations/001/rationales.parquet"))
+
+
+def test_a_prompt_kind_the_task_lacks_fails_before_the_run(scripted, toy_toml, monkeypatch, capsys):
+    import scripted_plugin
+
+    prompt = scripted_plugin.ToyTask.prompt
+    monkeypatch.setattr(scripted_plugin.ToyTask, "prompt",
+                        lambda self, kind: prompt(self, "nope" if kind == "direct_hint" else kind))
+    path = toy_toml()
+    assert main(["run", str(path), "--quiet", "--set", "task.direct=true"]) != 0
+    assert "'toy'.prompt raised KeyError" in capsys.readouterr().err
+    assert not (path.parent / "run").exists()

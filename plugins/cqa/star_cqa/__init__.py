@@ -1,5 +1,6 @@
 """CommonsenseQA for star-engine: the ``cqa`` task and the ``cqa_correct`` hint."""
 
-from .task import CorrectHint, CQATask, extract_letter
+from .answers import extract_letter, first_line, original_letter
+from .task import CorrectHint, CQATask
 
-__all__ = ["CQATask", "CorrectHint", "extract_letter"]
+__all__ = ["CQATask", "CorrectHint", "extract_letter", "first_line", "original_letter"]

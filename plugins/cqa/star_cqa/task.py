@@ -11,7 +11,8 @@ Context format (REFERENCE.md)::
 
 A completion starts with a space and ends with "... the answer is <text> (<letter>)."
 Few-shot prompts are examples in that format separated by blank lines; ``prompt()``
-returns them with a trailing blank line so that ``prompt + context`` reads on.
+returns them with a trailing blank line so that ``prompt + context`` reads on (as the
+original joins them: ``"\\n\\n".join(prompts) + "\\n\\n" + context``).
 """
 
 from __future__ import annotations
@@ -19,30 +20,18 @@ from __future__ import annotations
 import re
 
 from star_engine.api import Example, TrainExample
+from star_engine.datafiles import PROMPT_KINDS, few_shot_prompts, get, prompt_files, read_blocks, read_jsonl
 from star_engine.errors import UserError
+from star_engine.options import require_bool, require_choice, require_str_list
 
-from star_engine.datafiles import check_option_path, get, read_blocks, read_jsonl
+from .answers import extract_letter, first_line, original_letter
 from .prompts import answer_sentence, builtin_blocks, question_block
 
 MARK = " (CORRECT)"
-PROMPT_KINDS = ("rationale", "direct", "hint")
+EXTRACTIONS = ("lenient", "original")
+STORED = ("until_stop", "original")
 
-# A parenthesised single letter, "(e)" or "( E )"; the answer is the last one on the line.
-_LETTER = re.compile(r"\(\s*([A-Za-z])\s*\)")
-
-
-def extract_letter(generation: str) -> str | None:
-    """The answer letter of a generation, lowercase, or None.
-
-    As in the original, only the first line counts (the model writes rationale
-    and answer on one line; later lines are the model running on), but blank
-    leading lines are skipped and the letter may be upper case or padded.
-    """
-    for line in generation.split("\n"):
-        if line.strip():
-            found = _LETTER.findall(line)
-            return found[-1].lower() if found else None
-    return None
+__all__ = ["CQATask", "CorrectHint", "extract_letter", "mark_choice"]
 
 
 def mark_choice(block: str, letter: str) -> str:
@@ -64,10 +53,10 @@ def _split_answer(block: str) -> tuple[str, str] | None:
     return (block[: m.end()], block[m.end():]) if m else None
 
 
-def _checked_blocks(path: str, kind: str) -> list[tuple[str, str, str]]:
+def _checked_blocks(path: str, kind: str, verbatim: bool) -> list[tuple[str, str, str]]:
     """Prompt examples of a file as (file:line, text, answer letter)."""
     out = []
-    for where, text in read_blocks(path):
+    for where, text in read_blocks(path, verbatim=verbatim):
         parts = _split_answer(text)
         if not text.startswith("Q:") or parts is None:
             raise UserError(f"{where}: a {kind} prompt example must start with 'Q:' and have a line starting with 'A:'")
@@ -78,41 +67,48 @@ def _checked_blocks(path: str, kind: str) -> list[tuple[str, str, str]]:
     return out
 
 
+def _marked(where: str, text: str, letter: str) -> str:
+    """A hint prompt example derived from an answered one: its answer's choice marked."""
+    try:
+        return mark_choice(text, letter)
+    except ValueError as e:  # only a user's prompts file can get here
+        raise UserError(f"{where}: cannot mark the correct choice for the hint prompt: {e}") from None
+
+
+def _builtin(kind: str) -> list[tuple[str, str, str]]:
+    return [("built-in", text, extract_letter(_split_answer(text)[1])) for text in builtin_blocks(kind == "direct")]
+
+
 class CQATask:
-    """CommonsenseQA (official JSONL). Options: ``prompts_file`` (rationale
-    examples), ``hint_prompts_file`` (default: the rationale examples with their
-    answer's choice marked " (CORRECT)"), ``direct_prompts_file``."""
+    """CommonsenseQA (official JSONL). Options:
+
+    - ``prompts_file``, ``direct_prompts_file``: rationale / direct-answer examples
+      (default: built in); ``hint_prompts_file``, ``direct_hint_prompts_file``: the
+      hinted ones (default: derived, the answer's choice marked " (CORRECT)").
+    - ``verbatim``: read prompt files as the original does (split on ``"\\n\\n"``,
+      nothing stripped) and keep stems and choice texts exactly as in the data file
+      (default: tidied, each on one line).
+    - ``extraction``: ``"lenient"`` (default) or ``"original"`` (``answers.py``).
+    - ``stored_completion``: what of a generation is checked and stored:
+      ``"until_stop"`` (default: all of it, up to a stop string) or ``"original"``
+      (its first line, cut at ``<|endoftext|>``).
+    - ``stop``: the stop strings (default ``["\\n\\n", "\\nQ:"]``).
+    """
 
     default_checker = "mc_letter"
     default_hint = "cqa_correct"
-    stop = ("\n\n", "\nQ:")
 
     def __init__(self, *, prompts_file: str | None = None, hint_prompts_file: str | None = None,
-                 direct_prompts_file: str | None = None) -> None:
-        files = {"rationale": check_option_path("prompts_file", prompts_file),
-                 "hint": check_option_path("hint_prompts_file", hint_prompts_file),
-                 "direct": check_option_path("direct_prompts_file", direct_prompts_file)}
-        blocks: dict[str, list[str]] = {}
-        if files["rationale"]:
-            checked = _checked_blocks(files["rationale"], "rationale")
-        else:
-            checked = [("built-in", text, extract_letter(_split_answer(text)[1]))
-                       for text in builtin_blocks(direct=False)]
-        blocks["rationale"] = [text for _, text, _ in checked]
-        if files["hint"]:
-            blocks["hint"] = [text for _, text, _ in _checked_blocks(files["hint"], "hint")]
-        else:
-            blocks["hint"] = []
-            for where, text, letter in checked:
-                try:
-                    blocks["hint"].append(mark_choice(text, letter))
-                except ValueError as e:  # only a user's prompts file can get here
-                    raise UserError(f"{where}: cannot mark the correct choice for the hint prompt: {e}") from None
-        if files["direct"]:
-            blocks["direct"] = [text for _, text, _ in _checked_blocks(files["direct"], "direct")]
-        else:
-            blocks["direct"] = builtin_blocks(direct=True)
-        self._prompts = {kind: "\n\n".join(b) + "\n\n" for kind, b in blocks.items()}
+                 direct_prompts_file: str | None = None, direct_hint_prompts_file: str | None = None,
+                 verbatim: bool = False, extraction: str = "lenient", stored_completion: str = "until_stop",
+                 stop: list[str] | None = None) -> None:
+        self.verbatim = require_bool("verbatim", verbatim)
+        self.extraction = require_choice("extraction", extraction, EXTRACTIONS)
+        self.stored_completion = require_choice("stored_completion", stored_completion, STORED)
+        self.stop = ("\n\n", "\nQ:") if stop is None else tuple(require_str_list("stop", stop))
+        files = prompt_files(prompts_file, hint_prompts_file, direct_prompts_file, direct_hint_prompts_file)
+        self._prompts = few_shot_prompts(files, lambda path, kind: _checked_blocks(path, kind, self.verbatim),
+                                         _builtin, _marked)
 
     # ------------------------------------------------------------------ data
 
@@ -140,7 +136,7 @@ class CQATask:
                     raise UserError(f"{where}: field '{name}.label' must be one letter, got {label!r}")
                 if any(c["label"] == label.lower() for c in choices):
                     raise UserError(f"{where}: field '{name}.label': duplicate label {label!r}")
-                choices.append({"label": label.lower(), "text": _one_line(text)})
+                choices.append({"label": label.lower(), "text": text if self.verbatim else _one_line(text)})
             if len(choices) < 2:
                 raise UserError(f"{where}: field 'question.choices' needs at least 2 choices, got {len(choices)}")
             key = get(row, "answerKey", str, where, required=labelled)
@@ -153,7 +149,8 @@ class CQATask:
                 raise UserError(f"{where}: duplicate id {rid!r} (first at {seen[rid]})")
             seen[rid] = where
             concept = question.get("question_concept")
-            examples.append(Example(id=rid, question=_one_line(stem), answer=answer, fields={
+            stem = stem if self.verbatim else _one_line(stem)
+            examples.append(Example(id=rid, question=stem, answer=answer, fields={
                 "choices": choices, "concept": concept if isinstance(concept, str) else ""}))
         return examples
 
@@ -168,7 +165,11 @@ class CQATask:
         return self._prompts[kind]
 
     def extract(self, generation: str) -> str | None:
-        return extract_letter(generation)
+        return original_letter(generation) if self.extraction == "original" else extract_letter(generation)
+
+    def trim(self, generation: str) -> str:
+        """What of a generation is checked and stored (``stored_completion``)."""
+        return first_line(generation) if self.stored_completion == "original" else generation
 
     def gold_completion(self, example: Example, direct: bool) -> str:
         if not direct:

@@ -8,6 +8,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
+from helpers import SHARED_DATA
 
 from star_cqa import plugin
 from star_cqa.prompts import EXAMPLES
@@ -18,7 +19,7 @@ from star_engine.errors import UserError
 HERE = Path(__file__).parent
 TRAIN = HERE / "data" / "train_sample.jsonl"
 TEST = HERE / "data" / "test_sample.jsonl"
-REAL = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "commonsenseqa"
+REAL = SHARED_DATA / "commonsenseqa"
 
 GOOD_ROW = {"answerKey": "B", "id": "r1", "question": {"question_concept": "x", "stem": "Which?", "choices": [
     {"label": L, "text": f"choice {L}"} for L in "ABCDE"]}}

@@ -47,6 +47,25 @@ class ExactChecker:
         return Verdict(predicted, predicted.casefold() == expected.casefold())
 
 
+class LowerExactChecker:
+    """``extracted.lower() == gold.lower()``: the comparison of the released STaR code
+    (``device_inference.py`` at 6ffd3c4, line 72), to pair with a task's
+    ``extraction = "original"``. Nothing else is normalised unless ``strip = true``
+    (surrounding whitespace off both; the original strips its GSM8K prediction, not
+    the gold). ``predicted`` is ``extracted`` as it is. (``exact`` with
+    ``case_sensitive = false`` case-folds instead, which differs from ``str.lower``
+    for a few non-ASCII letters such as "ß".)"""
+
+    def __init__(self, *, strip: bool = False) -> None:
+        self.strip = require_bool("strip", strip)
+
+    def check(self, generation: str, extracted: str | None, gold: str) -> Verdict:
+        if extracted is None:
+            return Verdict(None, False)
+        a, b = (extracted.strip(), gold.strip()) if self.strip else (extracted, gold)
+        return Verdict(extracted, a.lower() == b.lower())
+
+
 class MCLetterChecker:
     """Multiple-choice letter, compared case-insensitively with ``gold``.
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from star_engine import hookimpl
 
-from .checkers import ExactChecker, MCLetterChecker, NumericChecker, RegexChecker
+from .checkers import ExactChecker, LowerExactChecker, MCLetterChecker, NumericChecker, RegexChecker
 from .filters import DedupFilter, HintLeakFilter, LengthCapFilter
 
 CHECKERS = {
     "exact": ExactChecker,
+    "exact_lower": LowerExactChecker,
     "mc_letter": MCLetterChecker,
     "numeric": NumericChecker,
     "regex": RegexChecker,

@@ -2,7 +2,7 @@ import pytest
 
 from star_engine.api import Verdict
 from star_engine.errors import UserError
-from star_filters.checkers import ExactChecker, MCLetterChecker, NumericChecker, RegexChecker
+from star_filters.checkers import ExactChecker, LowerExactChecker, MCLetterChecker, NumericChecker, RegexChecker
 
 # ----------------------------------------------------------------------------- exact
 
@@ -29,6 +29,23 @@ def test_exact_empty_extraction_matches_only_empty_gold():
     c = ExactChecker()
     assert c.check("", "  ", "") == Verdict("", True)
     assert c.check("", "", "x") == Verdict("", False)
+
+
+# ----------------------------------------------------------------------------- exact_lower
+
+
+def test_exact_lower_is_the_original_comparison():
+    c = LowerExactChecker()
+    assert c.check("", "E", "e") == Verdict("E", True)          # the CQA letter, compared lower-cased
+    assert c.check("", "1,080", "1,080") == Verdict("1,080", True)
+    assert c.check("", "1080", "1,080") == Verdict("1080", False)  # no numeric normalisation
+    assert c.check("", " 5", "5") == Verdict(" 5", False)        # nor any stripping by default
+    assert c.check("", "STRASSE", "straße").correct is False     # str.lower, not casefold ...
+    assert ExactChecker(case_sensitive=False).check("", "STRASSE", "straße").correct is True  # ... as exact does
+    assert c.check("gen", None, "e") == Verdict(None, False)
+    assert LowerExactChecker(strip=True).check("", " 5 ", "5\n") == Verdict(" 5 ", True)
+    with pytest.raises(UserError, match="strip"):
+        LowerExactChecker(strip="no")
 
 
 # ----------------------------------------------------------------------------- mc_letter

@@ -24,7 +24,7 @@ def collect(hook_name):
 
 
 def test_registers_checkers_and_filters():
-    assert sorted(collect("register_checkers")) == ["exact", "mc_letter", "numeric", "regex"]
+    assert sorted(collect("register_checkers")) == ["exact", "exact_lower", "mc_letter", "numeric", "regex"]
     assert sorted(collect("register_filters")) == ["dedup", "hint_leak", "length_cap"]
     assert collect("register_schedules") == {}
 

@@ -1,4 +1,13 @@
-"""Final answers of GSM8K: the ``#### <number>`` line and numeric normalisation."""
+"""Final answers of GSM8K: the ``#### <number>`` line and numeric normalisation.
+
+Two readings of a generation. ``final_answer`` (the project's default): the text
+after ``####`` on the first line that has it, normalised as a number.
+``original_answer``: exactly as the released STaR code (``device_inference.py``,
+ezelikman/STaR at 6ffd3c4, lines 44-52): the lines up to and including the first
+line containing ``####`` (``answer_lines``, also what the original stores), cut at
+``<|endoftext|>``, then the text after their last ``####``, stripped, compared as a
+string (lower-cased) with the gold's text after ``"#### "``.
+"""
 
 from __future__ import annotations
 
@@ -46,3 +55,30 @@ def final_answer(generation: str) -> str | None:
         if "####" in line:
             return normalize_number(line.split("####", 1)[1])
     return None
+
+
+EOT = "<|endoftext|>"
+
+
+def _through_answer_line(generation: str) -> str | None:
+    lines = generation.split("\n")
+    for i, line in enumerate(lines):
+        if "####" in line:
+            return "\n".join(lines[: i + 1]).split(EOT)[0]
+    return None
+
+
+def answer_lines(generation: str) -> str:
+    """The generation up to and including its first line containing ``####``, cut at
+    ``<|endoftext|>`` (what the original stores); all of it, so cut, when no line has
+    ``####`` (such a generation has no answer and is never stored)."""
+    kept = _through_answer_line(generation)
+    return generation.split(EOT)[0] if kept is None else kept
+
+
+def original_answer(generation: str) -> str | None:
+    """The original's prediction: the text after the last ``####`` of
+    :func:`answer_lines`, stripped, not normalised ("1,080" stays "1,080"); None when
+    no line has ``####`` (the original's empty prediction, which matches no gold)."""
+    kept = _through_answer_line(generation)
+    return None if kept is None else kept.split("####")[-1].strip()

@@ -1,44 +1,48 @@
 """The GSM8K task and its ``gsm8k_answer`` hint formatter.
 
 Context: ``Q: <question>\\nA:``. Rationale completion: `` <steps, one per line>\\n#### <n>``;
-direct completion: `` #### <n>``. Hinted context: ``Q: <question> (Answer: <n>)\\nA:``.
-Few-shot prompts are examples separated by blank lines, with a trailing blank line.
+direct completion: `` #### <n>``. Hinted context (default template):
+``Q: <question> (Answer: <n>)\\nA:``. Few-shot prompts are examples separated by blank
+lines, with a trailing blank line (``"\\n\\n".join(prompts) + "\\n\\n"``, as the original).
 """
 
 from __future__ import annotations
 
 import re
+import string
 
 from star_engine.api import Example, TrainExample
+from star_engine.datafiles import PROMPT_KINDS, few_shot_prompts, get, prompt_files, read_blocks, read_jsonl
 from star_engine.errors import UserError
+from star_engine.options import require_bool, require_choice, require_str, require_str_list
 
-from star_engine.datafiles import check_option_path, get, read_blocks, read_jsonl
-from .answers import final_answer, normalize_number
+from .answers import answer_lines, final_answer, normalize_number, original_answer
 from .prompts import builtin_blocks
 
-PROMPT_KINDS = ("rationale", "direct", "hint")
 ANNOTATION_MODES = ("strip", "keep")
+GOLD_ANSWERS = ("normalized", "raw")
+EXTRACTIONS = ("lenient", "original")
+STORED = ("until_stop", "original")
+DEFAULT_TEMPLATE = "(Answer: {answer})"
+HINT_FIELDS = ("answer", "solution")
 _ANNOTATION = re.compile(r"<<[^<>\n]*>>")
 _NUMERIC = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 
 
-def hint_text(answer: str) -> str:
-    return f"(Answer: {answer})"
-
-
-def add_hint(block: str, answer: str) -> str:
-    """``block`` with the hint after the question, i.e. at the end of the line
-    before the ``A:`` line. Raises ValueError when there is no ``A:`` line."""
+def add_hint(block: str, hint: str) -> str:
+    """``block`` with `` <hint>`` after the question, i.e. at the end of the line
+    before the ``A:`` line (where the original puts it). Raises ValueError when
+    there is no ``A:`` line."""
     m = re.search(r"\nA:", block)
     if m is None:
         raise ValueError("no line starting with 'A:'")
-    return f"{block[: m.start()]} {hint_text(answer)}{block[m.start():]}"
+    return f"{block[: m.start()]} {hint}{block[m.start():]}"
 
 
-def _checked_blocks(path: str, kind: str) -> list[tuple[str, str, str | None]]:
+def _checked_blocks(path: str, kind: str, verbatim: bool) -> list[tuple[str, str, str | None]]:
     """Prompt examples of a file as (file:line, text, answer after ####)."""
     out = []
-    for where, text in read_blocks(path):
+    for where, text in read_blocks(path, verbatim=verbatim):
         if not text.startswith("Q:") or not re.search(r"\nA:", text):
             raise UserError(f"{where}: a {kind} prompt example must start with 'Q:' and have a line starting with 'A:'")
         answer = final_answer(text.split("\nA:", 1)[1])
@@ -49,40 +53,44 @@ def _checked_blocks(path: str, kind: str) -> list[tuple[str, str, str | None]]:
 
 
 class GSM8KTask:
-    """GSM8K (JSONL ``{"question", "answer"}``). Options: ``calculator_annotations``
-    ("strip" removes the ``<<48/2=24>>`` marks from gold rationales, "keep" keeps
-    them), ``prompts_file``, ``hint_prompts_file`` (default: the rationale
-    examples with their answer hinted), ``direct_prompts_file``."""
+    """GSM8K (JSONL ``{"question", "answer"}``). Options:
+
+    - ``calculator_annotations``: "strip" removes the ``<<48/2=24>>`` marks from gold
+      rationales, "keep" keeps them.
+    - ``prompts_file``, ``direct_prompts_file``: rationale / direct examples (default:
+      built in); ``hint_prompts_file``, ``direct_hint_prompts_file``: hinted ones
+      (default: derived, ``(Answer: <n>)`` after each question).
+    - ``verbatim``: prompt files split on ``"\\n\\n"`` with nothing stripped, questions
+      kept exactly as in the data file (the original); default: tidied, one line.
+    - ``gold_answer``: "normalized" (default: ``1,080`` -> ``1080``) or "raw" (the
+      original's ``answer.split("#### ")[-1]``, commas kept).
+    - ``extraction``: "lenient" (``final_answer``) or "original" (``original_answer``).
+    - ``stored_completion``: "until_stop" (default) or "original" (``answer_lines``).
+    - ``stop``: the stop strings (default ``["\\nQ:", "\\n\\n\\n"]``).
+    """
 
     default_checker = "numeric"
     default_hint = "gsm8k_answer"
-    # "\nQ:" ends a generation that runs on into a new question; a rationale
-    # itself has no blank lines, so "\n\n\n" only cuts rambling.
-    stop = ("\nQ:", "\n\n\n")
 
     def __init__(self, *, calculator_annotations: str = "strip", prompts_file: str | None = None,
-                 hint_prompts_file: str | None = None, direct_prompts_file: str | None = None) -> None:
-        if calculator_annotations not in ANNOTATION_MODES:
-            raise UserError(f"calculator_annotations: must be one of {', '.join(map(repr, ANNOTATION_MODES))}, "
-                            f"got {calculator_annotations!r}")
-        self.calculator_annotations = calculator_annotations
-        files = {"rationale": check_option_path("prompts_file", prompts_file),
-                 "hint": check_option_path("hint_prompts_file", hint_prompts_file),
-                 "direct": check_option_path("direct_prompts_file", direct_prompts_file)}
-        if files["rationale"]:
-            checked = _checked_blocks(files["rationale"], "rationale")
-        else:
-            checked = [("built-in", t, final_answer(t)) for t in builtin_blocks(direct=False)]
-        blocks = {"rationale": [t for _, t, _ in checked]}
-        if files["hint"]:
-            blocks["hint"] = [t for _, t, _ in _checked_blocks(files["hint"], "hint")]
-        else:
-            blocks["hint"] = [add_hint(t, a) for _, t, a in checked]
-        if files["direct"]:
-            blocks["direct"] = [t for _, t, _ in _checked_blocks(files["direct"], "direct")]
-        else:
-            blocks["direct"] = builtin_blocks(direct=True)
-        self._prompts = {kind: "\n\n".join(b) + "\n\n" for kind, b in blocks.items()}
+                 hint_prompts_file: str | None = None, direct_prompts_file: str | None = None,
+                 direct_hint_prompts_file: str | None = None, verbatim: bool = False,
+                 gold_answer: str = "normalized", extraction: str = "lenient",
+                 stored_completion: str = "until_stop", stop: list[str] | None = None) -> None:
+        self.calculator_annotations = require_choice("calculator_annotations", calculator_annotations,
+                                                     ANNOTATION_MODES)
+        self.verbatim = require_bool("verbatim", verbatim)
+        self.gold_answer = require_choice("gold_answer", gold_answer, GOLD_ANSWERS)
+        self.extraction = require_choice("extraction", extraction, EXTRACTIONS)
+        self.stored_completion = require_choice("stored_completion", stored_completion, STORED)
+        # "\nQ:" ends a generation that runs on into a new question; a rationale
+        # itself has no blank lines, so "\n\n\n" only cuts rambling.
+        self.stop = ("\nQ:", "\n\n\n") if stop is None else tuple(require_str_list("stop", stop))
+        files = prompt_files(prompts_file, hint_prompts_file, direct_prompts_file, direct_hint_prompts_file)
+        self._prompts = few_shot_prompts(
+            files, lambda path, kind: _checked_blocks(path, kind, self.verbatim),
+            lambda kind: [("built-in", t, final_answer(t)) for t in builtin_blocks(direct=kind == "direct")],
+            lambda where, text, answer: add_hint(text, DEFAULT_TEMPLATE.format(answer=answer)))
 
     def load(self, split: str, path: str | None) -> list[Example]:
         if path is None:
@@ -99,6 +107,12 @@ class GSM8KTask:
             answer = normalize_number(raw)
             if answer is None or not _NUMERIC.fullmatch(answer):
                 raise UserError(f"{where}: field 'answer': the final answer {raw.strip()!r} is not a number")
+            if self.gold_answer == "raw":
+                text = solution.split("#### ")[-1]  # the original's gold, as it is
+                if "\n" in text or normalize_number(text) != answer:
+                    raise UserError(f"{where}: field 'answer': the text after its last '#### ' ({text[:40]!r}) "
+                                    f"is not the final answer {raw.strip()!r}")
+                answer = text
             rationale = "\n".join(lines[:final])
             if self.calculator_annotations == "strip":
                 rationale = _ANNOTATION.sub("", rationale)
@@ -106,8 +120,9 @@ class GSM8KTask:
             # like the prompts (one step per line) and never contain a stop string.
             rationale = "\n".join(line.rstrip() for line in rationale.split("\n") if line.strip())
             # GSM8K has no ids: the row's position in its file is stable.
-            examples.append(Example(id=f"{split}-{i}", question=" ".join(question.strip().splitlines()),
-                                    answer=answer, fields={"rationale": rationale}))
+            examples.append(Example(
+                id=f"{split}-{i}", question=question if self.verbatim else " ".join(question.strip().splitlines()),
+                answer=answer, fields={"rationale": rationale, "solution": solution}))
         return examples
 
     def context(self, example: Example) -> str:
@@ -119,7 +134,11 @@ class GSM8KTask:
         return self._prompts[kind]
 
     def extract(self, generation: str) -> str | None:
-        return final_answer(generation)
+        return original_answer(generation) if self.extraction == "original" else final_answer(generation)
+
+    def trim(self, generation: str) -> str:
+        """What of a generation is checked and stored (``stored_completion``)."""
+        return answer_lines(generation) if self.stored_completion == "original" else generation
 
     def gold_completion(self, example: Example, direct: bool) -> str:
         if not example.answer:
@@ -135,16 +154,50 @@ class GSM8KTask:
         return []
 
 
-class AnswerHint:
-    """``gsm8k_answer``: the gold answer in parentheses after the question."""
+def _template_fields(template: str) -> set[str]:
+    """The placeholders of a hint template; UserError for anything but ``{answer}``
+    and ``{solution}`` (``{{`` and ``}}`` are literal braces)."""
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise UserError(f"template: {e} in {template!r}") from None
+    names = set()
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if name not in HINT_FIELDS or spec or conversion:
+            raise UserError(f"template: unknown placeholder {{{name}{'!' + conversion if conversion else ''}"
+                            f"{':' + spec if spec else ''}}} in {template!r}; allowed: "
+                            + ", ".join(f"{{{f}}}" for f in HINT_FIELDS))
+        names.add(name)
+    return names
 
-    def context(self, task, example: Example) -> str:
+
+class AnswerHint:
+    """``gsm8k_answer``: a hint after the question, at the end of the line before
+    ``A:``, written by ``template``: ``{answer}`` is the gold answer as the task loaded
+    it, ``{solution}`` the data set's whole answer field, verbatim (the released STaR
+    code inserts ``" (" + solution + ")"``: ``template = "({solution})"``)."""
+
+    def __init__(self, *, template: str = DEFAULT_TEMPLATE) -> None:
+        self.template = require_str("template", template)
+        self.fields = _template_fields(self.template)
+
+    def text(self, example: Example) -> str:
+        """The hint for ``example``."""
         if not example.answer:
             raise UserError(f"gsm8k_answer: example {example.id!r} has no gold answer to hint")
+        solution = example.fields.get("solution")
+        if "solution" in self.fields and not isinstance(solution, str):
+            raise UserError(f"gsm8k_answer: example {example.id!r} has no solution text for {{solution}}")
+        return self.template.format(answer=example.answer, solution=solution)
+
+    def context(self, task, example: Example) -> str:
+        hint = self.text(example)
         try:
-            return add_hint(task.context(example), example.answer)
+            return add_hint(task.context(example), hint)
         except ValueError as e:
             raise UserError(f"gsm8k_answer: example {example.id!r}: {e}") from None
 
     def leak_strings(self, task, example: Example) -> tuple[str, ...]:
-        return (hint_text(example.answer),)
+        return (self.text(example),)

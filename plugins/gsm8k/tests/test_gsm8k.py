@@ -8,6 +8,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
+from helpers import SHARED_DATA
 
 from star_engine.api import Task
 from star_engine.errors import UserError
@@ -18,7 +19,7 @@ from star_gsm8k.task import AnswerHint, GSM8KTask
 
 HERE = Path(__file__).parent
 TRAIN = HERE / "data" / "train_sample.jsonl"
-REAL = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "gsm8k"
+REAL = SHARED_DATA / "gsm8k"
 GOOD_ROW = {"question": "What is 2 + 2?", "answer": "2+2 = <<2+2=4>>4.\n#### 4"}
 
 
