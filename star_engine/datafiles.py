@@ -51,6 +51,10 @@ def read_jsonl(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise UserError(f"{where}:{e.colno}: invalid JSON: {e.msg}") from None
+        except RecursionError:
+            raise UserError(f"{where}: invalid JSON: nested too deeply") from None
+        except ValueError as e:  # an integer of more than 4300 digits
+            raise UserError(f"{where}: invalid JSON: {e}") from None
         if not isinstance(obj, dict):
             raise UserError(f"{where}: expected a JSON object, got {_type_name(obj)}")
         rows.append((where, obj))
