@@ -61,6 +61,10 @@ class HaikuXmapBackend:
         if cpu_devices is not None:
             dist.set_cpu_devices(cpu_devices)
         self._distributed = dist.initialize(distributed)
+        if self._distributed:  # the other processes' barriers see this one alive from now on
+            from .coordination import start_heartbeat
+
+            start_heartbeat()
         if isinstance(zero, bool) or zero not in (0, 1):
             raise UserError(f"model.zero: must be 0 (off) or 1 (ZeRO-1: optimizer state split over dp), got {zero!r}")
         if opt_state_dtype not in dist.OPT_STATE_DTYPES:

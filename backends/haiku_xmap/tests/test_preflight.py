@@ -6,8 +6,6 @@ arguments in one line."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -15,6 +13,7 @@ import numpy as np
 import pytest
 
 from star_engine.api import GenSpec, TrainSpec
+from star_engine.cli import main
 from star_engine.errors import IntegrityError, UserError
 from star_haiku_xmap import checkpoint as C
 from star_haiku_xmap import preflight
@@ -35,11 +34,19 @@ backend = "haiku_xmap"
 """
 
 
-def star(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STAR_ENGINE_")}
-    env.update({"STAR_ENGINE_BLOCK_PLUGINS": "tracking", "JAX_PLATFORMS": "cpu"})
-    return subprocess.run([sys.executable, "-m", "star_engine", *args], capture_output=True, text=True, env=env,
-                          cwd=tmp_path, timeout=300)
+@pytest.fixture
+def star(monkeypatch, capsys):
+    """``star(*args)``: the CLI in this process (installed plugins, no tracker) -> (exit code, stderr)."""
+    for key in [k for k in os.environ if k.startswith("STAR_ENGINE_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("STAR_ENGINE_BLOCK_PLUGINS", "tracking")
+
+    def run(*args: str) -> tuple[int, str]:
+        capsys.readouterr()
+        code = main(list(args))
+        return code, capsys.readouterr().err
+
+    return run
 
 
 @pytest.mark.parametrize("sets,expected", [
@@ -51,17 +58,17 @@ def star(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     (["model.n_ctx=8"], "generation.max_new_tokens: 96 leaves no room for a prompt in the model's context of "
                         "n_ctx = 8"),
 ], ids=["generation", "evaluation", "optimizer", "model_option", "small_context"])
-def test_validate_and_run_refuse_before_writing(tmp_path, sets, expected):
+def test_validate_and_run_refuse_before_writing(tmp_path, star, sets, expected):
     toml = tmp_path / "exp.toml"
     toml.write_text(EXPERIMENT.format(out=(tmp_path / "run").as_posix()))
     args = [a for s in sets for a in ("--set", s)]
     for command in ("validate", "run"):
-        res = star(tmp_path, command, str(toml), *args)
-        assert res.returncode == 2, (command, res.stdout, res.stderr[-3000:])
+        code, err = star(command, str(toml), *args)
+        assert code == 2, (command, err[-3000:])
         # the faulty value's origin first: the --set that gave it, or the file (n_ctx=8 makes the file's 96 too many)
         origin = f"{toml}: " if "n_ctx=8" in sets[0] else f"--set {sets[-1]}: "
-        assert res.stderr.startswith("error: " + origin) and res.stderr.count("\n") == 1, res.stderr
-        assert expected in res.stderr and "model: model:" not in res.stderr, res.stderr
+        assert err.startswith("error: " + origin) and err.count("\n") == 1, err
+        assert expected in err and "model: model:" not in err, err
     assert not (tmp_path / "run").exists()  # run used to create it (base checkpoint, events, config) first
 
 
@@ -72,19 +79,19 @@ def _checkpoint(path: Path) -> Path:
     return path
 
 
-def test_a_damaged_checkpoint_path_is_refused_by_validate(tmp_path):
+def test_a_damaged_checkpoint_path_is_refused_by_validate(tmp_path, star):
     ck = _checkpoint(tmp_path / "ck")
     part = sorted(ck.glob("*.zst"))[3]
     part.write_bytes(part.read_bytes()[:-3])
     toml = tmp_path / "exp.toml"
     toml.write_text(EXPERIMENT.format(out=(tmp_path / "run").as_posix()) + 'checkpoint_path = "ck"\n'
                     "[generation]\nmax_new_tokens = 16\n")
-    res = star(tmp_path, "validate", str(toml))
-    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
-    assert f"{part}: " in res.stderr and "truncated or replaced" in res.stderr
+    code, err = star("validate", str(toml))
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"{part}: " in err and "truncated or replaced" in err
     part.unlink()
-    res = star(tmp_path, "run", str(toml))
-    assert res.returncode == 2 and f"{part}: part file missing" in res.stderr, res.stderr
+    code, err = star("run", str(toml))
+    assert code == 2 and f"{part}: part file missing" in err, err
     assert not (tmp_path / "run").exists()
 
 
@@ -121,7 +128,7 @@ def test_validate_run_checks_each_spec(tmp_path):
     (["--device-gib", "nan"], "--device-gib: must be a positive number"),
     (["--batch", "0"], "--batch: must be >= 1"),
 ], ids=["zero_mesh", "huge_mesh", "no_layers", "preset", "what", "seq_len", "device_gib", "batch"])
-def test_plan_refuses_bad_arguments_in_one_line(tmp_path, args, expected):
-    res = star(tmp_path, "plan", *args)
-    assert res.returncode == 2, res.stderr[-3000:]
-    assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1 and expected in res.stderr, res.stderr
+def test_plan_refuses_bad_arguments_in_one_line(star, args, expected):
+    code, err = star("plan", *args)  # refused before any device is set up or anything compiled
+    assert code == 2, err[-3000:]
+    assert err.startswith("error: ") and err.count("\n") == 1 and expected in err, err
