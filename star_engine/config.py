@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from .datafiles import read_capped
 from .errors import UserError
 from .registry import close_matches
 
@@ -244,13 +245,13 @@ class Origins:
         return f"{self.path}: {message}"
 
 
+TOML_MAX = 16 << 20  # an experiment file is a few KiB; /dev/zero or a runaway pipe is not one
+
+
 def load_toml(path: Path) -> dict[str, Any]:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+    if not path.exists():
+        raise UserError(f"{path}: no such file")
+    data = read_capped(path, TOML_MAX)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

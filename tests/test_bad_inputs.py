@@ -453,3 +453,19 @@ def test_a_manifest_pointing_outside_the_run_directory_deletes_nothing(scripted,
         assert "not a path inside the run directory" in one_line_error(capsys.readouterr().err)
         del manifest["checkpoints"][rel]
         assert (victim / "data.txt").read_text() == "keep me"
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_endless_inputs_are_refused_after_a_bounded_read(scripted, tmp_path, capsys):
+    """/dev/zero as the experiment file or as a CQA data file: read up to a stated limit, then one
+    line (a whole-file read never returned)."""
+    assert main(["validate", "/dev/zero"]) == 2
+    assert "/dev/zero: more than the limit of 16777216 bytes" in one_line_error(capsys.readouterr().err)
+    (tmp_path / "good.jsonl").write_bytes(_lines(_cqa(1)))
+    toml = tmp_path / "exp.toml"
+    toml.write_text(EXPERIMENT.format(out=(tmp_path / "run").as_posix(), task="cqa", train="/dev/zero",
+                                      dev="good.jsonl"))
+    res = subprocess.run([sys.executable, "-m", "star_engine", "validate", str(toml)], capture_output=True, text=True,
+                         env=cli_env(), cwd=tmp_path, timeout=120)
+    assert res.returncode == 2
+    assert "/dev/zero: more than the limit of 268435456 bytes" in one_line_error(res.stderr)
