@@ -219,10 +219,23 @@ class Backend(Protocol):
 
     A backend that runs as several processes (one per host) also has
     ``process_index() -> int``, ``process_count() -> int`` and
-    ``barrier(name: str) -> None``; the core then writes the run directory from
-    process 0 only (``star_engine.procs``). Checkpoint writes are the backend's:
-    it too must write them once, and return from ``train`` only when they are
-    visible to every process."""
+    ``barrier(name: str) -> None``, and may have ``abort(message: str) -> None``;
+    the core then writes the run directory from process 0 only
+    (``star_engine.procs``). ``barrier`` must end with
+    ``star_engine.errors.ProcessLost`` within a bounded time when another process
+    failed (called ``abort``) or died. Checkpoint writes are the backend's: it too
+    must write them once, and return from ``train`` only when they are visible to
+    every process."""
+
+    def validate_run(self, generation: Mapping[str, GenSpec], training: Mapping[str, TrainSpec]) -> None:
+        """Optional. Check, before the run writes anything, everything ``generate`` and
+        ``train`` would refuse for these specs (context length against ``max_new_tokens``,
+        sampling values, optimizer tables) and the backend's own files (checkpoint paths,
+        tokenizer files); raise ``UserError`` naming the TOML key (``generation.max_new_tokens:
+        ...``). ``generation`` maps a TOML section ("generation", "evaluation") to the spec the
+        run will sample with; ``training`` maps "base_training" (when it trains) and
+        "training" to a ``TrainSpec`` whose ``steps`` is 0 where the schedule decides it per
+        iteration. ``star-engine validate`` and ``run`` call it (``runner.preflight``)."""
 
     def base(self, workdir: Path, seed: int) -> str:
         """The base checkpoint: the configured weights, or a fresh random

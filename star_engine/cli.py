@@ -1,10 +1,10 @@
-"""The ``star-engine`` command."""
+"""The ``star-engine`` command. Failures end in ``star_engine.boundary``: bad input is one
+line and exit code 2, anything else a bug with its traceback (exit code 1)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -24,7 +24,7 @@ def _parser(commands: dict | None = None) -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run (or resume) an experiment")
     experiment_args(run)
     run.add_argument("--quiet", action="store_true", help="no console log (events still go to the run directory)")
-    val = sub.add_parser("validate", help="check an experiment file, its plugins and its data; write nothing")
+    val = sub.add_parser("validate", help="make every check a run makes before it starts; write nothing")
     experiment_args(val)
     pl = sub.add_parser("plugins", help="list plugins and their components")
     pl.add_argument("--json", action="store_true", help="machine-readable output")
@@ -38,20 +38,21 @@ def _parser(commands: dict | None = None) -> argparse.ArgumentParser:
 
 
 def _load(args: argparse.Namespace, load_data: bool = True):
-    from .config import load_experiment
+    """The experiment of ``args.file`` built, and everything ``run`` checks before it writes
+    (``runner.preflight``); an error names the file, or the ``--set`` that gave the value."""
+    from .config import Origins, load_experiment
     from .experiment import build
     from .registry import Registry
+    from .runner import preflight
 
     if args.limit is not None and args.limit < 1:
         raise UserError("--limit: must be >= 1")
     cfg = load_experiment(args.file, args.overrides, args.limit)
     try:
-        return build(cfg, Registry(), load_data=load_data)
+        exp = build(cfg, Registry(), load_data=load_data)
+        return exp, preflight(exp)
     except UserError as e:
-        # Key-path errors get the experiment file in front; data errors already name their file.
-        if re.match(r"^[^\s:]+:\d+", str(e)):
-            raise
-        raise type(e)(f"{args.file}: {e}") from None
+        raise type(e)(Origins(args.file, args.overrides).blame(str(e))) from None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -59,41 +60,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .runner import run
 
     ui.configure_logging(None, quiet=args.quiet)
-    exp = _load(args)
+    exp, _ = _load(args)
     run(exp, args.file)
     return 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    exp = _load(args)
+    exp, state = _load(args)
     sizes = ", ".join(f"{k}={len(v)}" for k, v in exp.splits.items())
+    what = "resumes the run there" if state.resume else "new"
     print(f"{args.file}: OK (task {exp.cfg['task']['dataset']}: {sizes}; backend {exp.cfg['model']['backend']}; "
-          f"run directory {exp.run_dir})")
+          f"run directory {exp.run_dir}: {what})")
     return 0
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
+    from . import ui
     from .registry import Registry
 
     reg = Registry()
     if args.requirements:
         print("\n".join(reg.requirements()))
-        return 0
-    info = reg.describe()
-    if args.json:
-        print(json.dumps(info, indent=2))
-        return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="star-engine plugins")
-    for col in ("plugin", "distribution", "version", "components", "status"):
-        table.add_column(col)
-    for p in info:
-        comps = "\n".join(f"{k}: {', '.join(v)}" for k, v in sorted(p["components"].items()))
-        comps = comps or "hooks: " + ", ".join(p["hooks"])  # observer-only plugins
-        table.add_row(p["name"], p["distribution"], p["version"], comps, p["error"] or "ok")
-    Console().print(table)
+    elif args.json:
+        print(json.dumps(reg.describe(), indent=2))
+    else:
+        ui.plugin_listing(reg.describe())
+    sys.stdout.flush()  # a closed pipe fails here, inside the boundary
     return 0
 
 
@@ -128,19 +120,14 @@ def _plugin_commands() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .boundary import run_command
+
     argv = sys.argv[1:] if argv is None else argv
     commands = _plugin_commands() if argv and argv[0] not in BUILTIN else {}
     args = _parser(commands).parse_args(argv)
-    try:
-        if args.command in commands:
-            return int(commands[args.command].run(args))
-        return BUILTIN[args.command](args)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        print("interrupted; rerun the same command to resume", file=sys.stderr)
-        return 130
+    if args.command in commands:
+        return run_command(lambda: commands[args.command].run(args))
+    return run_command(lambda: BUILTIN[args.command](args))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .api import LOSSES, PACKINGS
+from .datafiles import read_capped
 from .errors import UserError
 from .registry import close_matches
 
@@ -153,41 +154,43 @@ def _describe(v: Any) -> str:
     return f"{kind.get(type(v), type(v).__name__)} {v!r}"
 
 
-def _validate(src: str, data: dict[str, Any], schema: dict[str, Any], prefix: str) -> dict[str, Any]:
+def _validate(src: Callable[[str], str], data: dict[str, Any], schema: dict[str, Any], prefix: str
+              ) -> dict[str, Any]:
+    """``data`` checked against ``schema``; ``src(key)`` names where a key's value came from."""
     out: dict[str, Any] = {}
     for key in data:
         if key not in schema:
             where = f"{prefix}{key}"
-            raise UserError(f"{src}: unknown key '{where}'{close_matches(key, list(schema))}; "
+            raise UserError(f"{src(where)}: unknown key '{where}'{close_matches(key, list(schema))}; "
                             f"allowed in [{prefix.rstrip('.') or 'top level'}]: {', '.join(schema)}")
     for key, spec in schema.items():
         path = f"{prefix}{key}"
         if spec is FREE:
             value = data.get(key, REQUIRED)
             if value is REQUIRED:
-                raise UserError(f"{src}: missing required table '{path}'")
+                raise UserError(f"{src(path)}: missing required table '{path}'")
             if not isinstance(value, dict):
-                raise UserError(f"{src}: {path}: expected a table, got {_describe(value)}")
+                raise UserError(f"{src(path)}: {path}: expected a table, got {_describe(value)}")
             out[key] = copy.deepcopy(value)
             continue
         if isinstance(spec, dict):
             value = data.get(key, {})
             if not isinstance(value, dict):
-                raise UserError(f"{src}: {path}: expected a table, got {_describe(value)}")
+                raise UserError(f"{src(path)}: {path}: expected a table, got {_describe(value)}")
             out[key] = _validate(src, value, spec, path + ".")
             continue
         if key not in data:
             if spec.default is REQUIRED:
-                raise UserError(f"{src}: missing required key '{path}'")
+                raise UserError(f"{src(path)}: missing required key '{path}'")
             out[key] = copy.deepcopy(spec.default)
             continue
         value = data[key]
         if not _type_ok(spec.type, value):
-            raise UserError(f"{src}: {path}: expected {_TYPE_NAMES[spec.type]}, got {_describe(value)}")
+            raise UserError(f"{src(path)}: {path}: expected {_TYPE_NAMES[spec.type]}, got {_describe(value)}")
         if spec.type == "float" and not math.isfinite(value):
-            raise UserError(f"{src}: {path}: must be a finite number, got {value!r}")
+            raise UserError(f"{src(path)}: {path}: must be a finite number, got {value!r}")
         if spec.check is not None and not spec.check(value):
-            raise UserError(f"{src}: {path}: {spec.rule}, got {value!r}")
+            raise UserError(f"{src(path)}: {path}: {spec.rule}, got {value!r}")
         out[key] = float(value) if spec.type == "float" else copy.deepcopy(value)
     return out
 
@@ -201,8 +204,9 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not all(parts):
         raise UserError(f"--set {item}: bad key '{key}'")
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+        doc = tomllib.loads(f"v = {raw}")
+        value = doc["v"] if list(doc) == ["v"] else raw  # "1\n[x]" is not one value: a string
+    except (ValueError, RecursionError):  # TOMLDecodeError, or an integer of >4300 digits
         value = raw
     return parts, value
 
@@ -219,13 +223,42 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:
         node[parts[-1]] = value
 
 
+class Origins:
+    """Where the value of a dotted key came from: the TOML file, or the ``--set`` that gave it."""
+
+    def __init__(self, path: Path | str, overrides: list[str] | None = None):
+        self.path = str(path)
+        self.items = [(".".join(p.strip() for p in item.split("=", 1)[0].strip().split(".")), item)
+                      for item in overrides or [] if "=" in item]
+
+    def __call__(self, key: str) -> str:
+        key = re.sub(r"\[\d+\]", "", key)  # task.filters[1].max_chars -> task.filters.max_chars
+        for okey, item in reversed(self.items):  # the last --set of a key wins
+            if key == okey or key.startswith(okey + "."):
+                return f"--set {item}"
+        inner = [item for okey, item in self.items if okey.startswith(key + ".")]
+        return f"{self.path} (with --set {', --set '.join(inner)})" if inner else self.path
+
+    def blame(self, message: str) -> str:
+        """``message`` (an error from a later check) with its origin in front: a message that
+        starts with a configuration key gets that key's origin; one that names a file (``/abs``,
+        ``file:line``) is left alone; any other gets the TOML file."""
+        head = message.split(":", 1)[0]
+        section = re.split(r"[.\[]", head, maxsplit=1)[0]
+        if section in SCHEMA and re.fullmatch(r"[\w\-]+(\.[\w\-]+|\[\d+\])*", head):
+            return f"{self(head)}: {message}"
+        if message.startswith(("/", "--set ", "--limit")) or re.match(r"^[^\s:]+:\d+", message):
+            return message
+        return f"{self.path}: {message}"
+
+
+TOML_MAX = 16 << 20  # an experiment file is a few KiB; /dev/zero or a runaway pipe is not one
+
+
 def load_toml(path: Path) -> dict[str, Any]:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+    if not path.exists():
+        raise UserError(f"{path}: no such file")
+    data = read_capped(path, TOML_MAX)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -239,20 +272,36 @@ def load_toml(path: Path) -> dict[str, Any]:
         m = _LINECOL.search(msg)
         where = f"{path}:{m.group(1)}:{m.group(2)}" if m else str(path)
         raise UserError(f"{where}: {_LINECOL.sub('', msg).strip()}") from None
+    except RecursionError:
+        raise UserError(f"{path}: nested too deeply (arrays or inline tables)") from None
+    except ValueError as e:  # tomllib lets int() refuse an integer of more than 4300 digits
+        raise UserError(f"{path}: {e}") from None
 
 
-def _resolve_paths(node: Any, base: Path) -> Any:
+def _resolve(base: Path, value: str, key: str, src: Callable[[str], str], keep_absolute: bool = False) -> str:
+    """An absolute path for ``value`` (relative to ``base``), refusing what no file can be named."""
+    if "\0" in value:
+        raise UserError(f"{src(key)}: {key}: a path cannot contain a NUL character")
+    if keep_absolute and Path(value).is_absolute():
+        return value
+    try:
+        return str((base / value).resolve())
+    except (OSError, RuntimeError, ValueError) as e:
+        raise UserError(f"{src(key)}: {key}: not a usable path ({e})") from None
+
+
+def _resolve_paths(node: Any, base: Path, key: str, src: Callable[[str], str]) -> Any:
     """Option values under keys ending in _file/_path/_dir are relative to the TOML file."""
     if isinstance(node, dict):
         out = {}
         for k, v in node.items():
-            if isinstance(v, str) and v and k.endswith(("_file", "_path", "_dir")) and not Path(v).is_absolute():
-                out[k] = str((base / v).resolve())
+            if isinstance(v, str) and v and k.endswith(("_file", "_path", "_dir")):
+                out[k] = _resolve(base, v, f"{key}.{k}", src, keep_absolute=True)
             else:
-                out[k] = _resolve_paths(v, base)
+                out[k] = _resolve_paths(v, base, f"{key}.{k}", src)
         return out
     if isinstance(node, list):
-        return [_resolve_paths(x, base) for x in node]
+        return [_resolve_paths(x, base, f"{key}[{i}]", src) for i, x in enumerate(node)]
     return node
 
 
@@ -262,28 +311,36 @@ def normalize_component(value: Any) -> dict[str, Any]:
 
 
 def load_experiment(path: Path, overrides: list[str] | None = None, limit: int | None = None) -> dict[str, Any]:
-    """Parse, override, validate and resolve one experiment file."""
+    """Parse, override, validate and resolve one experiment file. An error names the file, or
+    the ``--set`` that gave the faulty value (``Origins``)."""
     data = load_toml(path)
     apply_overrides(data, overrides or [])
     if limit is not None:
         data.setdefault("experiment", {})["limit"] = limit
-    cfg = _validate(str(path), data, SCHEMA, "")
+    src = Origins(path, overrides)
+    cfg = _validate(src, data, SCHEMA, "")
     base = path.resolve().parent
     task = cfg["task"]
-    task["data"] = {k: str((base / v).resolve()) if isinstance(v, str) else v for k, v in task["data"].items()}
     for split, v in task["data"].items():
         if not isinstance(v, str):
-            raise UserError(f"{path}: task.data.{split}: expected a path string, got {_describe(v)}")
-    task["options"] = _resolve_paths(task["options"], base)
-    task["filters"] = [_resolve_paths(normalize_component(f), base) for f in task["filters"]]
+            raise UserError(f"{src(f'task.data.{split}')}: task.data.{split}: expected a path string, "
+                            f"got {_describe(v)}")
+    task["data"] = {k: _resolve(base, v, f"task.data.{k}", src) for k, v in task["data"].items()}
+    task["options"] = _resolve_paths(task["options"], base, "task.options", src)
+    task["filters"] = [_resolve_paths(normalize_component(f), base, f"task.filters[{i}]", src)
+                       for i, f in enumerate(task["filters"])]
     for key in ("checker", "hint"):
-        task[key] = _resolve_paths(normalize_component(task[key]), base) if task[key] else {}
-    cfg["training"]["schedule"] = _resolve_paths(normalize_component(cfg["training"]["schedule"]), base)
+        task[key] = _resolve_paths(normalize_component(task[key]), base, f"task.{key}", src) if task[key] else {}
+    sched = normalize_component(cfg["training"]["schedule"])
+    cfg["training"]["schedule"] = _resolve_paths(sched, base, "training.schedule", src)
     if "backend" not in cfg["model"] or not isinstance(cfg["model"]["backend"], str):
-        raise UserError(f"{path}: missing required key 'model.backend' (a backend name)")
-    cfg["model"] = _resolve_paths(cfg["model"], base)
-    if not cfg["experiment"]["output_dir"]:
-        cfg["experiment"]["output_dir"] = f"runs/{cfg['experiment']['name']}"
+        raise UserError(f"{src('model.backend')}: missing required key 'model.backend' (a backend name)")
+    cfg["model"] = _resolve_paths(cfg["model"], base, "model", src)
+    out = cfg["experiment"]["output_dir"] or f"runs/{cfg['experiment']['name']}"
+    if "\0" in out:
+        raise UserError(f"{src('experiment.output_dir')}: experiment.output_dir: a path cannot contain a NUL "
+                        f"character")
+    cfg["experiment"]["output_dir"] = out
     if not cfg["evaluation"]["splits"]:
-        raise UserError(f"{path}: evaluation.splits: needs at least one split")
+        raise UserError(f"{src('evaluation.splits')}: evaluation.splits: needs at least one split")
     return cfg

@@ -8,6 +8,8 @@ few-shot prompts assembled from them.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -27,11 +29,38 @@ def _type_name(value: Any) -> str:
     return "a number" if isinstance(value, float) else type(value).__name__
 
 
-def _read_text(path: Path) -> bytes:
+DATA_MAX = 4 << 30  # a data or prompts file larger than this is refused before it is read
+STREAM_MAX = 256 << 20  # the most read from something that is not a regular file (a device, a pipe)
+
+
+def read_capped(path: str | Path, cap: int) -> bytes:
+    """The bytes of ``path``, refused (``UserError`` naming it) when there are more than ``cap``:
+    a regular file by its size before reading, anything else (a device, a pipe) as it streams,
+    beyond ``STREAM_MAX`` at most."""
+    p = Path(path)
     try:
-        return path.read_bytes()
+        with open(p, "rb") as f:
+            st = os.fstat(f.fileno())
+            if stat.S_ISREG(st.st_mode):
+                if st.st_size > cap:
+                    raise UserError(f"{p}: {st.st_size} bytes, more than the limit of {cap}")
+                data = f.read(st.st_size + 1)  # read(n) allocates n: ask only for what is there
+            else:  # nothing says how much will come: at most STREAM_MAX of it is kept
+                cap = min(cap, STREAM_MAX)
+                chunks, total = [], 0
+                while total <= cap and (chunk := f.read(min(1 << 20, cap + 1 - total))):
+                    chunks.append(chunk)
+                    total += len(chunk)
+                data = b"".join(chunks)
     except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+        raise UserError(f"{p}: cannot read ({e.strerror or e})") from None
+    if len(data) > cap:
+        raise UserError(f"{p}: more than the limit of {cap} bytes")
+    return data
+
+
+def _read_text(path: Path) -> bytes:
+    return read_capped(path, DATA_MAX)
 
 
 def read_jsonl(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
@@ -52,6 +81,10 @@ def read_jsonl(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise UserError(f"{where}:{e.colno}: invalid JSON: {e.msg}") from None
+        except RecursionError:
+            raise UserError(f"{where}: invalid JSON: nested too deeply") from None
+        except ValueError as e:  # an integer of more than 4300 digits
+            raise UserError(f"{where}: invalid JSON: {e}") from None
         if not isinstance(obj, dict):
             raise UserError(f"{where}: expected a JSON object, got {_type_name(obj)}")
         rows.append((where, obj))

@@ -42,7 +42,7 @@ def _options(ref: dict[str, Any]) -> dict[str, Any]:
 
 def build(cfg: dict[str, Any], registry: Registry, load_data: bool = True) -> Experiment:
     t = cfg["task"]
-    task = registry.create("task", t["dataset"], t["options"], "task.dataset")
+    task = registry.create("task", t["dataset"], t["options"], "task.dataset", "task.options")
     checker_ref = t["checker"] or {"name": task.default_checker}
     checker = registry.create("checker", checker_ref["name"], _options(checker_ref), "task.checker")
     hint = None

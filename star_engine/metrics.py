@@ -19,11 +19,12 @@ METRICS_SCHEMA = pa.schema([
 
 def _classes(items: Iterable[Any], key: str) -> list[str]:
     return ["all", *sorted({getattr(i, key) if not isinstance(i, dict) else i[key] for i in items} - {"all"},
-                           key=_natural)]
+                           key=natural)]
 
 
-def _natural(s: str) -> tuple:
-    return (0, int(s), "") if s.isdigit() else (1, 0, s)
+def natural(s: str) -> tuple:
+    """Sort key: numeric classes ("2" before "10") first, then the others."""
+    return (0, int(s), "") if s.isdecimal() and len(s) < 100 else (1, 0, s)
 
 
 def coverage(solved: set[str], train: Sequence[Example]) -> dict[str, float]:

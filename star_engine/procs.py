@@ -13,6 +13,15 @@ A backend opts in with three optional methods: ``process_index() -> int``,
 ``process_count() -> int`` and ``barrier(name: str) -> None`` (all processes
 call it with the same name; it returns when every one has). With one process
 (every backend without them) nothing here does anything.
+
+A fourth, ``abort(message: str) -> None``, is optional too: a process that fails
+calls it (``star_engine.boundary``) so that the others, waiting at a barrier or
+arriving at the next, stop at once with ``ProcessLost`` naming it, instead of
+waiting for it. The backend's barrier must also end (``ProcessLost``) within a
+bounded time when a process dies without a word (killed, its machine lost).
+
+The run directory's lock (``star_engine.rundir``) is process 0's: it takes it
+before the first barrier and holds it for all; the other processes do not lock.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ class Processes:
     index: int = 0
     count: int = 1
     barrier: Callable[[str], None] | None = None
+    abort: Callable[[str], None] | None = None
     _synced: int = 0
     _alone: int = 0  # > 0 inside ``alone()``
 
@@ -57,8 +67,17 @@ def configure(backend: Any) -> Processes:
         raise TypeError(f"{type(backend).__name__}: {count} processes but no barrier(name) method")
     if not 0 <= index < max(count, 1):
         raise ValueError(f"{type(backend).__name__}: process_index {index} outside [0, {count})")
-    CURRENT = Processes(index=index, count=count, barrier=barrier)
+    CURRENT = Processes(index=index, count=count, barrier=barrier, abort=getattr(backend, "abort", None))
     return CURRENT
+
+
+def abort(message: str) -> None:
+    """Tell the other processes that this one is stopping (best effort: it is already failing)."""
+    if CURRENT.count > 1 and CURRENT.abort is not None:
+        try:
+            CURRENT.abort(message)
+        except Exception:  # noqa: BLE001 -- the runtime may already be gone; the error being reported matters
+            pass
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping
 import pluggy
 
 from . import hooks, procs
-from .errors import PluginError, UserError
+from .errors import PluginError, StarEngineError, UserError
 
 GROUP = "star_engine"
 KINDS = {  # kind -> the register_* hook that fills it
@@ -193,14 +193,18 @@ class Registry:
             msg += "; broken plugins that may provide it: " + "; ".join(f"{p.label}: {p.error}" for p in broken)
         raise PluginError(msg)
 
-    def create(self, kind: str, name: str, options: Mapping[str, Any], key: str) -> Any:
-        """Build a component from its TOML options, after checking them against its factory."""
+    def create(self, kind: str, name: str, options: Mapping[str, Any], key: str,
+               options_key: str | None = None) -> Any:
+        """Build a component from its TOML options, after checking them against its factory.
+        ``key`` is the TOML key path of the component's name, ``options_key`` that of its
+        options (default: ``key``, for a component given as a table with ``name``)."""
         comp = self.get(kind, name, key)
-        check_options(comp.factory, options, key, f"{kind} '{name}'")
+        okey = options_key or key
+        check_options(comp.factory, options, okey, f"{kind} '{name}'")
         try:
             obj = comp.factory(**options)
         except UserError as e:
-            raise UserError(f"{key}: {e}") from None
+            raise UserError(prefix_key(okey, str(e))) from None
         except Exception as e:  # noqa: BLE001
             raise PluginError(f"{key}: {comp.plugin.label} failed to create {kind} '{name}': {_short_error(e)}") from None
         return Guarded(obj, comp)
@@ -220,7 +224,7 @@ class Registry:
             info = self.plugins.get(self.pm.get_name(impl.plugin) or "")
             try:
                 impl.function(**{k: kwargs[k] for k in impl.argnames})
-            except UserError:
+            except StarEngineError:
                 raise
             except Exception as e:  # noqa: BLE001
                 label = info.label if info else repr(impl.plugin)
@@ -234,6 +238,14 @@ class Registry:
         dists = {(p.distribution, p.version) for p in self.plugins.values() if not p.distribution.startswith("<")}
         dists.add(("star-engine", metadata.version("star-engine")))
         return sorted(f"{d}=={v}" for d, v in dists)
+
+
+def prefix_key(key: str, message: str) -> str:
+    """``key: message``, unless the message already starts with that key path
+    (``model.n_layer: ...`` from a backend whose options live in ``[model]``)."""
+    if message == key or message.startswith((f"{key}.", f"{key}:", f"{key}[")):
+        return message
+    return f"{key}: {message}"
 
 
 def check_options(factory: Callable[..., Any], options: Mapping[str, Any], key: str, what: str) -> None:
@@ -268,7 +280,7 @@ class Guarded:
         def call(*args: Any, **kwargs: Any) -> Any:
             try:
                 return value(*args, **kwargs)
-            except (UserError, KeyboardInterrupt):
+            except (StarEngineError, KeyboardInterrupt):
                 raise
             except Exception as e:  # noqa: BLE001
                 raise PluginError(f"{comp.plugin.label}: {comp.kind} '{comp.name}'.{attr} raised "

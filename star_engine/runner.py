@@ -1,77 +1,77 @@
-"""Starting or resuming a run: the run directory's self-description, then the loop."""
+"""Starting or resuming a run: every check first, then the lock, then the run directory's
+self-description, then the loop.
+
+``preflight`` is the one validation path: ``validate`` calls it and reports, ``run``
+calls it before it writes anything (the backend's own checks included, through the
+optional ``Backend.validate_run``), so that whatever ``validate`` accepts ``run``
+does not refuse after having written something.
+"""
 
 from __future__ import annotations
 
-import json
 import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import structlog
 
-from . import __version__, procs, ui
-from .errors import UserError
+from . import __version__, procs, rundir, ui
+from .api import TrainSpec
 from .experiment import Experiment, config_hash
 from .loop import run_star
-from .store import TMP_PREFIX, RunStore, atomic_write_bytes, atomic_write_json, clean_temporaries
+from .stages import Stages, derive_seed
+from .store import RunStore, atomic_write_bytes, atomic_write_json, clean_temporaries
 
 log = structlog.get_logger("star_engine")
 
 
-def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        out: list[str] = []
-        for k in sorted(set(a) | set(b)):
-            out += _diff(a.get(k), b.get(k), f"{prefix}{k}.")
-        return out
-    return [] if a == b else [prefix.rstrip(".")]
+def check_backend(exp: Experiment) -> None:
+    """The backend's checks of what this run will ask of it (``Backend.validate_run``, when it
+    has one): the generation specs the stages use, and the training specs (``steps`` 0 where
+    the schedule decides per iteration)."""
+    validate = getattr(exp.backend, "validate_run", None)
+    if validate is None:
+        return
+    cfg = exp.cfg
+    stages = Stages(exp, None)  # only for its generation specs; it touches no store
+    generation = {"generation": stages.sample_spec, "evaluation": stages.greedy_spec}
+    seed = cfg["experiment"]["seed"]
+    training = {}
+    bt, tr = cfg["base_training"], cfg["training"]
+    if bt["steps"]:
+        training["base_training"] = TrainSpec(bt["steps"], bt["batch_size"], bt["grad_accum"],
+                                              derive_seed(seed, 0, "base_training"), bt["optimizer"])
+    training["training"] = TrainSpec(0, tr["batch_size"], tr["grad_accum"], derive_seed(seed, 1, "train"),
+                                     tr["optimizer"])
+    validate(generation=generation, training=training)
 
 
-# Keys that may change when a run is resumed: they extend or observe it, they do not change its results.
-RESUMABLE_CHANGES = {"experiment.iterations", "experiment.early_stop_patience", "experiment.output_dir"}
+def preflight(exp: Experiment) -> rundir.RunDir:
+    """Every check a run makes before it writes anything (reads only): the backend's, then the
+    run directory's. ``validate`` and ``run`` both call it."""
+    check_backend(exp)
+    return rundir.inspect(exp.cfg)
 
 
-def _killed_at_start(root: Path) -> bool:
-    """A run directory whose first start died before writing config.json: it holds only
-    the files a start writes first (events.jsonl, experiment.toml) and temporaries."""
-    names = {p.name for p in root.iterdir() if not p.name.startswith(TMP_PREFIX)}
-    return "events.jsonl" in names and names <= {"events.jsonl", "experiment.toml"}
-
-
-def prepare_run_dir(exp: Experiment, toml_path: Path) -> RunStore:
-    """Create the run directory, or check that an existing one belongs to this experiment."""
-    root = exp.run_dir
-    # Several processes: all of them look at the folder before process 0 changes it.
-    procs.CURRENT.sync("start")
+def open_run_dir(exp: Experiment, state: rundir.RunDir, toml_path: Path) -> RunStore:
+    """Write the run directory's self-description (``state`` was checked under the lock)."""
+    root = state.root
     event_dir = root if procs.CURRENT.primary else None  # one event log, process 0's
-    cfg_file = root / "config.json"
     describe = {"config_sha256": config_hash(exp.cfg), "star_engine": __version__,
                 "plugins": exp.registry.requirements()}
-    if cfg_file.exists():
-        try:
-            old = json.loads(cfg_file.read_text())
-        except json.JSONDecodeError as e:
-            raise UserError(f"{cfg_file}: unreadable ({e}); move the run directory away to start over") from None
-        changed = [k for k in _diff(old, exp.cfg) if k not in RESUMABLE_CHANGES]
-        if changed:
-            raise UserError(f"{root}: holds a run of a different configuration (changed: {', '.join(changed)}); "
-                            f"set experiment.output_dir to a new folder")
+    if state.resume:
         removed = clean_temporaries(root)
         ui.configure_logging(event_dir)
         log.info("resume", run_dir=str(root), temporaries_removed=removed)
-    elif root.exists() and any(root.iterdir()) and not _killed_at_start(root):
-        raise UserError(f"{root}: exists and is not a star-engine run directory; choose another experiment.output_dir")
     else:
         clean_temporaries(root)  # a first start killed before config.json may have left some
-        procs.primary_does("create the run directory", lambda: root.mkdir(parents=True, exist_ok=True))
         ui.configure_logging(event_dir)
         atomic_write_bytes(root / "experiment.toml", toml_path.read_bytes())
         log.info("start", run_dir=str(root))
     # The resolved config is rewritten on resume so a raised iteration count is recorded.
-    atomic_write_json(cfg_file, exp.cfg)
-    store = RunStore(root, describe)
+    atomic_write_json(root / "config.json", exp.cfg)
+    store = RunStore(root, describe, manifest=state.manifest)
     store.set_header(star_engine_version=__version__, config_sha256=describe["config_sha256"],
                      experiment=exp.cfg["experiment"]["name"], python=sys.version.split()[0],
                      platform=platform.platform(), plugins=exp.registry.describe(),
@@ -81,8 +81,21 @@ def prepare_run_dir(exp: Experiment, toml_path: Path) -> RunStore:
     return store
 
 
+def prepare_run_dir(exp: Experiment, toml_path: Path) -> RunStore:
+    """Lock the run directory (process 0, for all), check it again under the lock (another run
+    may have changed it since ``preflight``), then open it."""
+    if procs.CURRENT.primary:
+        rundir.lock(exp.run_dir)  # before the first write; refused at once when another run holds it
+    procs.CURRENT.sync("run directory locked")
+    state = rundir.inspect(exp.cfg)
+    # Several processes: all of them look at the folder before process 0 changes it.
+    procs.CURRENT.sync("start")
+    return open_run_dir(exp, state, toml_path)
+
+
 def run(exp: Experiment, toml_path: Path) -> list[dict]:
     procs.configure(exp.backend)
+    preflight(exp)
     store = prepare_run_dir(exp, toml_path)
     exp.registry.notify("on_run_start", run_dir=store.root, config=exp.cfg)
     t0 = time.perf_counter()

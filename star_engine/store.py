@@ -16,6 +16,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -118,20 +119,82 @@ def _clean_temporaries(root: Path) -> int:
     return n
 
 
+MANIFEST_MAX = 1 << 30
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def read_json_file(path: Path, max_bytes: int, what: str) -> Any:
+    """A JSON file of at most ``max_bytes``; IntegrityError naming it when unreadable."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > max_bytes:
+                raise IntegrityError(f"{path}: unreadable {what} ({size} bytes, more than the limit of {max_bytes})")
+            return json.loads(f.read(size + 1).decode("utf-8"))
+    except OSError as e:
+        raise IntegrityError(f"{path}: unreadable {what} ({e.strerror or e})") from None
+    except RecursionError:
+        raise IntegrityError(f"{path}: unreadable {what} (nested too deeply)") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of >4300 digits
+        raise IntegrityError(f"{path}: unreadable {what} ({e})") from None
+
+
+def _relpath(rel: Any) -> bool:
+    """A path inside the run directory: relative, no "..", no empty part."""
+    if not isinstance(rel, str) or not rel or "\0" in rel or "\\" in rel:
+        return False
+    return not rel.startswith("/") and all(part not in ("", ".", "..") for part in rel.split("/"))
+
+
+def _file_record(rec: Any) -> bool:
+    return (isinstance(rec, dict) and isinstance(rec.get("sha256"), str) and bool(_SHA256.match(rec["sha256"]))
+            and type(rec.get("bytes")) is int and rec["bytes"] >= 0)
+
+
+def check_manifest(m: Any, path: Path) -> dict:
+    """``m`` (a run's manifest.json) checked for what the store relies on: every record a
+    file inside the run directory with a sha256 and a size; IntegrityError naming the key."""
+    def bad(msg: str) -> IntegrityError:
+        return IntegrityError(f"{path}: unreadable manifest ({msg}); move the run directory away to start over")
+
+    if not isinstance(m, dict):
+        raise bad("not a JSON object")
+    for table in ("artifacts", "checkpoints"):
+        if not isinstance(m.get(table), dict):
+            raise bad(f"'{table}' missing or not an object")
+    for rel, rec in m["artifacts"].items():
+        if not _relpath(rel) or not _file_record(rec):
+            raise bad(f"artifacts[{rel!r}]: expected a path inside the run directory with sha256 and bytes")
+    for rel, rec in m["checkpoints"].items():
+        if not _relpath(rel):
+            raise bad(f"checkpoints[{rel!r}]: not a path inside the run directory")
+        if isinstance(rec, str):  # recorded by an older version: the id only
+            continue
+        if (not isinstance(rec, dict) or not isinstance(rec.get("id"), str) or not isinstance(rec.get("files"), dict)
+                or not all((n == "." or _relpath(n)) and _file_record(f) for n, f in rec["files"].items())):
+            raise bad(f"checkpoints[{rel!r}]: expected an id and the sha256 and bytes of its files")
+    if "base_checkpoint" in m and not _relpath(m["base_checkpoint"]):
+        raise bad(f"base_checkpoint {m['base_checkpoint']!r}: not a path inside the run directory")
+    return m
+
+
+def read_manifest(root: Path) -> dict | None:
+    """The run directory's manifest, checked (None when there is none yet)."""
+    path = root / MANIFEST
+    if not path.exists():
+        return None
+    return check_manifest(read_json_file(path, MANIFEST_MAX, "manifest"), path)
+
+
 class RunStore:
     """Files of one run, addressed by paths relative to the run directory."""
 
-    def __init__(self, root: Path, describe: Mapping[str, Any]):
+    def __init__(self, root: Path, describe: Mapping[str, Any], manifest: dict | None = None):
         self.root = root
         self._describe = dict(describe)  # resolved config, plugin versions: stamped into Parquet
-        path = root / MANIFEST
-        if path.exists():
-            try:
-                self.manifest = json.loads(path.read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise IntegrityError(f"{path}: unreadable manifest ({e})") from None
-        else:
-            self.manifest = {"artifacts": {}, "checkpoints": {}}
+        if manifest is None:
+            manifest = read_manifest(root)
+        self.manifest = manifest if manifest is not None else {"artifacts": {}, "checkpoints": {}}
 
     # -- manifest ------------------------------------------------------------------
     def _save_manifest(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -13,6 +14,7 @@ import structlog
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from .errors import UserError
 
@@ -73,6 +75,30 @@ def configure_logging(run_dir: Path | None = None, quiet: bool | None = None) ->
     structlog.configure(processors=processors, logger_factory=factory, cache_logger_on_first_use=False)
 
 
+def log_fatal(**fields: Any) -> None:
+    """The failure that ends the command, as a ``fatal`` event in the run's event log: only
+    when a run directory's log is open (this run checked and locked it), never elsewhere.
+    Written directly (not through structlog) so that the console shows the error once."""
+    f = _event_file[0]
+    if f is None:
+        return
+    event = {"event": "fatal", "level": "error", "timestamp": datetime.now(timezone.utc).isoformat(),
+             **{k: v for k, v in fields.items() if v is not None}}
+    try:
+        f.write(json.dumps(event, default=str, sort_keys=True) + "\n")
+        f.flush()
+    except (OSError, ValueError):  # a full disk (or a closed file) must not hide the error being reported
+        pass
+
+
+def close_run_log() -> None:
+    """Stop writing to the run's event log (the command ended)."""
+    f, _event_file[0] = _event_file[0], None
+    if f is not None:
+        with contextlib.suppress(OSError):
+            f.close()
+
+
 @contextlib.contextmanager
 def progress(description: str, total: int) -> Iterator[Callable[[int], None]]:
     """A progress bar; yields ``advance(n)``."""
@@ -96,3 +122,27 @@ def summary_table(rows: Sequence[dict[str, Any]]) -> Table:
                       str(r["correct"]), str(r["rationalized"]), str(r["kept"]), str(r["train_steps"]),
                       f"{100 * r['coverage']:.1f}%")
     return table
+
+
+def plugin_listing(info: Sequence[dict[str, Any]]) -> None:
+    """``star-engine plugins``: a table on a terminal (cells fold, never crop), plain lines
+    elsewhere (a pipe, a file), so that a broken plugin's distribution and error are always
+    shown whole."""
+    out = Console()  # stdout
+    rows = []
+    for p in info:
+        comps = [f"{k}: {', '.join(v)}" for k, v in sorted(p["components"].items())]
+        comps = comps or ["hooks: " + ", ".join(p["hooks"])]  # observer-only plugins
+        rows.append((p["name"], p["distribution"], p["version"], comps, p["error"]))
+    if not out.is_terminal:
+        for name, dist, version, comps, error in rows:
+            print(f"{name} ({dist} {version}): {'ERROR: ' + error if error else 'ok'}")
+            for c in comps:
+                print(f"    {c}")
+        return
+    table = Table(title="star-engine plugins")
+    for col in ("plugin", "distribution", "version", "components", "status"):
+        table.add_column(col, overflow="fold")
+    for name, dist, version, comps, error in rows:
+        table.add_row(*(Text(x) for x in (name, dist, version, "\n".join(comps), error or "ok")))  # no markup
+    out.print(table)

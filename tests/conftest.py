@@ -28,3 +28,4 @@ def scripted(monkeypatch):
     monkeypatch.setenv("STAR_ENGINE_PLUGINS", "scripted_plugin")
     monkeypatch.syspath_prepend(str(TESTS))
     monkeypatch.delenv("SCRIPTED_KILL", raising=False)
+    monkeypatch.delenv("SCRIPTED_SLEEP", raising=False)

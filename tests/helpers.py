@@ -52,6 +52,7 @@ def scripted_env(**extra: str) -> dict[str, str]:
     env.update({"STAR_ENGINE_DISABLE_AUTOLOAD": "1", "STAR_ENGINE_PLUGINS": "scripted_plugin",
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH", "")]))})
     env.pop("SCRIPTED_KILL", None)
+    env.pop("SCRIPTED_SLEEP", None)
     env.update(extra)
     return env
 

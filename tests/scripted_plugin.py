@@ -6,7 +6,7 @@ otherwise it answers wrong. Some hinted answers leak the hint text, so the
 hint-leak filter has something to catch. Checkpoints are folders holding
 ``model.json`` (what was learned, from which init, for how many steps), written
 atomically. ``SCRIPTED_KILL=<event>:<n>`` SIGKILLs the process at the n-th such
-event, to test resume.
+event, to test resume; ``SCRIPTED_SLEEP=<seconds>`` makes every generation that slow.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import os
 import random
 import re
 import signal
+import time
 from pathlib import Path
 
 from star_engine import hookimpl
@@ -133,8 +134,23 @@ class ToyLinear:
 
 
 class ScriptedBackend:
-    def __init__(self, easy_mod: int = 3, leak_mod: int = 2):
-        self.easy_mod, self.leak_mod = easy_mod, leak_mod
+    """``max_tokens`` (0 = none) is a context length: ``generate`` refuses longer generations,
+    and ``validate_run`` refuses them before the run starts."""
+
+    def __init__(self, easy_mod: int = 3, leak_mod: int = 2, max_tokens: int = 0):
+        self.easy_mod, self.leak_mod, self.max_tokens = easy_mod, leak_mod, max_tokens
+
+    def _check(self, key: str, spec) -> None:
+        if self.max_tokens and spec.max_new_tokens > self.max_tokens:
+            raise UserError(f"{key}.max_new_tokens: {spec.max_new_tokens} is more than the scripted model's "
+                            f"{self.max_tokens} tokens")
+
+    def validate_run(self, generation, training):
+        for key, spec in generation.items():
+            self._check(key, spec)
+        for key, spec in training.items():
+            if spec.optimizer.get("b1", 0.0) >= 1:
+                raise UserError(f"{key}.optimizer.b1: must be < 1")
 
     def _write(self, out: Path, model: dict) -> None:
         tmp = out.with_name(f".tmp-{out.name}")
@@ -175,10 +191,12 @@ class ScriptedBackend:
                            sum(len(e.completion) for e in examples), losses)
 
     def generate(self, checkpoint, requests, spec, progress=None):
+        self._check("generation", spec)
         model = self._load(checkpoint)
         out = []
         for req in requests:
             maybe_kill("generate")
+            time.sleep(float(os.environ.get("SCRIPTED_SLEEP", 0)))  # a slow model (tests of concurrent runs)
             # The question is the last "Q: " block of the prompt (after any few-shot examples).
             ctx = req.prompt[req.prompt.rfind("Q: "):]
             q = re.match(r"Q: (\d+)\+(\d+)( \(hint: (\d+)\))?", ctx)

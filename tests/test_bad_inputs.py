@@ -297,3 +297,175 @@ def test_data_path_is_a_folder(tmp_path):
     assert res.returncode == 2
     assert f"{tmp_path / 'folder.jsonl'}: cannot read (Is a directory)" in one_line_error(res.stderr)
     assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------ errors name the right place
+
+
+def _toy(tmp_path: Path, extra: str = "") -> Path:
+    path = tmp_path / "toy.toml"
+    path.write_text(TOY_TOML.format(out=(tmp_path / "run").as_posix()) + extra)
+    return path
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--set", "generation.batch_size=0"], "error: --set generation.batch_size=0: generation.batch_size: must be >= 1"),
+    (["--set", "generation.batch_sise=4"], "error: --set generation.batch_sise=4: unknown key 'generation.batch_sise'"),
+    (["--set", "task.options.n_trian=3"], "error: --set task.options.n_trian=3: task.options.n_trian: unknown option "
+                                          "for task 'toy'"),
+    (["--set", "model.easy_modd=0"], "error: --set model.easy_modd=0: model.easy_modd: unknown option"),
+    (["--set", "task.dataset=toyy"], "error: --set task.dataset=toyy: task.dataset: unknown task 'toyy'"),
+    (["--set", "experiment={ name = 'x' }"], "error: --set experiment={ name = 'x' }: missing required key "
+                                             "'experiment.iterations'"),
+    (["--set", "generation.max_new_tokens=" + "9" * 5000], "generation.max_new_tokens: expected an integer, got "
+                                                            "string"),
+    (["--set", "task.data.train=a\0b"], "task.data.train: a path cannot contain a NUL character"),
+], ids=["set_range", "set_unknown_key", "set_task_option", "set_backend_option", "set_plugin_name", "set_table",
+        "set_huge_integer", "set_nul_path"])
+def test_a_value_given_with_set_is_blamed_on_set(scripted, tmp_path, capsys, args, expected):
+    path = _toy(tmp_path)
+    for command in ("validate", "run"):
+        assert main([command, str(path), *args]) == 2
+        err = one_line_error(capsys.readouterr().err)
+        assert expected in err and f"{path}:" not in err, (expected, err)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_same_mistakes_in_the_file_are_blamed_on_the_file(scripted, tmp_path, capsys):
+    for extra, expected in [("[task.options]\nn_trian = 3\n", "task.options.n_trian: unknown option for task 'toy'"),
+                            ("easy_modd = 0\n", "model.easy_modd: unknown option")]:
+        path = tmp_path / "toy.toml"
+        text = TOY_TOML.format(out=(tmp_path / "run").as_posix())
+        path.write_text(text.replace("[generation]", extra + "[generation]") if extra.startswith("[task")
+                        else text + extra)
+        assert main(["validate", str(path)]) == 2
+        err = one_line_error(capsys.readouterr().err)
+        assert f"error: {path}: {expected}" in err, err
+    # a file value and a --set inside the same table: both named
+    path = _toy(tmp_path)
+    assert main(["validate", str(path), "--set", "model.easy_modd=1"]) == 2
+    assert "--set model.easy_modd=1: model.easy_modd" in capsys.readouterr().err
+
+
+def test_task_option_errors_name_task_options_not_task_dataset(tmp_path):
+    """The addition task refusing its own option value, and the core refusing an unknown one."""
+    for options, expected in [('{ n_train = "many" }', "task.options: n_train: must be an integer"),
+                              ("{ n_trian = 3 }", "task.options.n_trian: unknown option for task 'addition'")]:
+        toml = tmp_path / "exp.toml"
+        toml.write_text(f'[experiment]\nname = "x"\niterations = 1\noutput_dir = "{(tmp_path / "run").as_posix()}"\n'
+                        f'[task]\ndataset = "addition"\noptions = {options}\n[model]\nbackend = "scripted"\n')
+        res = subprocess.run([sys.executable, "-m", "star_engine", "validate", str(toml)], capture_output=True,
+                             text=True, env=cli_env(), cwd=tmp_path, timeout=120)
+        assert res.returncode == 2, res.stderr
+        err = one_line_error(res.stderr)
+        assert f"{toml}: {expected}" in err and "task.dataset" not in err, err
+    assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------ validate makes the checks run makes
+
+
+def test_validate_and_run_refuse_what_the_backend_would_refuse_before_writing(scripted, tmp_path, capsys):
+    """The scripted backend's context is 16 tokens: validate says so (it said OK before), and run
+    refuses before its run directory exists (it created it, then failed at the first generation)."""
+    path = _toy(tmp_path, "max_tokens = 16\n")
+    for command in ("validate", "run"):
+        assert main([command, str(path)]) == 2
+        err = one_line_error(capsys.readouterr().err)
+        assert f"{path}: generation.max_new_tokens: 32 is more than the scripted model's 16 tokens" in err, err
+    assert not (tmp_path / "run").exists()
+    assert main(["validate", str(path), "--set", "generation.max_new_tokens=8",
+                 "--set", "evaluation.max_new_tokens=20"]) == 2
+    assert "--set evaluation.max_new_tokens=20: evaluation.max_new_tokens: 20" in capsys.readouterr().err
+    assert main(["validate", str(path), "--set", "training.optimizer.b1=1.0",
+                 "--set", "generation.max_new_tokens=8"]) == 2
+    assert "--set training.optimizer.b1=1.0: training.optimizer.b1: must be < 1" in capsys.readouterr().err
+    assert main(["validate", str(path), "--set", "generation.max_new_tokens=8"]) == 0
+    assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------ the run directory is checked before the first write
+
+
+def _finished_run(tmp_path: Path) -> tuple[Path, Path]:
+    path = _toy(tmp_path)
+    assert main(["run", str(path), "--quiet"]) == 0
+    return path, tmp_path / "run"
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("damage,expected", [
+    (lambda t: t[:-50], "unreadable manifest"),
+    (lambda t: b"[]", "unreadable manifest (not a JSON object)"),
+    (lambda t: b"[" * 100_000, "unreadable manifest (nested too deeply)"),
+    (lambda t: json.dumps({"artifacts": {"a": 1}, "checkpoints": {}}).encode(), "artifacts['a']"),
+    (lambda t: json.dumps({"artifacts": {}}).encode(), "'checkpoints' missing"),
+], ids=["truncated", "a_list", "deep", "bad_record", "no_checkpoints"])
+def test_a_damaged_run_manifest_is_refused_before_anything_is_written(scripted, tmp_path, capsys, damage, expected):
+    path, run = _finished_run(tmp_path)
+    capsys.readouterr()
+    manifest = run / "manifest.json"
+    manifest.write_bytes(damage(manifest.read_bytes()))
+    before = _snapshot(run)
+    for command in ("validate", "run"):
+        assert main([command, str(path), "--quiet"] if command == "run" else [command, str(path)]) == 2
+        err = one_line_error(capsys.readouterr().err)
+        assert f"{manifest}: " in err and expected in err, err
+    assert _snapshot(run) == before  # no "resume" event, config.json not rewritten
+
+
+@pytest.mark.parametrize("key", ["config.json", "events.jsonl", "manifest.json", "iterations"])
+def test_a_run_directory_entry_of_the_wrong_kind_is_refused_before_writing(scripted, tmp_path, capsys, key):
+    path, run = _finished_run(tmp_path)
+    capsys.readouterr()
+    target = run / key
+    if target.is_dir():
+        import shutil
+
+        shutil.rmtree(target)
+        target.write_text("not a folder")
+    else:
+        target.unlink()
+        target.mkdir()
+    before = _snapshot(run)
+    assert main(["run", str(path), "--quiet"]) == 2
+    assert str(target) in one_line_error(capsys.readouterr().err)
+    assert _snapshot(run) == before
+
+
+def test_a_manifest_pointing_outside_the_run_directory_deletes_nothing(scripted, tmp_path, capsys):
+    """A hostile manifest.json naming a damaged "checkpoint" outside the run directory: the run
+    used to remove it as damaged (rmtree of any folder); now the manifest is refused."""
+    path, run = _finished_run(tmp_path)
+    capsys.readouterr()
+    victim = tmp_path / "precious"
+    victim.mkdir()
+    (victim / "data.txt").write_text("keep me")
+    manifest = json.loads((run / "manifest.json").read_text())
+    for rel in (str(victim), "../precious"):
+        manifest["base_checkpoint"] = rel
+        manifest["checkpoints"][rel] = {"id": "x", "files": {"gone": {"sha256": "0" * 64, "bytes": 1}}}
+        (run / "manifest.json").write_text(json.dumps(manifest))
+        assert main(["run", str(path), "--quiet"]) == 2
+        assert "not a path inside the run directory" in one_line_error(capsys.readouterr().err)
+        del manifest["checkpoints"][rel]
+        assert (victim / "data.txt").read_text() == "keep me"
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_endless_inputs_are_refused_after_a_bounded_read(scripted, tmp_path, capsys):
+    """/dev/zero as the experiment file or as a CQA data file: read up to a stated limit, then one
+    line (a whole-file read never returned)."""
+    assert main(["validate", "/dev/zero"]) == 2
+    assert "/dev/zero: more than the limit of 16777216 bytes" in one_line_error(capsys.readouterr().err)
+    (tmp_path / "good.jsonl").write_bytes(_lines(_cqa(1)))
+    toml = tmp_path / "exp.toml"
+    toml.write_text(EXPERIMENT.format(out=(tmp_path / "run").as_posix(), task="cqa", train="/dev/zero",
+                                      dev="good.jsonl"))
+    res = subprocess.run([sys.executable, "-m", "star_engine", "validate", str(toml)], capture_output=True, text=True,
+                         env=cli_env(), cwd=tmp_path, timeout=120)
+    assert res.returncode == 2
+    assert "/dev/zero: more than the limit of 268435456 bytes" in one_line_error(res.stderr)

@@ -448,3 +448,60 @@ def test_safetensors_forged_size_refused_before_allocation(tmp_path):
     """
     out = bounded(setup, f"hf_import.import_hf_gptj({str(src)!r})")
     assert out.startswith(f"REFUSED {p}: tensor 'transformer.wte.weight' has shape"), out
+
+
+# ----------------------------------------------------------------------------- forged sizes that agree with each other
+
+
+def forged_checkpoint(root: Path, vocab: int) -> tuple[Path, int]:
+    """A native checkpoint whose model config, manifest and zstd frames agree on an embedding of
+    ``vocab`` x 16 fp32 (and an lm_head to match): the big leaves' parts are ~20-byte frames that
+    declare the whole size. Returns (folder, bytes of the embedding)."""
+    import zstandard
+
+    cfg = GPTJConfig(n_layer=1, d_model=16, n_head=2, d_head=8, d_ff=64, rotary_dim=4, n_ctx=16, vocab=vocab)
+    root.mkdir(parents=True)
+    leaves = []
+    for i, (path, (shape, dtype)) in enumerate(sorted(C.param_specs(cfg.to_dict()).items())):
+        raw = int(np.prod(shape)) * 4
+        if raw > 1 << 20:
+            blob = zstd_frame(raw, [13])  # a frame that declares `raw` bytes and holds 13
+            sha = hashlib.sha256(b"never read").hexdigest()
+        else:
+            blob = zstandard.ZstdCompressor(write_content_size=True).compress(bytes(raw))
+            sha = hashlib.sha256(bytes(raw)).hexdigest()
+        (root / f"{i:05d}.zst").write_bytes(blob)
+        leaves.append({"path": list(path), "dtype": dtype, "shape": list(shape), "file": f"{i:05d}.zst",
+                       "compressed_bytes": len(blob), "raw_bytes": raw, "sha256": sha})
+    manifest = {"format": C.FORMAT, "version": C.VERSION, "model_config": cfg.to_dict(), "tokenizer": TOK,
+                "extra": {}, "leaves": leaves}
+    (root / C.MANIFEST).write_bytes(msgpack.packb(manifest))
+    return root, vocab * 16 * 4
+
+
+@pytest.mark.skipif(not LINUX, reason="RLIMIT_AS and /proc are Linux's")
+@pytest.mark.parametrize("vocab", [1 << 31, 1 << 24], ids=["128GiB", "1GiB"])
+def test_forged_leaf_size_consistent_everywhere_refused_before_allocation(tmp_path, vocab):
+    """The embedding (and lm_head) of 128 GiB (over the absolute cap) or 1 GiB (over what this
+    child may allocate): every reader refuses, none tries (a MemoryError would say it tried)."""
+    ck, _ = forged_checkpoint(tmp_path / "ck", vocab)
+    for call in (f"C.load_checkpoint({str(ck)!r})",
+                 f"m, leaves = mtj_import.native_leaves({str(ck)!r})\nfor _ in leaves: pass",
+                 f"preflight.check_checkpoint({str(ck)!r})"):
+        out = bounded("from star_haiku_xmap import checkpoint as C, mtj_import, preflight\n"
+                      "from star_haiku_xmap.checkpoint import param_specs\n"
+                      f"param_specs(C.read_manifest({str(ck)!r})['model_config'])", call)
+        assert out.startswith(f"REFUSED {ck}/"), (call, out)
+        refusals = r"(declares|needs) \d+ bytes, more than the|needs a window of|zstd stream ended"
+        assert re.search(refusals, out), (call, out)
+
+
+def test_convert_of_a_forged_checkpoint_is_one_line_and_leaves_nothing(tmp_path):
+    ck, _ = forged_checkpoint(tmp_path / "ck", 1 << 31)
+    dest = tmp_path / "new" / "dest"
+    res = subprocess.run([sys.executable, "-m", "star_engine", "convert", "--from", "native", str(ck), str(dest)],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert res.stderr.startswith(f"error: {ck}/") and res.stderr.count("\n") == 1, res.stderr
+    assert re.search(r"(declares|needs) \d+ bytes, more than the|needs a window of", res.stderr), res.stderr
+    assert not (tmp_path / "new").exists()

@@ -25,7 +25,7 @@ import kill_matrix as km  # noqa: E402
 
 # Rewritten by every start or every iteration whatever was damaged: not stage outputs.
 BOOKKEEPING = {"config.json", "manifest.json", "requirements.txt", "events.jsonl", "metrics.parquet", "report.png",
-               "report.md", "tracking.json"}
+               "report.md", "tracking.json", ".lock"}
 
 
 @pytest.fixture(scope="module")

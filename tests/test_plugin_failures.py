@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -123,6 +124,38 @@ def test_broken_plugins_listed_with_distribution_version_and_hook(broken_site, t
     assert plugins["scripted_plugin"]["error"] is None and plugins["cqa"]["error"] is None
     res = star("plugins", env=env_for(broken_site), cwd=tmp_path)  # the table shows them too
     assert res.returncode == 0 and "star-fussy" in res.stdout and "2.0.1" in res.stdout
+
+
+def _squeezed(text: str) -> str:
+    """``text`` without whitespace and table borders: what is left of a cell's words, in order."""
+    return "".join(c for c in text if not c.isspace() and not 0x2500 <= ord(c) <= 0x257F)
+
+
+def _in_order(needle: str, haystack: str) -> bool:
+    it = iter(haystack)
+    return all(c in it for c in needle)
+
+
+def test_plugins_listing_in_a_pipe_and_a_narrow_terminal_keeps_every_error_whole(broken_site, tmp_path):
+    """In a pipe (not a terminal) every plugin is one plain line, its error in full; in a terminal
+    of 40 columns the table folds its cells instead of cropping them: every character of a broken
+    plugin's distribution, version and error is still there, in order."""
+    env = env_for(broken_site)
+    plugins = {p["name"]: p for p in json.loads(star("plugins", "--json", env=env, cwd=tmp_path).stdout)}
+    broken = [p for p in plugins.values() if p["error"]]
+    assert len(broken) == len(BROKEN)
+    piped = star("plugins", env=env, cwd=tmp_path)
+    assert piped.returncode == 0, piped.stderr
+    for p in broken:
+        assert f"{p['name']} ({p['distribution']} {p['version']}): ERROR: {p['error']}\n" in piped.stdout
+    narrow = star("plugins", env={**env, "TTY_COMPATIBLE": "1", "COLUMNS": "40", "NO_COLOR": "1"}, cwd=tmp_path)
+    assert narrow.returncode == 0, narrow.stderr
+    assert "┃" in narrow.stdout  # the table, as on a terminal
+    assert "…" not in narrow.stdout
+    out = _squeezed(re.sub(r"\x1b\[[0-9;]*m", "", narrow.stdout))  # styles (bold titles) away
+    for p in broken:  # each cell's pieces, line after line (other cells' pieces in between)
+        for cell in (p["name"], p["distribution"], p["version"], p["error"]):
+            assert _in_order(_squeezed(cell), out), (cell, narrow.stdout)
 
 
 @pytest.mark.parametrize("dist,version,package,source,checker,says", BROKEN, ids=["import", "signature", "misspelled"])

@@ -6,6 +6,7 @@ import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from star_engine.cli import main
 from star_engine.metrics import METRICS_SCHEMA
@@ -44,3 +45,63 @@ def test_report_without_metrics_is_a_clear_error(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["report", str(tmp_path / "empty")]) == 2
     assert "no metrics.parquet" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ hostile metrics files: one line, exit 2
+
+
+def _damaged(tmp_path, kind: str):
+    run = _run(tmp_path / kind, "x", [0.1, 0.2, 0.3])
+    path = run / "metrics.parquet"
+    data = bytearray(path.read_bytes())
+    if kind == "truncated":
+        path.write_bytes(bytes(data[: len(data) // 2]))
+    elif kind == "bit_flipped_footer":
+        data[-20] ^= 0x55  # inside the footer's metadata
+        path.write_bytes(bytes(data))
+    elif kind == "foreign":
+        pq.write_table(pa.table({"x": [1, 2], "y": ["a", "b"]}), path)
+    elif kind == "wrong_types":
+        pq.write_table(pa.table({f.name: pa.array(["?"] * 2) for f in METRICS_SCHEMA}), path)
+    elif kind == "null_split":
+        rows = [{"iteration": 0, "split": None, "class": "all", "accuracy": 0.5}]
+        pq.write_table(pa.Table.from_pylist(rows, schema=METRICS_SCHEMA), path)
+    elif kind == "infinite_accuracy":
+        rows = [{"iteration": 0, "split": "dev", "class": "all", "accuracy": float("inf")}]
+        pq.write_table(pa.Table.from_pylist(rows, schema=METRICS_SCHEMA), path)
+    elif kind == "not_parquet":
+        path.write_text('{"iteration": 0}\n')
+    elif kind == "a_folder":
+        path.unlink()
+        path.mkdir()
+    return run
+
+
+@pytest.mark.parametrize("kind", ["truncated", "bit_flipped_footer", "foreign", "wrong_types", "null_split",
+                                  "infinite_accuracy", "not_parquet", "a_folder"])
+def test_report_on_a_damaged_or_foreign_metrics_file_is_one_line(tmp_path, capsys, kind):
+    run = _damaged(tmp_path, kind)
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {run / 'metrics.parquet'}") and err.count("\n") == 1, err
+    assert not (run / "report.md").exists() and not (run / "report.png").exists()
+    other = _run(tmp_path / f"good_{kind}", "good", [0.1, 0.2])
+    assert main(["report", str(other), "--compare", str(run)]) == 2  # as the compared run too
+    assert capsys.readouterr().err.startswith(f"error: {run / 'metrics.parquet'}")
+
+
+def test_report_refuses_a_metrics_file_declaring_too_much(tmp_path, capsys, monkeypatch):
+    import star_engine.report as report
+
+    run = _run(tmp_path / "big", "x", [0.1, 0.2, 0.3])
+    monkeypatch.setattr(report, "MAX_ROWS", 5)  # the footer says 11 rows: refused before reading them
+    assert main(["report", str(run)]) == 2
+    assert "11 rows" in capsys.readouterr().err
+
+
+def test_report_plots_numeric_and_other_classes(tmp_path):
+    run = _run(tmp_path / "classes", "x", [0.1, 0.2])
+    rows = pq.read_table(run / "metrics.parquet").to_pylist()
+    rows += [{**rows[0], "class": c} for c in ("²", "1" * 5000, "10", "b", "$\\frac{$", "$x$")]  # odd names
+    pq.write_table(pa.Table.from_pylist(rows, schema=METRICS_SCHEMA), run / "metrics.parquet")
+    assert main(["report", str(run)]) == 0

@@ -46,7 +46,8 @@ import numpy as np
 
 from star_engine.errors import IntegrityError, UserError
 
-from .safeio import np_dtype, read_bounded, read_zstd_part, unpack_msgpack, write_zstd_part
+from .safeio import (check_alloc, make_parents, np_dtype, read_bounded, read_zstd_part, remove_created,
+                     unpack_msgpack, write_zstd_part)
 
 FORMAT = "star-haiku-xmap-checkpoint"
 VERSION = 1
@@ -132,9 +133,19 @@ def _param_specs_cached(config_items: tuple) -> dict[tuple[str, ...], tuple[tupl
     return {path: (tuple(s.shape), np.dtype(s.dtype).name) for path, s in _flatten(shapes)}
 
 
+MAX_LAYERS = 1024  # the abstract model is traced layer by layer: a forged count must not take hours
+
+
 def param_specs(model_config: Mapping[str, Any]) -> dict[tuple[str, ...], tuple[tuple[int, ...], str]]:
-    """{key path: (shape, dtype name)} the model defines for ``model_config`` (no memory used)."""
-    return _param_specs_cached(tuple(sorted(model_config.items())))
+    """{key path: (shape, dtype name)} the model defines for ``model_config`` (no memory used).
+    ValueError/TypeError for a config that is not a GPT-J's (or has more than MAX_LAYERS layers)."""
+    layers = model_config.get("n_layer")
+    if type(layers) is int and layers > MAX_LAYERS:
+        raise ValueError(f"n_layer {layers} is more than {MAX_LAYERS}")
+    try:
+        return _param_specs_cached(tuple(sorted(model_config.items())))
+    except (OverflowError, ArithmeticError) as exc:
+        raise ValueError(f"shapes out of range ({exc})") from None
 
 
 # ----------------------------------------------------------------------------- save
@@ -204,9 +215,10 @@ def write_checkpoint(path: str | os.PathLike, leaves: Iterable[tuple[tuple[str, 
         specs = param_specs(model_config)
     except (TypeError, ValueError) as exc:
         raise UserError(f"{dest}: model_config is not a valid GPT-J config ({exc})") from None
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    created = make_parents(dest)  # taken away again if the write fails
     tmp = dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex[:12]}"
     tmp.mkdir()
+    published = False
     try:
         entries, seen = [], set()
         for index, (key_path, value) in enumerate(leaves):
@@ -260,9 +272,12 @@ def write_checkpoint(path: str | os.PathLike, leaves: Iterable[tuple[tuple[str, 
         _fsync_dir(tmp)
         manifest = unpack_msgpack(data, what=str(dest / MANIFEST))  # the exact form a load returns
         _publish(tmp, dest, data, entries)
+        published = True
         return manifest
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if not published:
+            remove_created(created)
 
 
 def _publish(tmp: Path, dest: Path, data: bytes, entries: list[dict]) -> None:
@@ -455,6 +470,7 @@ def read_leaf(root: str | os.PathLike, leaf: Mapping[str, Any]) -> np.ndarray:
     root = Path(root)
     if "parts" not in leaf:
         return _read_part(root, leaf, leaf["dtype"], leaf["shape"])
+    check_alloc(2 * math.prod(leaf["shape"]) * np_dtype(leaf["dtype"]).itemsize, str(root / leaf["parts"][0]["file"]))
     pieces = [_read_part(root, p, leaf["dtype"], _part_shape(leaf)) for p in leaf["parts"]]
     return np.concatenate(pieces, axis=leaf["split_axis"])
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from star_engine.errors import UserError
 
 DTYPE_CHOICES = ("bfloat16", "float32")
+MAX_MP = 1024
 
 
 def _tokenizer_dict(args: argparse.Namespace, default_file: Path | None, stored: dict | None = None) -> dict:
@@ -68,8 +69,8 @@ class ConvertCommand:
         from .checkpoint import write_checkpoint
 
         mp = args.mp
-        if mp is not None and mp < 1:
-            raise UserError("--mp: must be >= 1")
+        if mp is not None and not 1 <= mp <= MAX_MP:
+            raise UserError(f"--mp: must be in [1, {MAX_MP}], got {mp}")
         if args.tokenizer_file is not None and args.byte_tokenizer:
             raise UserError("--tokenizer-file and --byte-tokenizer exclude each other")
         src, dest = args.src, args.dest

@@ -193,13 +193,11 @@ def to_host(x: Any) -> np.ndarray:
 
 
 def barrier(name: str) -> None:
-    """Wait for every process (no-op with one)."""
-    import jax
+    """Wait for every process (no-op with one); a failed or dead peer ends the
+    wait (``coordination.barrier``)."""
+    from .coordination import barrier as coordinated
 
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(name)
+    coordinated(name)
 
 
 def host_leaves(params: Any) -> Any:

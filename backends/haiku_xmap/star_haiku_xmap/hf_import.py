@@ -26,6 +26,7 @@ are ignored; any other unknown or missing tensor is an error.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -37,7 +38,7 @@ from star_engine.errors import IntegrityError, UserError
 
 from .checkpoint import param_specs, write_checkpoint
 from .config import GPTJConfig
-from .safeio import TensorInfo, np_dtype, read_bounded, read_safetensors_header
+from .safeio import TensorInfo, check_alloc, np_dtype, read_bounded, read_safetensors_header
 
 CONFIG_MAX = 1 << 20
 INDEX_MAX = 16 << 20
@@ -106,15 +107,15 @@ def _tensor_files(src: Path) -> dict[str, tuple[Path, TensorInfo]]:
     if index.is_file():
         try:
             data = json.loads(read_bounded(index, INDEX_MAX))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise IntegrityError(f"{index}: not valid JSON ({exc})") from None
+        except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deep, a huge integer
+            raise IntegrityError(f"{index}: not valid JSON ({type(exc).__name__}: {exc})") from None
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(weight_map, dict):
             raise IntegrityError(f"{index}: no 'weight_map' object")
-        files = sorted(set(weight_map.values()), key=str)
-        for name in files:
+        for name in weight_map.values():
             if not isinstance(name, str) or not _SHARD_NAME.match(name):
                 raise IntegrityError(f"{index}: bad shard file name {name!r}")
+        files = sorted(set(weight_map.values()))
     elif single.is_file():
         files, weight_map = ["model.safetensors"], None
     else:
@@ -141,7 +142,7 @@ def _tensor_files(src: Path) -> dict[str, tuple[Path, TensorInfo]]:
     return out
 
 
-def _plan(src: Path, dtype: str) -> tuple[GPTJConfig, list[tuple[tuple[str, ...], str, bool, Path]]]:
+def _plan(src: Path, dtype: str) -> tuple[GPTJConfig, list[tuple[tuple[str, ...], str, bool, Path, TensorInfo]]]:
     """Validate everything (config, headers, names, shapes) before reading a tensor."""
     if src.is_file():
         if src.suffix in _PICKLE_SUFFIXES:
@@ -152,8 +153,8 @@ def _plan(src: Path, dtype: str) -> tuple[GPTJConfig, list[tuple[tuple[str, ...]
     cfg_path = src / "config.json"
     try:
         hf = json.loads(read_bounded(cfg_path, CONFIG_MAX))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{cfg_path}: not valid JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deep, a huge integer
+        raise UserError(f"{cfg_path}: not valid JSON ({type(exc).__name__}: {exc})") from None
     if not isinstance(hf, dict):
         raise UserError(f"{cfg_path}: not a JSON object")
     config = hf_config_to_gptj(hf, dtype=dtype, where=str(cfg_path))
@@ -170,7 +171,7 @@ def _plan(src: Path, dtype: str) -> tuple[GPTJConfig, list[tuple[tuple[str, ...]
                             f"{list(stored)}")
         if info.dtype not in ("float32", "float16", "bfloat16"):
             raise UserError(f"{path}: tensor {name!r} has dtype {info.dtype}, expected a float type")
-        plan.append((key_path, name, transpose, path))
+        plan.append((key_path, name, transpose, path, info))
         used.add(name)
     extra = sorted(n for n in tensors if n not in used and not _IGNORED.match(n))
     if extra:
@@ -182,7 +183,7 @@ def iter_hf_gptj(src: str | os.PathLike, *, dtype: str = "float32"
                  ) -> tuple[GPTJConfig, Iterator[tuple[tuple[str, ...], np.ndarray]]]:
     """(config, lazy iterator of (haiku key path, array)) in sorted key order;
     everything is validated before the iterator is returned."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     config, plan = _plan(Path(src), dtype)
     target = np_dtype(dtype)
@@ -190,10 +191,16 @@ def iter_hf_gptj(src: str | os.PathLike, *, dtype: str = "float32"
     def leaves() -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
         handles: dict[Path, Any] = {}
         try:
-            for key_path, name, transpose, path in plan:
-                if path not in handles:
-                    handles[path] = safe_open(str(path), framework="numpy")
-                arr = handles[path].get_tensor(name)
+            for key_path, name, transpose, path, info in plan:
+                # the tensor as stored, its fp32 copy and the result: checked before any is made
+                n = math.prod(info.shape)
+                check_alloc(info.end - info.start + 4 * n + target.itemsize * n, f"{path}: tensor {name!r}")
+                try:
+                    if path not in handles:
+                        handles[path] = safe_open(str(path), framework="numpy")
+                    arr = handles[path].get_tensor(name)
+                except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+                    raise IntegrityError(f"{path}: tensor {name!r} unreadable ({type(exc).__name__}: {exc})") from None
                 if transpose:
                     arr = arr.T
                 # fp16/bf16 -> fp32 is exact; fp32 -> bf16 rounds to nearest even.

@@ -50,8 +50,10 @@ import json
 import os
 import re
 import shutil
+import struct
 import uuid
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -64,7 +66,7 @@ from numpy.lib import format as npy_format
 from star_engine.errors import IntegrityError, UserError
 
 from .config import PRESETS, GPTJConfig
-from .safeio import np_dtype, read_bounded
+from .safeio import check_alloc, make_parents, np_dtype, read_bounded, remove_created
 
 PREFIX = "causal_transformer_shard/~/"
 PIECES = 16  # files per shard mesh-transformer-jax writes
@@ -183,8 +185,8 @@ def config_from_file(path: str | os.PathLike, *, dtype: str = "bfloat16") -> GPT
     p = Path(path)
     try:
         d = json.loads(read_bounded(p, 1 << 20))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{p}: not valid JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deep, a huge integer
+        raise UserError(f"{p}: not valid JSON ({type(exc).__name__}: {exc})") from None
     if not isinstance(d, dict):
         raise UserError(f"{p}: not a JSON object")
     try:
@@ -192,6 +194,8 @@ def config_from_file(path: str | os.PathLike, *, dtype: str = "bfloat16") -> GPT
             if d.get("pe", "rotary") != "rotary" or d.get("norm", "layernorm") != "layernorm":
                 raise UserError(f"{p}: only pe = 'rotary' and norm = 'layernorm' (GPT-J) can be imported")
             D, H = d["d_model"], d["n_heads"]
+            if type(D) is not int or type(H) is not int or H <= 0:
+                raise UserError(f"{p}: d_model and n_heads must be positive integers, got {D!r} and {H!r}")
             return GPTJConfig(n_layer=d["layers"], d_model=D, n_head=H, d_head=D // H, d_ff=4 * D,
                               rotary_dim=d["pe_rotary_dims"], n_ctx=d["seq"], vocab=d["n_vocab"], dtype=dtype)
         return GPTJConfig.from_dict({**d, "dtype": dtype})
@@ -246,7 +250,7 @@ def _scan_zip(zip_path: Path) -> list[Member]:
     """Headers of every member of one .npz, in arr_N order, without reading data."""
     try:
         zf = zipfile.ZipFile(zip_path)
-    except (zipfile.BadZipFile, OSError) as exc:
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error, OverflowError, NotImplementedError) as exc:
         raise IntegrityError(f"{zip_path}: not a readable zip/npz file ({exc})") from None
     out: dict[int, Member] = {}
     with zf:
@@ -260,9 +264,13 @@ def _scan_zip(zip_path: Path) -> list[Member]:
             if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
                 raise IntegrityError(f"{zip_path}: member {info.filename} uses compression {info.compress_type}")
             where = f"{zip_path}:{info.filename}"
-            with zf.open(info) as f:
-                dtype, shape, fortran = _read_header(f, where)
-                offset = f.tell()
+            try:
+                with zf.open(info) as f:
+                    dtype, shape, fortran = _read_header(f, where)
+                    offset = f.tell()
+            except (zipfile.BadZipFile, zlib.error, EOFError, RuntimeError, NotImplementedError, OSError, ValueError,
+                    struct.error, OverflowError) as exc:
+                raise IntegrityError(f"{where}: corrupt member ({type(exc).__name__}: {exc})") from None
             if any(d < 0 for d in shape) or len(shape) > 4:
                 raise IntegrityError(f"{where}: bad shape {shape}")
             nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -339,21 +347,30 @@ def plan_mtj(src: str | os.PathLike, config: GPTJConfig) -> tuple[list[MtjLeaf],
 
 
 def _read_member(mem: Member) -> np.ndarray:
-    """The array of one member (header re-checked), as its logical dtype."""
+    """The array of one member (header re-checked), as its logical dtype. A member whose data
+    is damaged (a bad CRC, broken deflate data, cut short) is an IntegrityError naming the
+    .npz file and the member."""
     where = f"{mem.zip_path}:{mem.name}"
-    with zipfile.ZipFile(mem.zip_path) as zf, zf.open(mem.name) as f:
-        dtype, shape, fortran = _read_header(f, where)
-        if (dtype, shape, fortran) != (mem.dtype, mem.shape, mem.fortran):
-            raise IntegrityError(f"{where}: changed since it was checked")
-        stored_shape = shape[::-1] if fortran else shape
-        buf = np.empty(stored_shape, dtype)
-        view = memoryview(buf.reshape(-1).view(np.uint8))
-        pos = 0
-        while pos < len(view):
-            n = f.readinto(view[pos:pos + (1 << 24)])
-            if not n:
-                raise IntegrityError(f"{where}: data ends after {pos} of {len(view)} bytes")
-            pos += n
+    try:
+        with zipfile.ZipFile(mem.zip_path) as zf, zf.open(mem.name) as f:
+            dtype, shape, fortran = _read_header(f, where)
+            if (dtype, shape, fortran) != (mem.dtype, mem.shape, mem.fortran):
+                raise IntegrityError(f"{where}: changed since it was checked")
+            stored_shape = shape[::-1] if fortran else shape
+            check_alloc(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, where)
+            buf = np.empty(stored_shape, dtype)
+            view = memoryview(buf.reshape(-1).view(np.uint8))
+            pos = 0
+            while pos < len(view):
+                n = f.readinto(view[pos:pos + (1 << 24)])
+                if not n:
+                    raise IntegrityError(f"{where}: data ends after {pos} of {len(view)} bytes")
+                pos += n
+            if f.read(1):
+                raise IntegrityError(f"{where}: more data than its header declares")
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, KeyError, ValueError, OSError,
+            RuntimeError, NotImplementedError, struct.error, OverflowError) as exc:
+        raise IntegrityError(f"{where}: corrupt member data ({type(exc).__name__}: {exc})") from None
     if fortran:
         buf = buf.T
     kind = _stored_kind(dtype)
@@ -378,6 +395,8 @@ def _combine(leaf: MtjLeaf, shard_members: list[Member]) -> np.ndarray:
         return total
     axis = how[1]
     first = _read_member(shard_members[0])
+    check_alloc(int(np.prod(leaf.full_shape, dtype=np.int64)) * first.dtype.itemsize,
+                f"{shard_members[0].zip_path}:{shard_members[0].name} ({leaf.name})")
     out = np.empty(leaf.full_shape, first.dtype)
     size = first.shape[axis]
     for k, mem in enumerate(shard_members):
@@ -481,7 +500,7 @@ def export_mtj(checkpoint: str | os.PathLike, dest: str | os.PathLike, *, shards
     dest = Path(dest)
     if dest.exists():
         raise UserError(f"{dest}: exists; refusing to overwrite")
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    created = make_parents(dest)  # taken away again if the export fails
     tmp = dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex[:12]}"
     tmp.mkdir()
     target = np_dtype(config.dtype)
@@ -516,8 +535,10 @@ def export_mtj(checkpoint: str | os.PathLike, dest: str | os.PathLike, *, shards
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
         os.rename(tmp, dest)
+        created = []
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        remove_created(created)
 
 
 def native_leaves(checkpoint: str | os.PathLike, dtype: str | None = None

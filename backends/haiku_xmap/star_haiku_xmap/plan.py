@@ -73,14 +73,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per compiled program")
 
 
+MAX_DEVICES = 4096  # simulated CPU devices a plan may ask for
+
+
 def _parse_mesh(text: str) -> tuple[int, int]:
+    from star_engine.errors import UserError
+
     try:
         dp, mp = (int(x) for x in text.lower().split("x"))
     except ValueError:
-        from star_engine.errors import UserError
-
         raise UserError(f"--mesh: expected DPxMP like 1x8, got {text!r}") from None
+    if dp < 1 or mp < 1 or dp * mp > MAX_DEVICES:
+        raise UserError(f"--mesh: dp and mp must be >= 1 and dp x mp at most {MAX_DEVICES}, got {text!r}")
     return dp, mp
+
+
+def _check_args(args: argparse.Namespace):
+    """The model config and the jobs' shapes, refused (UserError naming the option) before
+    anything is compiled."""
+    from star_engine.errors import UserError
+
+    from .config import PRESETS, preset
+
+    if args.preset not in PRESETS:
+        raise UserError(f"--preset: unknown preset {args.preset!r}; known: {', '.join(sorted(PRESETS))}")
+    for flag, value, minimum in (("--n-layer", args.n_layer, 1), ("--batch", args.batch, 1),
+                                 ("--grad-accum", args.grad_accum, 1), ("--seq-len", args.seq_len, 2),
+                                 ("--gen-batch", args.gen_batch, 1), ("--prompt-len", args.prompt_len, 1),
+                                 ("--new-tokens", args.new_tokens, 1)):
+        if value is not None and value < minimum:
+            raise UserError(f"{flag}: must be >= {minimum}, got {value}")
+    if args.n_layer is not None and args.n_layer > 1024:
+        raise UserError(f"--n-layer: at most 1024, got {args.n_layer}")
+    if not args.device_gib > 0 or args.device_gib == float("inf"):
+        raise UserError(f"--device-gib: must be a positive number, got {args.device_gib}")
+    what = tuple(w.strip() for w in args.what.split(",") if w.strip())
+    if not what or set(what) - {"train", "sample"}:
+        raise UserError(f"--what: a comma-separated list of train, sample; got {args.what!r}")
+    config = preset(args.preset, n_layer=args.n_layer, dtype=args.dtype)
+    if "train" in what and args.seq_len > config.n_ctx:
+        raise UserError(f"--seq-len: {args.seq_len} is more than the model's context n_ctx = {config.n_ctx}")
+    if "sample" in what and args.prompt_len + args.new_tokens > config.n_ctx:
+        raise UserError(f"--prompt-len + --new-tokens: {args.prompt_len + args.new_tokens} is more than the model's "
+                        f"context n_ctx = {config.n_ctx}")
+    return config, what
 
 
 def _setup_devices(n: int, platform: str) -> None:
@@ -203,9 +239,7 @@ HEADER = ("| mesh dp x mp | program | ZeRO | master | moments | grad accum | rem
 
 
 def run(args: argparse.Namespace) -> int:
-    from .config import preset
-
-    what = tuple(w.strip() for w in args.what.split(",") if w.strip())
+    config, what = _check_args(args)
     if args.standard:
         jobs = [(_parse_mesh(m), *rest) for m, *rest in STANDARD]
     else:
@@ -214,7 +248,6 @@ def run(args: argparse.Namespace) -> int:
     _setup_devices(max(dp * mp for (dp, mp), *_ in jobs), args.platform)
     import jax
 
-    config = preset(args.preset, n_layer=args.n_layer, dtype=args.dtype)
     if not args.json:
         print(f"# {args.preset}: {config.n_layer} layers, d_model {config.d_model}, {config.dtype}; "
               f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} devices)")
@@ -236,16 +269,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from star_engine.errors import UserError
+    from star_engine.boundary import run_command
 
     parser = argparse.ArgumentParser(prog="python -m star_haiku_xmap.plan")
     add_arguments(parser)
     args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return run_command(lambda: run(args))  # the same failure rules as star-engine plan
 
 
 if __name__ == "__main__":

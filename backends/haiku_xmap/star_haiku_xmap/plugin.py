@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -20,6 +21,12 @@ from .config import DTYPES, PRESETS, GPTJConfig
 
 BACKEND = "haiku_xmap"
 BASE_DIR = "base_init"
+
+
+def _config_error(exc: Exception) -> str:
+    """A GPTJConfig refusal as the ``[model]`` key it is about: ``model.n_layer: must be ...``."""
+    m = re.match(r"GPTJConfig\.(\w+) (.*)$", str(exc), re.DOTALL)
+    return f"model.{m.group(1)}: {m.group(2)}" if m else f"model: {exc}"
 
 
 def _cut_at_stop(text: str, stops: Sequence[str]) -> str:
@@ -94,6 +101,10 @@ class HaikuXmapBackend:
         elif dist.resolve_options(distributed) is None:
             use_every_core()
         self._distributed = dist.initialize(distributed)
+        if self._distributed:  # the other processes' barriers see this one alive from now on
+            from .coordination import start_heartbeat
+
+            start_heartbeat()
         if isinstance(zero, bool) or zero not in (0, 1):
             raise UserError(f"model.zero: must be 0 (off) or 1 (ZeRO-1: optimizer state split over dp), got {zero!r}")
         if opt_state_dtype not in dist.OPT_STATE_DTYPES:
@@ -133,7 +144,7 @@ class HaikuXmapBackend:
             self.config = base.replace(**{k: v for k, v in overrides.items() if v is not None},
                                        **({"dtype": dtype} if dtype else {}))
         except (TypeError, ValueError) as exc:
-            raise UserError(f"model: {exc}") from None
+            raise UserError(_config_error(exc)) from None
 
         if tokenizer not in ("byte", "hf"):
             raise UserError(f"model.tokenizer: must be 'byte' or 'hf', got {tokenizer!r}")
@@ -380,9 +391,25 @@ class HaikuXmapBackend:
 
     @staticmethod
     def barrier(name: str) -> None:
-        from . import distributed as dist
+        """All processes meet (``coordination.barrier``): ends with ``ProcessLost`` when another
+        process failed (``abort``) or died, instead of waiting for it."""
+        from . import coordination
 
-        dist.barrier(name)
+        coordination.barrier(name)
+
+    @staticmethod
+    def abort(message: str) -> None:
+        """This process is stopping: the others leave their barriers with ``message``."""
+        from . import coordination
+
+        coordination.abort(message)
+
+    def validate_run(self, generation: Mapping[str, GenSpec], training: Mapping[str, TrainSpec]) -> None:
+        """Every check the run's specs need before it starts (``Backend.validate_run``;
+        ``preflight.py``): context length, sampling values, optimizer tables, the checkpoint's files."""
+        from .preflight import validate_run
+
+        validate_run(self, generation, training)
 
     def describe(self) -> Mapping[str, Any]:
         from .config import param_count

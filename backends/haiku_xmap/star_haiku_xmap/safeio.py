@@ -27,6 +27,88 @@ import zstandard
 from star_engine.errors import IntegrityError
 
 CHUNK = 1 << 22  # 4 MiB streaming chunks
+MAX_BUFFER = 16 << 30  # the most one buffer read from a file may be (GPT-J-6B's largest leaf: 0.8 GiB in fp32)
+MAX_WINDOW = 1 << 27  # zstd's default decoder limit (ZSTD_WINDOWLOG_LIMIT_DEFAULT); our writer uses 2 MiB
+
+
+def _meminfo_available() -> int | None:
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _cgroup_available() -> int | None:
+    """What the cgroup (v2) this process runs in still allows, when it sets a limit."""
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _rlimit_available() -> int | None:
+    """Room left under RLIMIT_AS / RLIMIT_DATA (a soft limit set on this process)."""
+    try:
+        import resource
+
+        with open("/proc/self/status", "rb") as f:
+            status = {k: int(v.split()[0]) * 1024 for k, _, v in (line.partition(b":") for line in f)
+                      if k in (b"VmSize", b"VmData")}
+    except (ImportError, OSError, ValueError, IndexError):
+        return None
+    room = []
+    for limit, used in ((resource.RLIMIT_AS, b"VmSize"), (resource.RLIMIT_DATA, b"VmData")):
+        soft = resource.getrlimit(limit)[0]
+        if soft != resource.RLIM_INFINITY and used in status:
+            room.append(soft - status[used])
+    return min(room) if room else None
+
+
+def memory_available() -> int | None:
+    """Bytes this process can still allocate: the least of the machine's available memory,
+    its cgroup's limit and its own address-space limits (None when none is known)."""
+    known = [x for x in (_meminfo_available(), _cgroup_available(), _rlimit_available()) if x is not None]
+    return max(0, min(known)) if known else None
+
+
+def check_alloc(nbytes: int, what: str) -> None:
+    """Refuse (IntegrityError naming ``what``) to allocate ``nbytes`` that a file declared when
+    they exceed ``MAX_BUFFER`` or the memory actually available: checked before allocating."""
+    if nbytes > MAX_BUFFER:
+        raise IntegrityError(f"{what}: declares {nbytes} bytes, more than the limit of {MAX_BUFFER} for one buffer")
+    available = memory_available()
+    if available is not None and nbytes > available:
+        raise IntegrityError(f"{what}: needs {nbytes} bytes, more than the {available} bytes of memory available")
+
+
+def make_parents(dest: Path) -> list[Path]:
+    """Create the missing folders above ``dest``; returns them, deepest first, so that a
+    writer that fails can take them away again (``remove_created``)."""
+    created, parent = [], dest.parent
+    while not (parent.exists() or parent.is_symlink()):
+        created.append(parent)
+        parent = parent.parent
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    return created
+
+
+def remove_created(folders: list[Path]) -> None:
+    """Remove the folders ``make_parents`` created, deepest first, where still empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
 
 
 def read_bounded(path: str | os.PathLike, max_bytes: int) -> bytes:
@@ -114,6 +196,8 @@ def read_zstd_part(path: str | os.PathLike, *, compressed_bytes: int, raw_bytes:
         f = open(p, "rb")
     except FileNotFoundError:
         raise IntegrityError(f"{p}: part file missing") from None
+    except OSError as exc:
+        raise IntegrityError(f"{p}: cannot read ({exc.strerror or exc})") from None
     with f:
         size = os.fstat(f.fileno()).st_size
         if size != compressed_bytes:
@@ -126,7 +210,12 @@ def read_zstd_part(path: str | os.PathLike, *, compressed_bytes: int, raw_bytes:
         if params.content_size != raw_bytes:
             declared = "unknown" if params.content_size == zstandard.CONTENTSIZE_UNKNOWN else params.content_size
             raise IntegrityError(f"{p}: zstd frame declares {declared} bytes, manifest says {raw_bytes}")
+        window = min(params.window_size or raw_bytes, raw_bytes)  # a one-segment frame's is its content
+        if window > MAX_WINDOW:
+            raise IntegrityError(f"{p}: zstd frame needs a window of {window} bytes, more than the decoder's limit "
+                                 f"of {MAX_WINDOW}")
         f.seek(0)
+        check_alloc(raw_bytes + window, str(p))  # the output buffer and the decoder's window
         out = np.empty(raw_bytes, dtype=np.uint8)
         view = memoryview(out)
         h = hashlib.sha256()
@@ -199,17 +288,22 @@ def read_safetensors_header(path: str | os.PathLike) -> tuple[dict[str, TensorIn
     object, known dtypes, integer shapes, ``dtype x shape == byte length``,
     offsets within the data section, no overlaps and no gaps."""
     p = Path(path)
-    with open(p, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size < 8:
-            raise IntegrityError(f"{p}: {size} bytes, too short for a safetensors file")
-        (n,) = struct.unpack("<Q", f.read(8))
-        if n > size - 8 or n > SAFETENSORS_MAX_HEADER:
-            raise IntegrityError(f"{p}: safetensors header length {n} exceeds the file ({size} bytes) or limit")
-        raw = f.read(n)
+    try:
+        with open(p, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < 8:
+                raise IntegrityError(f"{p}: {size} bytes, too short for a safetensors file")
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > size - 8 or n > SAFETENSORS_MAX_HEADER:
+                raise IntegrityError(f"{p}: safetensors header length {n} exceeds the file ({size} bytes) or limit")
+            raw = f.read(n)
+    except OSError as exc:
+        raise IntegrityError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    if len(raw) != n:
+        raise IntegrityError(f"{p}: changed size while being read")
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # not UTF-8, not JSON, an integer of more than 4300 digits
         raise IntegrityError(f"{p}: safetensors header is not valid JSON ({exc})") from None
     except RecursionError:
         raise IntegrityError(f"{p}: safetensors header nests too deeply") from None
@@ -225,7 +319,7 @@ def read_safetensors_header(path: str | os.PathLike) -> tuple[dict[str, TensorIn
         if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
             raise IntegrityError(f"{where}: entry must have exactly dtype, shape, data_offsets")
         dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-        if dtype not in SAFETENSORS_DTYPES:
+        if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPES:
             raise IntegrityError(f"{where}: unsupported dtype {dtype!r}")
         if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
             raise IntegrityError(f"{where}: bad shape {shape!r}")

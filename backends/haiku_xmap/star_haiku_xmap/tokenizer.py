@@ -96,7 +96,13 @@ class HFTokenizer:
         try:
             self._tok = _HF.from_str(_json)
         except Exception as exc:  # tokenizers raises a bare Exception for bad JSON
-            raise UserError(f"{p}: not a valid tokenizer.json ({exc})") from None
+            raise UserError(f"{p}: not a valid tokenizer.json ({_short(exc)})") from None
+        except BaseException as exc:  # a panic in the Rust library (pyo3's PanicException)
+            if type(exc).__name__ != "PanicException":
+                raise
+            raise UserError(f"{p}: not a valid tokenizer.json (the tokenizers library failed: {_short(exc)})") from None
+        if not isinstance(eos_token, str):
+            raise UserError(f"{p}: end-of-text token must be a string, got {eos_token!r}")
         eos = self._tok.token_to_id(eos_token)
         if eos is None:
             raise UserError(f"{p}: the tokenizer has no end-of-text token {eos_token!r}")
@@ -123,6 +129,11 @@ class HFTokenizer:
 
     def __repr__(self) -> str:
         return f"HFTokenizer({self.path!r}, sha256={self.sha256[:12]})"
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:300] + "..."
 
 
 def _field(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:

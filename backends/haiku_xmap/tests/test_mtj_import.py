@@ -334,3 +334,54 @@ def test_missing_shards_and_pickles_refused(tmp_path):
     (tmp_path / "b" / "shard_2").mkdir()
     with pytest.raises(IntegrityError, match="shard_0 … shard_1"):
         mtj_import.plan_mtj(tmp_path / "b", CFG)
+
+
+def _flip_member_data(path: Path) -> str:
+    """Flip one byte inside the data of the largest member of a stored .npz; returns its name."""
+    with zipfile.ZipFile(path) as zf:
+        info = max(zf.infolist(), key=lambda i: i.file_size)
+    data = bytearray(path.read_bytes())
+    name_len, extra_len = int.from_bytes(data[info.header_offset + 26:info.header_offset + 28], "little"), \
+        int.from_bytes(data[info.header_offset + 28:info.header_offset + 30], "little")
+    start = info.header_offset + 30 + name_len + extra_len
+    data[start + info.file_size - 5] ^= 0x40  # in the array, well past the .npy header
+    path.write_bytes(bytes(data))
+    return info.filename
+
+
+def test_corrupt_member_data_names_the_file_and_the_member(tmp_path, slim, capsys):
+    """A member whose data no longer matches its CRC (headers intact, so the plan passes): the
+    error names the .npz file and the member, through the API and `star-engine convert`."""
+    src = _copy(slim["float32"][0], tmp_path / "slim")
+    piece = src / "shard_1" / "0.npz"
+    member = _flip_member_data(piece)
+    mtj_import.plan_mtj(src, CFG)  # every header is still fine
+    with pytest.raises(IntegrityError, match=rf"{piece}:{member}: corrupt member data \(BadZipFile: Bad CRC-32"):
+        _, leaves = mtj_import.iter_mtj_gptj(src, CFG)
+        for _ in leaves:
+            pass
+    from star_engine.cli import main
+
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({k: v for k, v in CFG.to_dict().items() if k != "dtype"}))
+    dest = tmp_path / "new" / "parent" / "ck"
+    assert main(["convert", "--from", "mtj", str(src), str(dest), "--config", str(cfg), "--byte-tokenizer"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {piece}:{member}: corrupt member data") and err.count("\n") == 1, err
+    assert not (tmp_path / "new").exists()  # the parents the failed convert created are gone too
+
+
+def test_huge_member_with_consistent_config_refused_before_allocation(tmp_path, monkeypatch):
+    """A member whose header, zip sizes and config all agree on a size larger than the memory this
+    process may use: refused (naming file and member) before the array is allocated."""
+    from star_haiku_xmap import safeio
+
+    config = GPTJConfig(n_layer=1, d_model=64, n_head=4, d_head=16, d_ff=256, rotary_dim=4, n_ctx=8, vocab=4096)
+    C.save_checkpoint(tmp_path / "native", jax.tree.map(np.asarray, model.init_params(config, 0)),
+                      model_config=config.to_dict(), tokenizer=TOK)
+    mtj_import.export_mtj(tmp_path / "native", tmp_path / "slim", shards=1)
+    monkeypatch.setattr(safeio, "memory_available", lambda: 1 << 19)  # the embedding needs 1 MiB
+    with pytest.raises(IntegrityError, match=r"\.npz:arr_\d+\.npy: needs 1048576 bytes, more than the 524288 bytes"):
+        _, leaves = mtj_import.iter_mtj_gptj(tmp_path / "slim", config)
+        for _ in leaves:
+            pass

@@ -209,7 +209,7 @@ def test_star_engine_run_on_two_processes_writes_one_run_directory(tmp_path):
     for rel, rec in manifest["artifacts"].items():  # every recorded file is the one on disk
         assert hashlib.sha256((multi / rel).read_bytes()).hexdigest() == rec["sha256"], rel
 
-    logs = ("events.jsonl", "tensorboard/events")
+    logs = ("events.jsonl", "tensorboard/events", ".lock")  # the lock names the process holding it
     before = {f: (multi / f).read_bytes() for f in _files(multi) if f not in logs}
     two_processes()
     after = {f: (multi / f).read_bytes() for f in _files(multi) if f not in logs}

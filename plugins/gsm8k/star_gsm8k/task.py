@@ -45,7 +45,11 @@ def _checked_blocks(path: str, kind: str, verbatim: bool) -> list[tuple[str, str
     for where, text in read_blocks(path, verbatim=verbatim):
         if not text.startswith("Q:") or not re.search(r"\nA:", text):
             raise UserError(f"{where}: a {kind} prompt example must start with 'Q:' and have a line starting with 'A:'")
-        answer = final_answer(text.split("\nA:", 1)[1])
+        try:
+            answer = final_answer(text.split("\nA:", 1)[1])
+        except (ValueError, ArithmeticError) as e:  # a number Python will not convert (more than 4300 digits)
+            raise UserError(f"{where}: the answer of this {kind} prompt example is not a readable number "
+                            f"({e})") from None
         if answer is None or not _NUMERIC.fullmatch(answer):
             raise UserError(f"{where}: the answer of this {kind} prompt example has no '#### <number>' line")
         out.append((where, text, answer))
@@ -104,7 +108,10 @@ class GSM8KTask:
             if final is None:
                 raise UserError(f"{where}: field 'answer' has no final '#### <number>' line")
             raw = lines[final].split("####", 1)[1]
-            answer = normalize_number(raw)
+            try:
+                answer = normalize_number(raw)
+            except (ValueError, ArithmeticError) as e:  # a number Python will not convert (more than 4300 digits)
+                raise UserError(f"{where}: field 'answer': the final answer is not a readable number ({e})") from None
             if answer is None or not _NUMERIC.fullmatch(answer):
                 raise UserError(f"{where}: field 'answer': the final answer {raw.strip()!r} is not a number")
             if self.gold_answer == "raw":

@@ -1,0 +1,97 @@
+"""What this backend checks before a run writes anything (``HaikuXmapBackend.validate_run``,
+the optional ``Backend.validate_run`` of ``star_engine.api``): the generation and training
+specs the run will use against the model (context length, room for a prompt, sampling
+values, optimizer tables), and the configured checkpoint's files (manifest, part files and
+sizes, the largest leaf against the memory available), without reading any weights.
+
+Everything ``generate`` and ``train`` would refuse later for these specs is refused here,
+with the TOML key that holds the value, so that ``star-engine validate`` reports it and
+``star-engine run`` refuses before its run directory exists.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+from star_engine.api import GenSpec, TrainSpec
+from star_engine.errors import IntegrityError, UserError
+
+from .checkpoint import MANIFEST, _check_against_config, read_manifest
+from .safeio import check_alloc, np_dtype
+
+
+def _int(value: Any, minimum: int) -> bool:
+    return type(value) is int and value >= minimum
+
+
+def check_generation(key: str, spec: GenSpec, n_ctx: int) -> None:
+    """``spec`` (from TOML section ``key``) against a model of context ``n_ctx``."""
+    n = spec.max_new_tokens
+    if not _int(n, 0):
+        raise UserError(f"{key}.max_new_tokens: must be an int >= 0, got {n!r}")
+    if n >= n_ctx:
+        raise UserError(f"{key}.max_new_tokens: {n} leaves no room for a prompt in the model's context of "
+                        f"n_ctx = {n_ctx} tokens (model.n_ctx); use at most {n_ctx - 1}")
+    if not (isinstance(spec.temperature, (int, float)) and math.isfinite(spec.temperature) and spec.temperature >= 0):
+        raise UserError(f"{key}.temperature: must be a finite number >= 0, got {spec.temperature!r}")
+    if not (isinstance(spec.top_p, (int, float)) and 0 < spec.top_p <= 1):
+        raise UserError(f"{key}.top_p: must be in (0, 1], got {spec.top_p!r}")
+    if not _int(spec.batch_size, 1):
+        raise UserError(f"{key}.batch_size: must be an int >= 1, got {spec.batch_size!r}")
+
+
+def check_training(key: str, spec: TrainSpec) -> None:
+    """``spec`` (from TOML section ``key``): its sizes and its optimizer table."""
+    from .train import optimizer_options
+
+    for name, minimum in (("steps", 0), ("batch_size", 1), ("grad_accum", 1)):
+        value = getattr(spec, name)
+        if not _int(value, minimum):
+            raise UserError(f"{key}.{name}: must be an int >= {minimum}, got {value!r}")
+    try:
+        optimizer_options(spec.optimizer)
+    except (ValueError, TypeError) as exc:  # "optimizer.b1 must be < 1, got 1.0" -> "training.optimizer.b1: ..."
+        m = re.match(r"(optimizer\.\w+) (.*)$", str(exc), re.DOTALL)
+        raise UserError(f"{key}.{m.group(1)}: {m.group(2)}" if m else f"{key}.optimizer: {exc}") from None
+
+
+def validate_run(backend: Any, generation: Mapping[str, GenSpec], training: Mapping[str, TrainSpec]) -> None:
+    """The backend's checks of a run before it starts (see the module docstring)."""
+    for key, spec in generation.items():
+        check_generation(key, spec, backend.config.n_ctx)
+    for key, spec in training.items():
+        check_training(key, spec)
+    if backend._checkpoint_path:
+        check_checkpoint(backend._checkpoint_path)
+
+
+def check_checkpoint(path: str | os.PathLike) -> dict:
+    """Everything about checkpoint ``path`` that can be checked without reading its parts: the
+    manifest (schema, against the model config) and every part file's presence and size, and
+    that the largest leaf could be allocated. Returns the manifest; IntegrityError naming the file."""
+    root = Path(path)
+    if not (root / MANIFEST).is_file():
+        raise IntegrityError(f"{root}: not a checkpoint (no {MANIFEST})")
+    m = read_manifest(root)
+    _check_against_config(m, str(root / MANIFEST))
+    for leaf in m["leaves"]:
+        for part in leaf["parts"] if "parts" in leaf else [leaf]:
+            f = root / part["file"]
+            try:
+                size = f.stat().st_size if f.is_file() else None
+            except OSError:
+                size = None
+            if size is None:
+                raise IntegrityError(f"{f}: part file missing")
+            if size != part["compressed_bytes"]:
+                raise IntegrityError(f"{f}: {size} bytes on disk, manifest says {part['compressed_bytes']} "
+                                     f"(truncated or replaced)")
+    largest = max(m["leaves"], key=lambda e: math.prod(e["shape"]) * np_dtype(e["dtype"]).itemsize, default=None)
+    if largest is not None:
+        check_alloc(math.prod(largest["shape"]) * np_dtype(largest["dtype"]).itemsize,
+                    f"{root / MANIFEST}: leaf {'/'.join(largest['path'])}")
+    return m

@@ -1,0 +1,134 @@
+"""What the GPT-J backend would refuse during a run is refused before it (``validate_run``,
+``preflight.py``): ``star-engine validate`` reports it and ``star-engine run`` writes nothing.
+Also: backend option errors name their ``[model]`` key, and ``star-engine plan`` refuses bad
+arguments in one line."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from star_engine.api import GenSpec, TrainSpec
+from star_engine.cli import main
+from star_engine.errors import IntegrityError, UserError
+from star_haiku_xmap import checkpoint as C
+from star_haiku_xmap import preflight
+from star_haiku_xmap.config import GPTJConfig
+from star_haiku_xmap.model import init_params
+from star_haiku_xmap.plugin import HaikuXmapBackend
+
+EXPERIMENT = """
+[experiment]
+name = "preflight"
+iterations = 1
+output_dir = "{out}"
+[task]
+dataset = "addition"
+options = {{ n_train = 8, n_dev = 4, max_digits = 2, n_seed = 4 }}
+[model]
+backend = "haiku_xmap"
+"""
+
+
+@pytest.fixture
+def star(monkeypatch, capsys):
+    """``star(*args)``: the CLI in this process (installed plugins, no tracker) -> (exit code, stderr)."""
+    for key in [k for k in os.environ if k.startswith("STAR_ENGINE_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("STAR_ENGINE_BLOCK_PLUGINS", "tracking")
+
+    def run(*args: str) -> tuple[int, str]:
+        capsys.readouterr()
+        code = main(list(args))
+        return code, capsys.readouterr().err
+
+    return run
+
+
+@pytest.mark.parametrize("sets,expected", [
+    (["generation.max_new_tokens=600"], "generation.max_new_tokens: 600 leaves no room for a prompt in the model's "
+                                        "context of n_ctx = 512 tokens"),
+    (["evaluation.max_new_tokens=512"], "evaluation.max_new_tokens: 512 leaves no room"),
+    (["base_training.steps=2", "base_training.optimizer.b1=1.0"], "base_training.optimizer.b1: must be < 1, got 1.0"),
+    (["model.n_layer=0"], "model.n_layer: must be a positive int, got 0"),
+    (["model.n_ctx=8"], "generation.max_new_tokens: 96 leaves no room for a prompt in the model's context of "
+                        "n_ctx = 8"),
+], ids=["generation", "evaluation", "optimizer", "model_option", "small_context"])
+def test_validate_and_run_refuse_before_writing(tmp_path, star, sets, expected):
+    toml = tmp_path / "exp.toml"
+    toml.write_text(EXPERIMENT.format(out=(tmp_path / "run").as_posix()))
+    args = [a for s in sets for a in ("--set", s)]
+    for command in ("validate", "run"):
+        code, err = star(command, str(toml), *args)
+        assert code == 2, (command, err[-3000:])
+        # the faulty value's origin first: the --set that gave it, or the file (n_ctx=8 makes the file's 96 too many)
+        origin = f"{toml}: " if "n_ctx=8" in sets[0] else f"--set {sets[-1]}: "
+        assert err.startswith("error: " + origin) and err.count("\n") == 1, err
+        assert expected in err and "model: model:" not in err, err
+    assert not (tmp_path / "run").exists()  # run used to create it (base checkpoint, events, config) first
+
+
+def _checkpoint(path: Path) -> Path:
+    cfg = GPTJConfig(n_layer=1, d_model=16, n_head=2, d_head=8, d_ff=32, rotary_dim=4, n_ctx=64, vocab=264)
+    C.save_checkpoint(path, jax.tree.map(np.asarray, init_params(cfg, 0)), model_config=cfg.to_dict(),
+                      tokenizer={"kind": "byte", "vocab_size": 257, "eos_id": 256})
+    return path
+
+
+def test_a_damaged_checkpoint_path_is_refused_by_validate(tmp_path, star):
+    ck = _checkpoint(tmp_path / "ck")
+    part = sorted(ck.glob("*.zst"))[3]
+    part.write_bytes(part.read_bytes()[:-3])
+    toml = tmp_path / "exp.toml"
+    toml.write_text(EXPERIMENT.format(out=(tmp_path / "run").as_posix()) + 'checkpoint_path = "ck"\n'
+                    "[generation]\nmax_new_tokens = 16\n")
+    code, err = star("validate", str(toml))
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"{part}: " in err and "truncated or replaced" in err
+    part.unlink()
+    code, err = star("run", str(toml))
+    assert code == 2 and f"{part}: part file missing" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_validate_run_checks_each_spec(tmp_path):
+    backend = HaikuXmapBackend(preset="tiny")
+    ok = GenSpec(16, 0.0, 1.0, (), 4)
+    train = TrainSpec(0, 4, 1, 0, {"lr": 1e-3})
+    backend.validate_run({"generation": ok, "evaluation": ok}, {"training": train})
+    for spec, message in [(GenSpec(512, 0.0, 1.0, (), 4), "generation.max_new_tokens: 512 leaves no room"),
+                          (GenSpec(16, float("nan"), 1.0, (), 4), "generation.temperature"),
+                          (GenSpec(16, 0.0, 0.0, (), 4), "generation.top_p"),
+                          (GenSpec(16, 0.0, 1.0, (), 0), "generation.batch_size")]:
+        with pytest.raises(UserError, match=message):
+            backend.validate_run({"generation": spec}, {})
+    backend.validate_run({"generation": GenSpec(511, 0.0, 1.0, (), 4)}, {})  # one token of prompt: as generate
+    for opt, message in [({"lr": -1.0}, "training.optimizer.lr"), ({"schedule": "exp"}, "training.optimizer.schedule"),
+                         ({"lrr": 1.0}, "training.optimizer: unknown optimizer keys")]:
+        with pytest.raises(UserError, match=message):
+            backend.validate_run({}, {"training": TrainSpec(0, 4, 1, 0, opt)})
+    ck = _checkpoint(tmp_path / "ck")
+    assert preflight.check_checkpoint(ck)["version"] == C.VERSION
+    (ck / C.MANIFEST).write_bytes(b"\x80")
+    with pytest.raises(IntegrityError, match="manifest.msgpack"):
+        preflight.check_checkpoint(ck)
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--mesh", "0x8"], "--mesh: dp and mp must be >= 1"),
+    (["--mesh", "100x100"], "at most 4096"),
+    (["--n-layer", "0"], "--n-layer: must be >= 1, got 0"),
+    (["--preset", "gptj-7b"], "--preset: unknown preset 'gptj-7b'"),
+    (["--what", "everything"], "--what: a comma-separated list of train, sample"),
+    (["--seq-len", "4096"], "--seq-len: 4096 is more than the model's context n_ctx = 2048"),
+    (["--device-gib", "nan"], "--device-gib: must be a positive number"),
+    (["--batch", "0"], "--batch: must be >= 1"),
+], ids=["zero_mesh", "huge_mesh", "no_layers", "preset", "what", "seq_len", "device_gib", "batch"])
+def test_plan_refuses_bad_arguments_in_one_line(star, args, expected):
+    code, err = star("plan", *args)  # refused before any device is set up or anything compiled
+    assert code == 2, err[-3000:]
+    assert err.startswith("error: ") and err.count("\n") == 1 and expected in err, err

@@ -1,0 +1,155 @@
+"""A run directory before anything is written to it: whether this run may use it, what it
+holds, and the lock that keeps it to one run at a time.
+
+``inspect`` only reads. It refuses (``UserError``, nothing written) an
+``experiment.output_dir`` that is a file or cannot be created, a folder that holds
+something else, a run of another configuration, and an unreadable or inconsistent
+``config.json`` or ``manifest.json``. ``validate`` and ``run`` both call it
+(``runner.preflight``); ``run`` calls it again once it holds the lock.
+
+The lock is ``fcntl.flock`` on ``RUN_DIR/.lock``, taken by ``run`` (process 0 of a
+multi-process run, for all of them) before its first write and held until the
+command ends. A second ``run`` of the same directory is refused at once; the
+operating system releases the lock when its holder dies (``kill -9`` too), so a
+rerun resumes. ``report`` and ``validate`` only read and never lock.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError
+from .store import TMP_PREFIX, read_json_file, read_manifest
+
+LOCK = ".lock"
+CONFIG_MAX = 64 << 20
+FILES = ("experiment.toml", "config.json", "manifest.json", "requirements.txt", "events.jsonl", "metrics.parquet",
+         "report.png", "report.md", LOCK)
+FOLDERS = ("base", "iterations")
+# Keys that may change when a run is resumed: they extend or observe it, they do not change its results.
+RESUMABLE_CHANGES = {"experiment.iterations", "experiment.early_stop_patience", "experiment.output_dir"}
+
+_held: list[int] = []  # file descriptors of the locks this process holds
+
+
+@dataclass
+class RunDir:
+    root: Path
+    resume: bool  # holds a run of this configuration (config.json)
+    manifest: dict | None  # its manifest.json, checked (None: none yet)
+
+
+def diff(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two configurations."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: list[str] = []
+        for k in sorted(set(a) | set(b)):
+            out += diff(a.get(k), b.get(k), f"{prefix}{k}.")
+        return out
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+def _names(root: Path) -> set[str]:
+    return {p.name for p in root.iterdir()} - {LOCK}
+
+
+def killed_at_start(root: Path) -> bool:
+    """A run directory whose first start died before writing config.json: it holds only
+    the files a start writes first (events.jsonl, experiment.toml) and temporaries."""
+    names = {n for n in _names(root) if not n.startswith(TMP_PREFIX)}
+    return "events.jsonl" in names and names <= {"events.jsonl", "experiment.toml"}
+
+
+def _check_usable(root: Path) -> None:
+    """``root`` is a folder this process may use, or can be created."""
+    if root.exists() or root.is_symlink():
+        if not root.is_dir():
+            raise UserError(f"experiment.output_dir: {root} exists and is not a folder")
+        if not os.access(root, os.R_OK | os.W_OK | os.X_OK):
+            raise UserError(f"experiment.output_dir: {root}: no permission to read and write this folder")
+        for name in FILES:
+            p = root / name
+            if (p.exists() or p.is_symlink()) and not p.is_file():
+                raise UserError(f"{p}: exists and is not a file (a run directory's {name} is one); move it away")
+        for name in FOLDERS:
+            p = root / name
+            if (p.exists() or p.is_symlink()) and not p.is_dir():
+                raise UserError(f"{p}: exists and is not a folder (a run directory's {name}/ is one); move it away")
+        return
+    parent = root.parent
+    while not (parent.exists() or parent.is_symlink()):
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"experiment.output_dir: {root} cannot be created: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"experiment.output_dir: {root} cannot be created: no permission to write in {parent}")
+
+
+def inspect(cfg: dict[str, Any]) -> RunDir:
+    """What the run directory of ``cfg`` holds, refusing what a run must not touch (reads only)."""
+    root = Path(cfg["experiment"]["output_dir"])
+    _check_usable(root)
+    cfg_file = root / "config.json"
+    if cfg_file.exists():
+        old = read_json_file(cfg_file, CONFIG_MAX, "config.json")
+        if not isinstance(old, dict):
+            raise UserError(f"{cfg_file}: unreadable config.json (not a JSON object); move the run directory away "
+                            f"to start over")
+        changed = [k for k in diff(old, cfg) if k not in RESUMABLE_CHANGES]
+        if changed:
+            shown = ", ".join(changed[:10]) + (f" and {len(changed) - 10} more" if len(changed) > 10 else "")
+            raise UserError(f"{root}: holds a run of a different configuration (changed: {shown}); "
+                            f"set experiment.output_dir to a new folder")
+        return RunDir(root, True, read_manifest(root))
+    if root.is_dir() and _names(root) and not killed_at_start(root):
+        raise UserError(f"{root}: exists and is not a star-engine run directory; choose another experiment.output_dir")
+    return RunDir(root, False, None)
+
+
+def lock(root: Path) -> None:
+    """Take the run directory's lock (creating the folder), or refuse at once when another
+    run holds it. Held until ``release_locks`` (the end of the command) or the process's death."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        holder = b""
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            try:
+                holder = os.pread(fd, 512, 0)
+            except OSError:
+                pass
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            who = holder.decode("utf-8", "replace").strip().replace("\n", " ") or "holder unknown"
+            raise UserError(f"{root}: another star-engine run is using this run directory ({who}); wait until it "
+                            f"ends, or set experiment.output_dir to another folder") from None
+        raise UserError(f"{path}: cannot lock the run directory ({e.strerror or e}); star-engine needs a "
+                        f"filesystem with file locks (flock) to keep one run per directory") from None
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    note = f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n".encode()
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, note, 0)
+    except OSError:
+        pass  # the note only helps the message of a refused second run
+    _held.append(fd)
+
+
+def release_locks() -> None:
+    """Release the locks this process holds (the command ended)."""
+    while _held:
+        try:
+            os.close(_held.pop())
+        except OSError:
+            pass
