@@ -79,6 +79,41 @@ def direct_completion(a: int, b: int) -> str:
     return spaced(str(a + b)) + TERMINATOR
 
 
+DIGIT_ROLES = ("copy", "sum", "carry", "result")
+
+
+def digit_roles(completion: str) -> list[tuple[int, str]]:
+    """(character offset, role) of every digit of a rationale completion:
+
+    - ``sum``: the digit a step line computes (the first of its partial sum);
+    - ``carry``: the carry a step line computes (after ``C:``);
+    - ``result``: the digits of the result line after the scratchpad;
+    - ``copy``: every other digit (the problem, the digits still to add, the
+      partial sum carried over, the final line), copied from the line above.
+
+    Teacher-forced accuracy per role tells which part of the algorithm a model has
+    learned (copying is learned long before the digit sum)."""
+    out: list[tuple[int, str]] = []
+    pos, inside, step = 0, False, -1
+    for line in completion.split("\n"):
+        is_step = inside and step >= 1 and "C:" in line
+        sum_at = line.index(", ") + 2 if is_step and ", " in line else -1
+        carry_at = line.index("C: ") + 3 if is_step and "C: " in line else -1
+        for i, ch in enumerate(line):
+            if not ch.isdigit():
+                continue
+            role = ("sum" if i == sum_at else "carry" if i == carry_at else "copy") if inside else "result"
+            out.append((pos + i, role))
+        if line == OPEN:
+            inside, step = True, 0
+        elif line == CLOSE:
+            inside = False
+        elif inside:
+            step += 1
+        pos += len(line) + 1
+    return out
+
+
 def extract_result(generation: str) -> str | None:
     """The digits of the result line (after the scratchpad, when there is one),
     spaces removed; None when there is no such line or it is not all digits.

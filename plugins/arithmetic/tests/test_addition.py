@@ -81,7 +81,7 @@ def test_generation_is_deterministic_and_disjoint():
     assert train == b.load("train", None) and dev == b.load("dev", None)
     assert a.seed_examples() == b.seed_examples()
     assert train != AdditionTask(seed=4).load("train", None)
-    assert len(train) == 2000 and len(dev) == 500
+    assert len(train) == 2000 and len(dev) == 250
     assert not {e.id for e in train} & {e.id for e in dev}
     assert len({e.id for e in train}) == len(train)
     # dev does not depend on the train size (changing n_train keeps results comparable)
@@ -90,10 +90,34 @@ def test_generation_is_deterministic_and_disjoint():
         x, y = e.fields["a"], e.fields["b"]
         assert e.answer == str(x + y) and e.question == f"{' '.join(str(x))} + {' '.join(str(y))}"
         assert e.cls == str(len(str(x))) == str(len(str(y)))
-    per_digit = Counter(e.cls for e in dev)
-    assert set(per_digit) == {"1", "2", "3", "4", "5"}
-    assert per_digit["1"] == 20  # 20% of the 100 one-digit problems; the rest go to train
-    assert Counter(e.cls for e in train)["1"] == 80
+    # equal shares: 50 of the 100 one-digit problems; train gets the other 50
+    assert Counter(e.cls for e in dev) == {"1": 50, "2": 50, "3": 50, "4": 50, "5": 50}
+    assert Counter(e.cls for e in train)["1"] == 50
+
+
+@pytest.mark.parametrize("options, shares", [
+    ({}, {"1": 50, "2": 50, "3": 50, "4": 50, "5": 50}),
+    ({"n_dev": 300, "min_digits": 2, "max_digits": 4}, {"2": 100, "3": 100, "4": 100}),
+    ({"n_dev": 7, "min_digits": 2, "max_digits": 4}, {"2": 2, "3": 2, "4": 3}),  # the larger counts take the rest
+    ({"n_dev": 40, "max_digits": 1, "seed_max_digits": 1, "n_train": 50, "n_seed": 30}, {"1": 40}),
+    ({"n_dev": 1000, "min_digits": 3, "max_digits": 7, "seed_max_digits": 3}, {str(d): 200 for d in range(3, 8)}),
+])
+def test_dev_has_equal_shares_of_every_digit_count(options, shares):
+    task = AdditionTask(**options)
+    dev = task.load("dev", None)
+    assert Counter(e.cls for e in dev) == shares
+    assert len({e.id for e in dev}) == len(dev)
+    assert not {e.id for e in dev} & {e.id for e in task.load("train", None)}
+    seed_ids = {f"{a}+{b}" for a, b in task._problems["seed"]}
+    assert not {e.id for e in dev} & seed_ids
+    assert [e.cls for e in dev[:40]] != sorted(e.cls for e in dev[:40]) or len(shares) == 1  # shuffled
+
+
+def test_dev_takes_at_most_half_of_a_digit_count():
+    # 1-5 digits: an equal share above 50 would take more than half of the 100 one-digit problems
+    with pytest.raises(UserError, match=r"n_dev: 255 is too many: .* 51 problems of 1 digits, but at most 50"):
+        AdditionTask(n_dev=255).load("dev", None)
+    assert len(AdditionTask(n_dev=500, min_digits=2).load("dev", None)) == 500
 
 
 def test_seed_set():
@@ -202,7 +226,7 @@ def test_heldout_split():
     ({"n_shots": 5, "n_seed": 2}, "n_shots: .* must be <= n_seed"),
     ({"max_digits": 1, "seed_max_digits": 1, "n_dev": 10, "n_train": 200},
      "n_train: 200 is too many: only 90 distinct problems"),
-    ({"max_digits": 1, "seed_max_digits": 1}, "n_dev: 500 is too many: only 20 distinct problems"),
+    ({"max_digits": 1, "seed_max_digits": 1, "n_dev": 60}, "n_dev: 60 is too many: .* at most 50 of its 100"),
     ({"n_dev": 0}, "n_dev: must be an integer >= 1"),
     ({"seed": True}, "seed: must be an integer"),
     ({"max_digits": 0}, "max_digits: must be an integer >= 1"),
@@ -225,3 +249,24 @@ def test_bad_splits():
         task.load("train", "/tmp/train.jsonl")
     with pytest.raises(UserError, match="unknown split 'test'"):
         task.load("test", None)
+
+
+def test_digit_roles_mark_what_each_scratchpad_digit_computes():
+    from star_arithmetic.formats import digit_roles, rationale_completion
+    c = rationale_completion(29, 57)
+    roles = digit_roles(c)
+    assert [(c[i], r) for i, r in roles if r != "copy"] == [
+        ("6", "sum"), ("1", "carry"), ("8", "sum"), ("0", "carry"), ("8", "result"), ("6", "result")]
+    assert all(c[i].isdigit() for i, _ in roles)
+    assert len(roles) == sum(ch.isdigit() for ch in c)
+    rng = random.Random(7)
+    for _ in range(100):  # one sum and one carry per column, the sum's digits in the result
+        a, b = rng.randrange(10 ** rng.randint(1, 6)), rng.randrange(10 ** rng.randint(1, 6))
+        c = rationale_completion(a, b)
+        roles = digit_roles(c)
+        columns = max(len(str(a)), len(str(b)))
+        sums = [c[i] for i, r in roles if r == "sum"]
+        carries = [c[i] for i, r in roles if r == "carry"]
+        assert len(sums) == len(carries) == columns
+        assert "".join(reversed(sums)) == str(a + b).zfill(columns)[-columns:]
+        assert "".join(c[i] for i, r in roles if r == "result") == str(a + b)
