@@ -48,7 +48,9 @@ class AdditionTask:
     - ``seed_hint_fraction``: the share of those also given with the hint line,
       so that a model trained from scratch learns to read a hint (what a
       few-shot hint prompt does for a large model);
-    - ``n_shots``: worked examples in the few-shot prompts (0: no prompt).
+    - ``n_shots``: worked examples in the few-shot prompts (0: no prompt);
+    - ``scratchpad``: ``"nye"`` (the paper's) or ``"columns"`` (each step line also
+      writes the column's digits and their sum; ``formats.STYLES``).
     """
 
     default_checker = "exact"
@@ -58,7 +60,10 @@ class AdditionTask:
     def __init__(self, *, seed: int = 0, n_train: int = 2000, n_dev: int = 250, min_digits: int = 1,
                  max_digits: int = 5, heldout_digits: list[int] | None = None, n_heldout: int = 500,
                  n_seed: int = 100, seed_max_digits: int = 2, seed_hint_fraction: float = 0.5,
-                 n_shots: int = 0, seed_counts: list[int] | None = None) -> None:
+                 n_shots: int = 0, seed_counts: list[int] | None = None, scratchpad: str = "nye") -> None:
+        if scratchpad not in formats.STYLES:
+            raise UserError(f"scratchpad: must be one of {', '.join(map(repr, formats.STYLES))}, got {scratchpad!r}")
+        self.style = scratchpad
         self.seed = _int("seed", seed, 0)
         self.n = {"train": _int("n_train", n_train, 1), "dev": _int("n_dev", n_dev, 1),
                   "heldout": _int("n_heldout", n_heldout, 1)}
@@ -161,22 +166,25 @@ class AdditionTask:
             ctx = formats.context(a, b)
             if kind == "hint":
                 ctx = formats.hinted(ctx, str(a + b))
-            done = formats.direct_completion(a, b) if kind == "direct" else formats.rationale_completion(a, b)
+            done = formats.direct_completion(a, b) if kind == "direct" else self._worked(a, b)
             shots.append(ctx + done)  # each completion ends with the blank-line terminator
         return "".join(shots)
+
+    def _worked(self, a: int, b: int) -> str:
+        return formats.rationale_completion(a, b, self.style)
 
     def extract(self, generation: str) -> str | None:
         return formats.extract_result(generation)
 
     def gold_completion(self, example: Example, direct: bool) -> str:
         a, b = example.fields["a"], example.fields["b"]
-        return formats.direct_completion(a, b) if direct else formats.rationale_completion(a, b)
+        return formats.direct_completion(a, b) if direct else self._worked(a, b)
 
     def seed_examples(self) -> list[TrainExample]:
         seed = self._problems["seed"]
-        out = [TrainExample(formats.context(a, b), formats.rationale_completion(a, b)) for a, b in seed]
+        out = [TrainExample(formats.context(a, b), self._worked(a, b)) for a, b in seed]
         n_hinted = round(self.seed_hint_fraction * len(seed))
-        out += [TrainExample(formats.hinted(formats.context(a, b), str(a + b)), formats.rationale_completion(a, b))
+        out += [TrainExample(formats.hinted(formats.context(a, b), str(a + b)), self._worked(a, b))
                 for a, b in seed[:n_hinted]]
         return out
 

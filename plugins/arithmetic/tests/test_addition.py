@@ -236,6 +236,7 @@ def test_heldout_split():
     ({"seed_counts": [1, 2, 3, 4, 5, 6]}, "seed_counts: must be a list of 1 to 5 counts"),
     ({"seed_counts": [1, -2]}, "seed_counts: must be an integer >= 0"),
     ({"seed_counts": [99, 10], "n_dev": 10}, "seed_counts: 99 problems of 1 digits is too many"),
+    ({"scratchpad": "detailed"}, "scratchpad: must be one of 'nye', 'columns'"),
 ])
 def test_bad_options(options, message):
     with pytest.raises(UserError, match=message):
@@ -270,3 +271,50 @@ def test_digit_roles_mark_what_each_scratchpad_digit_computes():
         assert len(sums) == len(carries) == columns
         assert "".join(reversed(sums)) == str(a + b).zfill(columns)[-columns:]
         assert "".join(c[i] for i, r in roles if r == "result") == str(a + b)
+
+
+def verify_columns(text: str) -> tuple[int, int, int]:
+    """Parse a ``columns`` completion: each step line's column (x + y + c = C S) must be
+    the column's digits and the carry in, summed right; removing the column gives the
+    paper's line, so the rest is checked by verify_scratchpad."""
+    nye_lines, carry = [], 0
+    for line in text.split("\n"):
+        m = re.fullmatch(r"(.*?, )(\d) \+ (\d) \+ (\d) = (\d) (\d) , (.*)", line)
+        if m:
+            x, y, c, hi, lo = map(int, m.group(2, 3, 4, 5, 6))
+            assert c == carry and x + y + c == 10 * hi + lo, line
+            assert m[7].startswith(f"{lo}") and m[7].endswith(f"C: {hi}"), line
+            carry = hi
+            line = m[1] + m[7]
+        nye_lines.append(line)
+    return verify_scratchpad("\n".join(nye_lines))
+
+
+def test_columns_scratchpad():
+    task = AdditionTask(scratchpad="columns", n_train=300)
+    ex = Example(id="29+57", question="2 9 + 5 7", answer="86", cls="2", fields={"a": 29, "b": 57})
+    assert task.gold_completion(ex, direct=False) == (
+        "<scratch>\n2 9 + 5 7 , C: 0\n2 + 5 , 9 + 7 + 0 = 1 6 , 6 C: 1\n, 2 + 5 + 1 = 0 8 , 8 6 C: 0\n0 8 6\n"
+        "</scratch>\n8 6\n\n")
+    assert task.gold_completion(ex, direct=True) == "8 6\n\n"
+    for e in task.load("train", None):
+        assert verify_columns(task.gold_completion(e, direct=False))[2] == int(e.answer)
+        assert task.extract(task.gold_completion(e, direct=False)) == e.answer
+    assert all(verify_columns(s.completion) for s in task.seed_examples())
+    assert AdditionTask().gold_completion(ex, direct=False).count("=") == 0  # the paper's stays the default
+    longest = Example(id="99999+99999", question="", answer="199998", cls="5", fields={"a": 99999, "b": 99999})
+    assert len((TargetHint().context(task, longest) + task.gold_completion(longest, False)).encode()) < 400
+
+
+def test_digit_roles_of_the_columns_style():
+    from star_arithmetic.formats import digit_roles, rationale_completion
+    c = rationale_completion(29, 57, "columns")
+    assert [(c[i], r) for i, r in digit_roles(c) if r != "copy"] == [
+        ("1", "carry"), ("6", "sum"), ("0", "carry"), ("8", "sum"), ("8", "result"), ("6", "result")]
+    rng = random.Random(3)
+    for _ in range(50):
+        a, b = rng.randrange(10 ** rng.randint(1, 6)), rng.randrange(10 ** rng.randint(1, 6))
+        c = rationale_completion(a, b, "columns")
+        sums = [c[i] for i, r in digit_roles(c) if r == "sum"]
+        columns = max(len(str(a)), len(str(b)))
+        assert "".join(reversed(sums)) == str(a + b).zfill(columns)[-columns:]
