@@ -77,57 +77,132 @@ def _short(label: str, n: int = 48) -> str:
     return label.replace("$", r"\$")
 
 
-def plot(rows: Sequence[dict], name: str, other: Sequence[dict] | None, other_name: str) -> bytes:
-    with warnings.catch_warnings():  # layout notes from matplotlib are no concern of the user's
-        warnings.simplefilter("ignore")
-        return _plot(rows, name, other, other_name)
+def _classes(rows: Sequence[dict], split: str) -> list[str]:
+    """The eval split's classes other than "all", numbers in numeric order."""
+    return sorted({r["class"] for r in rows if r["split"] == split and r["class"] != "all"}, key=natural)
 
 
-def _plot(rows: Sequence[dict], name: str, other: Sequence[dict] | None, other_name: str) -> bytes:
+def _train_counts(rows: Sequence[dict]) -> list[tuple[int, int, int]]:
+    """(iteration, kept, rationalized) of the fine-tuning set, per iteration."""
+    return sorted((r["iteration"], r["kept"] or 0, r["rationalized"] or 0) for r in rows
+                  if r["split"] == "train" and r["class"] == "all")
+
+
+def _accuracy_panel(ax, rows: Sequence[dict], name: str, classes: Sequence[str]) -> None:
+    """One run's eval accuracy per iteration: every class (the same colour in every
+    panel) and the overall accuracy in black."""
     split = _eval_split(rows)
-    classes = sorted({r["class"] for r in rows if r["split"] == split and r["class"] != "all"},
-                     key=natural)[:MAX_CLASSES]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
-    x, y = _series(rows, split, "all")
-    ax1.plot(x, y, "o-", lw=2.5, color="black", label=_short(f"{name}: all"))
     cmap = plt.get_cmap("viridis")
     for i, c in enumerate(classes):
         x, y = _series(rows, split, c)
-        ax1.plot(x, y, ".-", alpha=0.8, color=cmap(i / max(1, len(classes) - 1)), label=_short(f"{name}: {c}"))
+        if x:
+            ax.plot(x, y, "o-", ms=4, alpha=0.85, color=cmap(0.85 * i / max(1, len(classes) - 1)), label=_short(c))
+    x, y = _series(rows, split, "all")
+    ax.plot(x, y, "o-", lw=2.5, color="black", label="all")
+    ax.set(xlabel="iteration", ylabel=_short(f"{split} accuracy (%)"),
+           title=_short(f"{name}: {split} accuracy per class"), ylim=(0, 100))
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:  # (a run with no evaluation yet has none)
+        ax.legend(fontsize=7, ncol=2, title="class", title_fontsize=7)
+
+
+def figure(rows: Sequence[dict], name: str, other: Sequence[dict] | None, other_name: str) -> plt.Figure:
+    """Accuracy per iteration and class of the run (and of ``other``, in its own panel
+    on the same axes), then the fine-tuning set per iteration of both."""
+    runs = [(rows, name)] + ([(other, other_name)] if other is not None else [])
+    classes = sorted({c for r, _ in runs for c in _classes(r, _eval_split(r))}, key=natural)[:MAX_CLASSES]
+    fig, axes = plt.subplots(1, len(runs) + 1, figsize=(6 * (len(runs) + 1), 4.8))
+    for ax, (r, n) in zip(axes, runs):
+        _accuracy_panel(ax, r, n, classes)
+    ax = axes[-1]
+    width = 0.8 / (len(runs) + 1)
+    bars = [(f"{name}: kept", [(t[0], t[1]) for t in _train_counts(rows)], "tab:blue", None),
+            (f"{name}: rationalized (correct with hint)", [(t[0], t[2]) for t in _train_counts(rows)], "tab:orange",
+             None)]
     if other is not None:
-        x, y = _series(other, _eval_split(other), "all")
-        ax1.plot(x, y, "s--", lw=2.5, color="tab:red", label=_short(f"{other_name}: all"))
-    ax1.set(xlabel="iteration", ylabel=_short(f"{split} accuracy (%)"),
-            title=_short(f"{split} accuracy per iteration"), ylim=(0, 100))
-    for ax in (ax1, ax2):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax1.grid(alpha=0.3)
-    if ax1.get_legend_handles_labels()[0]:  # (a run with no evaluation yet has none)
-        ax1.legend(fontsize=7, ncol=2)
-    train = sorted((r["iteration"], r["kept"], r["rationalized"]) for r in rows
-                   if r["split"] == "train" and r["class"] == "all")
-    if train:
-        it = [t[0] for t in train]
-        ax2.bar([i - 0.2 for i in it], [t[1] for t in train], width=0.4, label="kept")
-        ax2.bar([i + 0.2 for i in it], [t[2] for t in train], width=0.4, label="rationalized (correct with hint)")
-    other_train = sorted((r["iteration"], r["kept"]) for r in other or () if r["split"] == "train" and r["class"] == "all")
-    if other_train:
-        ax2.plot([t[0] for t in other_train], [t[1] for t in other_train], "s--", lw=2, color="tab:red",
-                 label=_short(f"{other_name}: kept"))
-    ax2.set(xlabel="iteration", ylabel="examples", title="fine-tuning set per iteration")
-    ax2.grid(alpha=0.3)
-    if ax2.get_legend_handles_labels()[0]:
-        ax2.legend(fontsize=8)
+        bars.append((f"{other_name}: kept", [(t[0], t[1]) for t in _train_counts(other)], "tab:red", "//"))
+    for j, (label, pts, color, hatch) in enumerate(bars):
+        if pts:
+            ax.bar([i + (j - (len(bars) - 1) / 2) * width for i, _ in pts], [v for _, v in pts], width=width,
+                   color=color, hatch=hatch, alpha=0.85 if hatch is None else 0.5, label=_short(label))
+    ax.set(xlabel="iteration", ylabel="examples", title="fine-tuning set per iteration")
+    for a in axes:
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     fig.tight_layout()
+    return fig
+
+
+def plot(rows: Sequence[dict], name: str, other: Sequence[dict] | None, other_name: str) -> bytes:
+    with warnings.catch_warnings():  # layout notes from matplotlib are no concern of the user's
+        warnings.simplefilter("ignore")
+        fig = figure(rows, name, other, other_name)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     return buf.getvalue()
 
 
+def class_table(rows: Sequence[dict], name: str) -> list[str]:
+    """Markdown: eval accuracy (%) per iteration, one column per class and "all"."""
+    split = _eval_split(rows)
+    classes = [*_classes(rows, split), "all"]
+    acc = {(r["iteration"], r["class"]): r["accuracy"] for r in rows if r["split"] == split}
+    out = [f"{name}, {split} accuracy (%) per class:", "", "| iteration | " + " | ".join(classes) + " |",
+           "| ---: |" + " ---: |" * len(classes)]
+    for n in sorted({it for it, _ in acc}):
+        cells = ["–" if acc.get((n, c)) is None else f"{100 * acc[(n, c)]:.1f}" for c in classes]
+        out.append(f"| {n} | " + " | ".join(cells) + " |")
+    return out
+
+
+def reading(rows: Sequence[dict], name: str, other: Sequence[dict] | None, other_name: str) -> str:
+    """One paragraph in words: the overall change, each class's, when each class first
+    passed half, the fine-tuning set's size and, with ``other``, the final difference."""
+    split = _eval_split(rows)
+    x, y = _series(rows, split, "all")
+    if not x:
+        return f"{name} has no {split} accuracy yet."
+    words = [f"{name}: {split} accuracy went from {y[0]:.1f}% at iteration {x[0]} to {y[-1]:.1f}% at "
+             f"iteration {x[-1]} ({y[-1] - y[0]:+.1f} points)."]
+    changes, firsts, fell = [], [], []
+    for c in _classes(rows, split):
+        cx, cy = _series(rows, split, c)
+        if not cx:
+            continue
+        changes.append(f"{c} {cy[0]:.0f}→{cy[-1]:.0f}")
+        if cy[-1] <= cy[0]:
+            fell.append(c)
+        half = next((it for it, a in zip(cx, cy) if a >= 50), None)
+        if half is not None:
+            firsts.append(f"{c} at iteration {half}")
+    if changes:
+        words.append("Per class: " + ", ".join(changes) + ".")
+        words.append("Every class ended above its start." if not fell else
+                     f"Not above its start: {', '.join(fell)}.")
+    if firsts:
+        words.append("First at 50% or more: " + ", ".join(firsts) + ".")
+    counts = [t for t in _train_counts(rows) if t[0] > 0]
+    if counts:
+        words.append(f"The fine-tuning set held {', '.join(str(t[1]) for t in counts)} examples in iterations "
+                     f"{counts[0][0]}–{counts[-1][0]}, of which {', '.join(str(t[2]) for t in counts)} were "
+                     f"right only with the hint (rationalized).")
+    if other is not None:
+        _, yb = _series(other, _eval_split(other), "all")
+        if yb:
+            diff = y[-1] - yb[-1]
+            words.append(f"{other_name} ended at {yb[-1]:.1f}%, {abs(diff):.1f} points "
+                         f"{'below' if diff >= 0 else 'above'} {name}.")
+    return " ".join(words)
+
+
 def markdown(rows: Sequence[dict], name: str, other: Sequence[dict] | None, other_name: str) -> str:
     split = _eval_split(rows)
-    lines = [f"# STaR run: {name}", "", "![accuracy](report.png)", "",
+    lines = [f"# STaR run: {name}", "", "![accuracy](report.png)", "", reading(rows, name, other, other_name), "",
              f"| iteration | {split} accuracy | train accuracy | rationalized | kept | steps | coverage |",
              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     by_it: dict[int, dict[str, dict]] = {}
@@ -140,10 +215,12 @@ def markdown(rows: Sequence[dict], name: str, other: Sequence[dict] | None, othe
         lines.append(f"| {n} | {fmt(d and d['accuracy'])} | {fmt(t and t['accuracy'])} | "
                      f"{t['rationalized'] if t else '–'} | {t['kept'] if t else '–'} | "
                      f"{(t or d or {}).get('train_steps', '–')} | {fmt(t and t['coverage'])} |")
+    lines += ["", *class_table(rows, name)]
     if other is not None:
         xa, ya = _series(rows, split, "all")
         xb, yb = _series(other, _eval_split(other), "all")
-        lines += ["", f"Final {split} accuracy: {name} {ya[-1] if ya else float('nan'):.1f}% vs "
+        lines += ["", *class_table(other, other_name),
+                  "", f"Final {split} accuracy: {name} {ya[-1] if ya else float('nan'):.1f}% vs "
                       f"{other_name} {yb[-1] if yb else float('nan'):.1f}%"]
     return "\n".join(lines) + "\n"
 

@@ -105,3 +105,26 @@ def test_report_plots_numeric_and_other_classes(tmp_path):
     rows += [{**rows[0], "class": c} for c in ("²", "1" * 5000, "10", "b", "$\\frac{$", "$x$")]  # odd names
     pq.write_table(pa.Table.from_pylist(rows, schema=METRICS_SCHEMA), run / "metrics.parquet")
     assert main(["report", str(run)]) == 0
+
+
+def test_report_shows_every_class_of_both_runs_and_reads_them(tmp_path):
+    from star_engine.report import figure, markdown, read_metrics
+
+    a = read_metrics(_run(tmp_path / "a", "addition", [0.05, 0.10, 0.40]))
+    b = read_metrics(_run(tmp_path / "b", "addition_no_rationalization", [0.05, 0.02, 0.03]))
+    fig = figure(a, "addition", b, "addition_no_rationalization")
+    acc_a, acc_b, counts = fig.axes[:3]
+    for ax, ys in ((acc_a, {"1": [10, 20, 80], "2": [2.5, 5, 20], "all": [5, 10, 40]}),
+                   (acc_b, {"1": [10, 4, 6], "2": [2.5, 1, 1.5], "all": [5, 2, 3]})):
+        lines = {ln.get_label(): [round(float(v), 6) for v in ln.get_ydata()] for ln in ax.get_lines()}
+        assert lines == ys  # every class of each run, in its own panel
+    assert [round(p.get_height()) for p in counts.patches] == [20, 40, 10, 20, 20, 40]  # kept, rationalized, b's kept
+    md = markdown(a, "addition", b, "addition_no_rationalization")
+    assert ("addition: dev accuracy went from 5.0% at iteration 0 to 40.0% at iteration 2 (+35.0 points). "
+            "Per class: 1 10→80, 2 2→20. Every class ended above its start. First at 50% or more: 1 at iteration 2. "
+            "The fine-tuning set held 20, 40 examples in iterations 1–2, of which 10, 20 were right only with the "
+            "hint (rationalized). addition_no_rationalization ended at 3.0%, 37.0 points below addition.") in md
+    assert "| iteration | 1 | 2 | all |" in md and "| 2 | 80.0 | 20.0 | 40.0 |" in md
+    assert "| 1 | 4.0 | 1.0 | 2.0 |" in md  # the compared run's table too
+    md_b = markdown(b, "addition_no_rationalization", None, "")
+    assert "Not above its start: 1, 2." in md_b and "First at 50%" not in md_b

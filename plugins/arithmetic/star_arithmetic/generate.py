@@ -1,8 +1,10 @@
 """Seeded sampling of distinct n-digit addition problems.
 
-A d-digit problem adds two d-digit numbers (0-9 for d = 1). Problems are spread
-evenly over the digit counts; a count with too few problems left (there are only
-100 one-digit problems) gives the rest of its share to the larger counts.
+A d-digit problem adds two d-digit numbers (0-9 for d = 1). ``draw`` spreads
+problems evenly over the digit counts; a count with too few problems left (there
+are only 100 one-digit problems) gives the rest of its share to the larger counts.
+``draw_equal`` gives every count the same share (the dev set: accuracy per digit
+count is measured on equally many questions) and fails instead of shifting it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,31 @@ def draw(rng: random.Random, digits: list[int], n: int, exclude: set[Problem] = 
         left -= k
     if left:
         raise NotEnough(f"only {n - left} distinct problems of {digits[0]}-{digits[-1]} digits are available")
+    rng.shuffle(out)
+    return out
+
+
+def equal_shares(digits: list[int], n: int) -> dict[int, int]:
+    """``n`` split over ``digits`` (ascending) in shares that differ by at most one;
+    the larger digit counts take the remainder."""
+    base, extra = divmod(n, len(digits))
+    return {d: base + (1 if i >= len(digits) - extra else 0) for i, d in enumerate(digits)}
+
+
+def draw_equal(rng: random.Random, digits: list[int], n: int, max_fraction: float = 1.0) -> list[Problem]:
+    """``n`` distinct problems in equal shares over ``digits`` (``equal_shares``),
+    taking at most ``max_fraction`` of any digit count's problems; shuffled.
+    NotEnough names the first count that cannot give its share."""
+    shares = equal_shares(digits, n)
+    for d, k in shares.items():
+        allowed = int(capacity(d) * max_fraction)
+        if k > allowed:
+            raise NotEnough(f"an equal share of {n} over {digits[0]}-{digits[-1]} digits is {k} problems of "
+                            f"{d} digits, but at most {allowed} of its {capacity(d)} may be taken "
+                            f"(at most {allowed * len(digits)} in all)")
+    out: list[Problem] = []
+    for d, k in shares.items():
+        out += _draw_one(rng, d, k, capacity(d), set())
     rng.shuffle(out)
     return out
 

@@ -16,13 +16,14 @@ from star_engine.api import Example, TrainExample
 from star_engine.errors import UserError
 
 from . import formats
-from .generate import NotEnough, Problem, draw, n_digits
+from .generate import NotEnough, Problem, draw, draw_equal, n_digits
 
 SPLITS = ("train", "dev", "heldout")
 PROMPT_KINDS = ("rationale", "direct", "hint")
-DEV_FRACTION = 0.2
-"""Dev takes at most this share of a digit count's problems, so that the tiny
-spaces (100 one-digit problems) keep most of theirs for training."""
+DEV_FRACTION = 0.5
+"""Dev takes equal shares of every digit count, and at most this share of a
+count's problems, so that the tiny spaces (100 one-digit problems) keep half of
+theirs for training and the seed set: 1-5 digits allow up to 250 dev questions."""
 
 
 def _int(name: str, value: Any, lo: int) -> int:
@@ -36,7 +37,9 @@ class AdditionTask:
 
     - ``seed``: the generator seed (every split is a function of the options);
     - ``n_train``, ``n_dev``: problems of ``min_digits``..``max_digits`` digits
-      (train and dev are disjoint);
+      (train and dev are disjoint); dev holds equal shares of every digit count
+      (they differ by one when ``n_dev`` does not divide evenly), train spreads
+      evenly and gives what a small count lacks to the larger ones;
     - ``heldout_digits``, ``n_heldout``: the "heldout" split's digit counts and size;
     - ``n_seed``, ``seed_max_digits``: the worked examples that train the base
       model (``min_digits``..``seed_max_digits`` digits, spread evenly, disjoint from dev);
@@ -45,17 +48,22 @@ class AdditionTask:
     - ``seed_hint_fraction``: the share of those also given with the hint line,
       so that a model trained from scratch learns to read a hint (what a
       few-shot hint prompt does for a large model);
-    - ``n_shots``: worked examples in the few-shot prompts (0: no prompt).
+    - ``n_shots``: worked examples in the few-shot prompts (0: no prompt);
+    - ``scratchpad``: ``"nye"`` (the paper's) or ``"columns"`` (each step line also
+      writes the column's digits and their sum; ``formats.STYLES``).
     """
 
     default_checker = "exact"
     default_hint = "addition_target"
     stop = (formats.TERMINATOR,)
 
-    def __init__(self, *, seed: int = 0, n_train: int = 2000, n_dev: int = 500, min_digits: int = 1,
+    def __init__(self, *, seed: int = 0, n_train: int = 2000, n_dev: int = 250, min_digits: int = 1,
                  max_digits: int = 5, heldout_digits: list[int] | None = None, n_heldout: int = 500,
                  n_seed: int = 100, seed_max_digits: int = 2, seed_hint_fraction: float = 0.5,
-                 n_shots: int = 0, seed_counts: list[int] | None = None) -> None:
+                 n_shots: int = 0, seed_counts: list[int] | None = None, scratchpad: str = "nye") -> None:
+        if scratchpad not in formats.STYLES:
+            raise UserError(f"scratchpad: must be one of {', '.join(map(repr, formats.STYLES))}, got {scratchpad!r}")
+        self.style = scratchpad
         self.seed = _int("seed", seed, 0)
         self.n = {"train": _int("n_train", n_train, 1), "dev": _int("n_dev", n_dev, 1),
                   "heldout": _int("n_heldout", n_heldout, 1)}
@@ -104,7 +112,10 @@ class AdditionTask:
     @cached_property
     def _problems(self) -> dict[str, list[Problem]]:
         digits = list(range(self.min_digits, self.max_digits + 1))
-        dev = self._draw("dev", "n_dev", digits, self.n["dev"], max_fraction=DEV_FRACTION)
+        try:
+            dev = draw_equal(self._rng("dev"), digits, self.n["dev"], max_fraction=DEV_FRACTION)
+        except NotEnough as e:
+            raise UserError(f"n_dev: {self.n['dev']} is too many: {e}") from None
         # Train and the seed set avoid dev (dev measures generalisation); the seed
         # set may overlap train: the base model has seen those problems either way.
         return {
@@ -155,22 +166,25 @@ class AdditionTask:
             ctx = formats.context(a, b)
             if kind == "hint":
                 ctx = formats.hinted(ctx, str(a + b))
-            done = formats.direct_completion(a, b) if kind == "direct" else formats.rationale_completion(a, b)
+            done = formats.direct_completion(a, b) if kind == "direct" else self._worked(a, b)
             shots.append(ctx + done)  # each completion ends with the blank-line terminator
         return "".join(shots)
+
+    def _worked(self, a: int, b: int) -> str:
+        return formats.rationale_completion(a, b, self.style)
 
     def extract(self, generation: str) -> str | None:
         return formats.extract_result(generation)
 
     def gold_completion(self, example: Example, direct: bool) -> str:
         a, b = example.fields["a"], example.fields["b"]
-        return formats.direct_completion(a, b) if direct else formats.rationale_completion(a, b)
+        return formats.direct_completion(a, b) if direct else self._worked(a, b)
 
     def seed_examples(self) -> list[TrainExample]:
         seed = self._problems["seed"]
-        out = [TrainExample(formats.context(a, b), formats.rationale_completion(a, b)) for a, b in seed]
+        out = [TrainExample(formats.context(a, b), self._worked(a, b)) for a, b in seed]
         n_hinted = round(self.seed_hint_fraction * len(seed))
-        out += [TrainExample(formats.hinted(formats.context(a, b), str(a + b)), formats.rationale_completion(a, b))
+        out += [TrainExample(formats.hinted(formats.context(a, b), str(a + b)), self._worked(a, b))
                 for a, b in seed[:n_hinted]]
         return out
 

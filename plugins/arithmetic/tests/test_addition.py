@@ -81,7 +81,7 @@ def test_generation_is_deterministic_and_disjoint():
     assert train == b.load("train", None) and dev == b.load("dev", None)
     assert a.seed_examples() == b.seed_examples()
     assert train != AdditionTask(seed=4).load("train", None)
-    assert len(train) == 2000 and len(dev) == 500
+    assert len(train) == 2000 and len(dev) == 250
     assert not {e.id for e in train} & {e.id for e in dev}
     assert len({e.id for e in train}) == len(train)
     # dev does not depend on the train size (changing n_train keeps results comparable)
@@ -90,10 +90,34 @@ def test_generation_is_deterministic_and_disjoint():
         x, y = e.fields["a"], e.fields["b"]
         assert e.answer == str(x + y) and e.question == f"{' '.join(str(x))} + {' '.join(str(y))}"
         assert e.cls == str(len(str(x))) == str(len(str(y)))
-    per_digit = Counter(e.cls for e in dev)
-    assert set(per_digit) == {"1", "2", "3", "4", "5"}
-    assert per_digit["1"] == 20  # 20% of the 100 one-digit problems; the rest go to train
-    assert Counter(e.cls for e in train)["1"] == 80
+    # equal shares: 50 of the 100 one-digit problems; train gets the other 50
+    assert Counter(e.cls for e in dev) == {"1": 50, "2": 50, "3": 50, "4": 50, "5": 50}
+    assert Counter(e.cls for e in train)["1"] == 50
+
+
+@pytest.mark.parametrize("options, shares", [
+    ({}, {"1": 50, "2": 50, "3": 50, "4": 50, "5": 50}),
+    ({"n_dev": 300, "min_digits": 2, "max_digits": 4}, {"2": 100, "3": 100, "4": 100}),
+    ({"n_dev": 7, "min_digits": 2, "max_digits": 4}, {"2": 2, "3": 2, "4": 3}),  # the larger counts take the rest
+    ({"n_dev": 40, "max_digits": 1, "seed_max_digits": 1, "n_train": 50, "n_seed": 30}, {"1": 40}),
+    ({"n_dev": 1000, "min_digits": 3, "max_digits": 7, "seed_max_digits": 3}, {str(d): 200 for d in range(3, 8)}),
+])
+def test_dev_has_equal_shares_of_every_digit_count(options, shares):
+    task = AdditionTask(**options)
+    dev = task.load("dev", None)
+    assert Counter(e.cls for e in dev) == shares
+    assert len({e.id for e in dev}) == len(dev)
+    assert not {e.id for e in dev} & {e.id for e in task.load("train", None)}
+    seed_ids = {f"{a}+{b}" for a, b in task._problems["seed"]}
+    assert not {e.id for e in dev} & seed_ids
+    assert [e.cls for e in dev[:40]] != sorted(e.cls for e in dev[:40]) or len(shares) == 1  # shuffled
+
+
+def test_dev_takes_at_most_half_of_a_digit_count():
+    # 1-5 digits: an equal share above 50 would take more than half of the 100 one-digit problems
+    with pytest.raises(UserError, match=r"n_dev: 255 is too many: .* 51 problems of 1 digits, but at most 50"):
+        AdditionTask(n_dev=255).load("dev", None)
+    assert len(AdditionTask(n_dev=500, min_digits=2).load("dev", None)) == 500
 
 
 def test_seed_set():
@@ -202,7 +226,7 @@ def test_heldout_split():
     ({"n_shots": 5, "n_seed": 2}, "n_shots: .* must be <= n_seed"),
     ({"max_digits": 1, "seed_max_digits": 1, "n_dev": 10, "n_train": 200},
      "n_train: 200 is too many: only 90 distinct problems"),
-    ({"max_digits": 1, "seed_max_digits": 1}, "n_dev: 500 is too many: only 20 distinct problems"),
+    ({"max_digits": 1, "seed_max_digits": 1, "n_dev": 60}, "n_dev: 60 is too many: .* at most 50 of its 100"),
     ({"n_dev": 0}, "n_dev: must be an integer >= 1"),
     ({"seed": True}, "seed: must be an integer"),
     ({"max_digits": 0}, "max_digits: must be an integer >= 1"),
@@ -212,6 +236,7 @@ def test_heldout_split():
     ({"seed_counts": [1, 2, 3, 4, 5, 6]}, "seed_counts: must be a list of 1 to 5 counts"),
     ({"seed_counts": [1, -2]}, "seed_counts: must be an integer >= 0"),
     ({"seed_counts": [99, 10], "n_dev": 10}, "seed_counts: 99 problems of 1 digits is too many"),
+    ({"scratchpad": "detailed"}, "scratchpad: must be one of 'nye', 'columns'"),
 ])
 def test_bad_options(options, message):
     with pytest.raises(UserError, match=message):
@@ -225,3 +250,71 @@ def test_bad_splits():
         task.load("train", "/tmp/train.jsonl")
     with pytest.raises(UserError, match="unknown split 'test'"):
         task.load("test", None)
+
+
+def test_digit_roles_mark_what_each_scratchpad_digit_computes():
+    from star_arithmetic.formats import digit_roles, rationale_completion
+    c = rationale_completion(29, 57)
+    roles = digit_roles(c)
+    assert [(c[i], r) for i, r in roles if r != "copy"] == [
+        ("6", "sum"), ("1", "carry"), ("8", "sum"), ("0", "carry"), ("8", "result"), ("6", "result")]
+    assert all(c[i].isdigit() for i, _ in roles)
+    assert len(roles) == sum(ch.isdigit() for ch in c)
+    rng = random.Random(7)
+    for _ in range(100):  # one sum and one carry per column, the sum's digits in the result
+        a, b = rng.randrange(10 ** rng.randint(1, 6)), rng.randrange(10 ** rng.randint(1, 6))
+        c = rationale_completion(a, b)
+        roles = digit_roles(c)
+        columns = max(len(str(a)), len(str(b)))
+        sums = [c[i] for i, r in roles if r == "sum"]
+        carries = [c[i] for i, r in roles if r == "carry"]
+        assert len(sums) == len(carries) == columns
+        assert "".join(reversed(sums)) == str(a + b).zfill(columns)[-columns:]
+        assert "".join(c[i] for i, r in roles if r == "result") == str(a + b)
+
+
+def verify_columns(text: str) -> tuple[int, int, int]:
+    """Parse a ``columns`` completion: each step line's column (x + y + c = C S) must be
+    the column's digits and the carry in, summed right; removing the column gives the
+    paper's line, so the rest is checked by verify_scratchpad."""
+    nye_lines, carry = [], 0
+    for line in text.split("\n"):
+        m = re.fullmatch(r"(.*?, )(\d) \+ (\d) \+ (\d) = (\d) (\d) , (.*)", line)
+        if m:
+            x, y, c, hi, lo = map(int, m.group(2, 3, 4, 5, 6))
+            assert c == carry and x + y + c == 10 * hi + lo, line
+            assert m[7].startswith(f"{lo}") and m[7].endswith(f"C: {hi}"), line
+            carry = hi
+            line = m[1] + m[7]
+        nye_lines.append(line)
+    return verify_scratchpad("\n".join(nye_lines))
+
+
+def test_columns_scratchpad():
+    task = AdditionTask(scratchpad="columns", n_train=300)
+    ex = Example(id="29+57", question="2 9 + 5 7", answer="86", cls="2", fields={"a": 29, "b": 57})
+    assert task.gold_completion(ex, direct=False) == (
+        "<scratch>\n2 9 + 5 7 , C: 0\n2 + 5 , 9 + 7 + 0 = 1 6 , 6 C: 1\n, 2 + 5 + 1 = 0 8 , 8 6 C: 0\n0 8 6\n"
+        "</scratch>\n8 6\n\n")
+    assert task.gold_completion(ex, direct=True) == "8 6\n\n"
+    for e in task.load("train", None):
+        assert verify_columns(task.gold_completion(e, direct=False))[2] == int(e.answer)
+        assert task.extract(task.gold_completion(e, direct=False)) == e.answer
+    assert all(verify_columns(s.completion) for s in task.seed_examples())
+    assert AdditionTask().gold_completion(ex, direct=False).count("=") == 0  # the paper's stays the default
+    longest = Example(id="99999+99999", question="", answer="199998", cls="5", fields={"a": 99999, "b": 99999})
+    assert len((TargetHint().context(task, longest) + task.gold_completion(longest, False)).encode()) < 400
+
+
+def test_digit_roles_of_the_columns_style():
+    from star_arithmetic.formats import digit_roles, rationale_completion
+    c = rationale_completion(29, 57, "columns")
+    assert [(c[i], r) for i, r in digit_roles(c) if r != "copy"] == [
+        ("1", "carry"), ("6", "sum"), ("0", "carry"), ("8", "sum"), ("8", "result"), ("6", "result")]
+    rng = random.Random(3)
+    for _ in range(50):
+        a, b = rng.randrange(10 ** rng.randint(1, 6)), rng.randrange(10 ** rng.randint(1, 6))
+        c = rationale_completion(a, b, "columns")
+        sums = [c[i] for i, r in digit_roles(c) if r == "sum"]
+        columns = max(len(str(a)), len(str(b)))
+        assert "".join(reversed(sums)) == str(a + b).zfill(columns)[-columns:]
