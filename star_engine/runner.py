@@ -35,7 +35,7 @@ def check_backend(exp: Experiment) -> None:
         return
     cfg = exp.cfg
     stages = Stages(exp, None)  # only for its generation specs; it touches no store
-    generation = {"generation": stages.sample_spec, "evaluation": stages.greedy_spec}
+    generation = {"generation": stages.sample_spec, "evaluation": stages.eval_spec}
     seed = cfg["experiment"]["seed"]
     training = {}
     bt, tr = cfg["base_training"], cfg["training"]

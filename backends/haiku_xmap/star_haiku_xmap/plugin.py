@@ -45,18 +45,24 @@ def default_cpu_devices() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def use_every_core() -> None:
+def use_every_core(mesh: Mapping[str, Any] | None = None) -> None:
     """``model.cpu_devices`` left unset: one XLA:CPU device per core
     (``default_cpu_devices``), unless jax has already started its backends or the
     count is set elsewhere (``XLA_FLAGS=--xla_force_host_platform_device_count``,
-    ``JAX_NUM_CPU_DEVICES``). The same machine and setting give the same mesh."""
+    ``JAX_NUM_CPU_DEVICES``). A mesh with both sizes given (``{dp = 1, mp = 1}``)
+    asks for exactly dp x mp devices instead. The same machine and setting give the
+    same mesh."""
     import jax
     from jax._src import xla_bridge
 
     if ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
             or jax.config.jax_num_cpu_devices != -1 or xla_bridge.backends_are_initialized()):
         return
-    jax.config.update("jax_num_cpu_devices", default_cpu_devices())
+    sizes = [mesh.get(a) for a in ("dp", "mp")] if isinstance(mesh, Mapping) else []
+    if len(sizes) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
+        jax.config.update("jax_num_cpu_devices", sizes[0] * sizes[1])
+    else:
+        jax.config.update("jax_num_cpu_devices", default_cpu_devices())
 
 
 class HaikuXmapBackend:
@@ -99,7 +105,7 @@ class HaikuXmapBackend:
         if cpu_devices is not None:
             dist.set_cpu_devices(cpu_devices)
         elif dist.resolve_options(distributed) is None:
-            use_every_core()
+            use_every_core(mesh)
         self._distributed = dist.initialize(distributed)
         if self._distributed:  # the other processes' barriers see this one alive from now on
             from .coordination import start_heartbeat
