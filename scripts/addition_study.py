@@ -146,7 +146,7 @@ def measure(args: argparse.Namespace) -> None:
     init = backend.base(work / "base", seed) if not args.init else args.init
     params = sharding.shard_tree(ckpt.load_checkpoint(init)[0], backend.mesh)
     tx = train.make_optimizer(bt["optimizer"], steps)
-    state = train.init_state(params, tx)
+    state = train.init_state(train.master_params(params, backend.master_dtype), tx)
     update = train.make_update(backend.config, tx, backend.mesh, state)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -159,10 +159,12 @@ def measure(args: argparse.Namespace) -> None:
     while done < steps:
         k = min(args.eval_every, steps - done)
         t0, c0 = time.perf_counter(), time.process_time()
-        state, losses, n_tok = train.run_steps(
-            update, state, encoded, steps=k, batch_size=bt["batch_size"], grad_accum=bt["grad_accum"],
+        batches = train.packing_batches(
+            encoded, config=backend.config, steps=k, batch_size=bt["batch_size"], grad_accum=bt["grad_accum"],
             seed=derive_seed(seed, 0, "base_training", done), seq_len=backend.seq_len,
-            pad_id=backend.tokenizer.pad_id, mesh=backend.mesh)
+            pad_id=backend.tokenizer.pad_id, dp=sharding.dp_size(backend.mesh), packing=bt["packing"],
+            loss=bt["loss"])
+        state, losses, n_tok = train.run_steps(update, state, batches, mesh=backend.mesh)
         loss = float(np.mean(jax.device_get(losses)))
         wall, cpu = wall + time.perf_counter() - t0, cpu + time.process_time() - c0
         done, tokens = done + k, tokens + n_tok

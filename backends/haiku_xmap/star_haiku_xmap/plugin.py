@@ -65,6 +65,30 @@ def use_every_core(mesh: Mapping[str, Any] | None = None) -> None:
         jax.config.update("jax_num_cpu_devices", default_cpu_devices())
 
 
+def use_compile_cache() -> None:
+    """JAX's persistent compilation cache, so that a second run (or the ablation run
+    after the main one) loads the compiled steps instead of compiling them again:
+    ``STAR_HAIKU_XMAP_COMPILE_CACHE`` names the folder (default
+    ``$XDG_CACHE_HOME/star-engine/jax``, i.e. ``~/.cache/star-engine/jax``); ``0`` or
+    an empty value turns it off. A loaded executable is the one that was compiled,
+    so results do not change. A cache folder already configured is kept."""
+    import jax
+
+    folder = os.environ.get("STAR_HAIKU_XMAP_COMPILE_CACHE")
+    if folder is None:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        folder = os.path.join(base, "star-engine", "jax")
+    if folder in ("", "0") or jax.config.jax_compilation_cache_dir:
+        return
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError:  # an unwritable home: run without the cache
+        return
+    jax.config.update("jax_compilation_cache_dir", folder)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 class HaikuXmapBackend:
     """``[model]`` options: a preset with field overrides (ignored when
     ``checkpoint_path`` is set: the checkpoint carries its config, and an override
@@ -107,6 +131,7 @@ class HaikuXmapBackend:
         elif dist.resolve_options(distributed) is None:
             use_every_core(mesh)
         self._distributed = dist.initialize(distributed)
+        use_compile_cache()
         if self._distributed:  # the other processes' barriers see this one alive from now on
             from .coordination import start_heartbeat
 
