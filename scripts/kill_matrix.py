@@ -487,14 +487,35 @@ class Matrix:
             due = t0 is not None and now - t0 >= kill.delay
             clamp = until is not None and (run_dir / until).exists()
             if due or clamp:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
-                kill.landed = True
-                kill.seconds = time.monotonic() - t_start
-                kill.state = self._state(run_dir, kill)
-                kill.left = temporaries(run_dir) if run_dir.exists() else []
+                self._kill(proc, run_dir, kill, t_start)
                 return None, log
             time.sleep(POLL)
+
+    def _kill(self, proc: subprocess.Popen, run_dir: Path, kill: Kill, t_start: float) -> None:
+        """SIGKILL the attempt and note where it was: the last file, the temporaries it
+        left and the training snapshots (stages killed mid-training) present."""
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        kill.landed = True
+        kill.seconds = time.monotonic() - t_start
+        kill.state = self._state(run_dir, kill)
+        kill.left = temporaries(run_dir) if run_dir.exists() else []
+        kill.snapshots = sorted(p.parent.relative_to(run_dir).as_posix()
+                                for p in run_dir.rglob("*.partial/manifest.msgpack"))
+
+    def _booked(self, res: "ChainResult", kill: Kill, rc: int | None, run_dir: Path, pending: list[str],
+                events: Path, offset: int) -> list[str]:
+        """Count an attempt, check the previous kill's temporaries are gone, and record
+        ``kill`` when it landed (``rc`` None). Returns the temporaries to check next."""
+        res.attempts += 1
+        self._check_orphans(run_dir, pending, events, offset, res)
+        if rc is not None:
+            return pending
+        res.kills.append(kill)
+        snaps = f"  snapshots: {', '.join(kill.snapshots)}" if kill.snapshots else ""
+        self.out(f"  kill {len(res.kills):2d}  {kill.kind:8s} {kill.name:13s} at {kill.seconds:6.2f} s  "
+                 f"{kill.state:44s} temporaries left: {len(kill.left)}{snaps}")
+        return kill.left
 
     def _state(self, run_dir: Path, kill: Kill) -> str:
         order = self.timeline or [(0.0, rel) for rel in BOUNDARIES.values()]
@@ -513,13 +534,8 @@ class Matrix:
         for i, kill in enumerate(kills):
             offset = events.stat().st_size if events.exists() else 0
             rc, log = self._attempt(run_dir, kill)
-            res.attempts += 1
-            self._check_orphans(run_dir, pending, events, offset, res)
+            pending = self._booked(res, kill, rc, run_dir, pending, events, offset)
             if rc is None:
-                res.kills.append(kill)
-                pending = kill.left
-                self.out(f"  kill {len(res.kills):2d}  {kill.kind:8s} {kill.name:13s} at {kill.seconds:6.2f} s  "
-                         f"{kill.state:44s} temporaries left: {len(kill.left)}")
                 continue
             if rc == 0:  # the run finished before this kill: place the rest in another chain
                 self.out(f"  ({kill.kind} {kill.name}: the run finished first; moved to the next chain)")
@@ -554,7 +570,7 @@ class Matrix:
         while res.attempts < max_attempts:
             offset = events.stat().st_size if events.exists() else 0
             before = saved(run_dir)
-            kill = Kill("periodic", f"every {every:.1f}s", 0.0, None, every, [])
+            kill = Kill("periodic", f"every {every:.1f} s", 0.0, None, every, [])
             t_start = time.monotonic()
             proc, log = self._start(run_dir)
             t0, rc = None, None
@@ -569,22 +585,11 @@ class Matrix:
                         f.seek(offset)
                         t0 = now if _opened(f.read()) else None
                 if t0 is not None and now - t0 >= every and saved(run_dir) - before:
-                    os.kill(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    kill.landed, kill.seconds = True, time.monotonic() - t_start
-                    kill.state, kill.left = self._state(run_dir, kill), temporaries(run_dir)
-                    snaps = sorted(p.parent.relative_to(run_dir).as_posix()
-                                   for p in run_dir.rglob("*.partial/manifest.msgpack"))
-                    kill.snapshots = snaps  # the stages killed mid-training, with a snapshot to resume from
+                    self._kill(proc, run_dir, kill, t_start)
                     break
                 time.sleep(POLL if t0 is None or now - t0 < every else 0.02)
-            res.attempts += 1
-            self._check_orphans(run_dir, pending, events, offset, res)
+            pending = self._booked(res, kill, rc, run_dir, pending, events, offset)
             if rc is None:
-                res.kills.append(kill)
-                pending = kill.left
-                self.out(f"  kill {len(res.kills):2d}  at {kill.seconds:6.2f} s  {kill.state:44s} "
-                         f"snapshots: {', '.join(kill.snapshots) or '-'}")
                 continue
             if rc == 0:
                 self.out(f"  attempt {res.attempts}: finished by itself")

@@ -105,7 +105,8 @@ class HaikuXmapBackend:
                 1 <= generation_chunk <= 4096:
             raise UserError(f"model.generation_chunk: must be an int in [1, 4096], got {generation_chunk!r}")
         self.generation, self.generation_chunk = generation, generation_chunk
-        resume.check_options(train_checkpoint_steps, 0 if train_checkpoint_minutes is None else train_checkpoint_minutes)
+        resume.check_options(train_checkpoint_steps,
+                             0 if train_checkpoint_minutes is None else train_checkpoint_minutes)
         self.train_checkpoint_steps, self._train_checkpoint_minutes = train_checkpoint_steps, train_checkpoint_minutes
 
         # Before anything starts jax's backends (make_mesh below lists the devices).
@@ -315,23 +316,9 @@ class HaikuXmapBackend:
         except ValueError as exc:
             raise UserError(f"training.{exc}") from None
 
-        from .config import param_count
-        from .resume import Snapshots, default_minutes, examples_sha256, snapshot_dir
+        from .resume import stage_snapshots
 
-        minutes = self._train_checkpoint_minutes
-        snapshots = Snapshots(
-            snapshot_dir(out), {
-                "init": self.checkpoint_id(init), "steps": spec.steps, "batch_size": spec.batch_size,
-                "grad_accum": spec.grad_accum, "seed": spec.seed, "optimizer": dict(spec.optimizer),
-                "packing": packing, "loss": loss, "examples": examples_sha256(encoded),
-                "model_config": self.config.to_dict(), "seq_len": self.seq_len, "master_dtype": self.master_dtype,
-                "grad_accum_dtype": self.grad_accum_dtype, "zero": self.zero, "opt_state_dtype": self.opt_state_dtype,
-                "remat": self.remat, "mesh": [int(self.mesh.shape["dp"]), int(self.mesh.shape["mp"])],
-                "processes": jax.process_count()},
-            steps=spec.steps, every_steps=self.train_checkpoint_steps,
-            every_minutes=default_minutes(param_count(self.config)) if minutes is None else minutes,
-            model_config=self.config.to_dict(), tokenizer=self.tokenizer.to_dict(),
-            mp_split=int(self.mesh.shape["mp"]))
+        snapshots = stage_snapshots(self, init, out, spec, encoded, self._train_checkpoint_minutes)
         run = tr.train
         if self.zero or self.opt_state_dtype != "float32" or jax.process_count() > 1:
             run = functools.partial(dist.train, zero=self.zero, opt_state_dtype=self.opt_state_dtype)

@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import shutil
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Sequence
 
@@ -91,6 +93,29 @@ def leaf_paths(tree: Any) -> list[tuple[str, ...]]:
     return paths
 
 
+def stage_snapshots(backend: Any, init: str, out: str | Path, spec: Any, encoded: Sequence[Any],
+                    minutes: float | None) -> "Snapshots":
+    """The snapshots of the ``HaikuXmapBackend.train`` stage that writes ``out`` from
+    checkpoint ``init`` with ``spec`` (a ``TrainSpec``): keyed by everything that
+    decides its steps, so that only a rerun of the very same stage loads one.
+    ``minutes`` None: ``default_minutes`` for the backend's model."""
+    import jax
+
+    from .config import param_count
+
+    mesh = [int(backend.mesh.shape["dp"]), int(backend.mesh.shape["mp"])]
+    key = {"init": backend.checkpoint_id(init), "steps": spec.steps, "batch_size": spec.batch_size,
+           "grad_accum": spec.grad_accum, "seed": spec.seed, "optimizer": dict(spec.optimizer),
+           "packing": spec.packing, "loss": spec.loss, "examples": examples_sha256(encoded),
+           "model_config": backend.config.to_dict(), "seq_len": backend.seq_len,
+           "master_dtype": backend.master_dtype, "grad_accum_dtype": backend.grad_accum_dtype,
+           "zero": backend.zero, "opt_state_dtype": backend.opt_state_dtype, "remat": backend.remat,
+           "mesh": mesh, "processes": jax.process_count()}
+    return Snapshots(snapshot_dir(out), key, steps=spec.steps, every_steps=backend.train_checkpoint_steps,
+                     every_minutes=default_minutes(param_count(backend.config)) if minutes is None else minutes,
+                     model_config=backend.config.to_dict(), tokenizer=backend.tokenizer.to_dict(), mp_split=mesh[1])
+
+
 class Restored(NamedTuple):
     state: Any  # the TrainState at ``step``
     step: int
@@ -124,8 +149,8 @@ class Snapshots:
             return None
         try:
             restored = self._load(read_manifest(self.path), abstract_state, shardings)
-        except (IntegrityError, UserError, ValueError, KeyError, TypeError):
-            restored = None
+        except (IntegrityError, UserError, OSError, ValueError, KeyError, TypeError):
+            restored = None  # damaged or not this stage's: start the stage over
         if restored is None:
             self.discard()
         return restored
@@ -211,9 +236,13 @@ class Snapshots:
         self.saved += 1
 
     def discard(self) -> None:
-        """Delete the snapshot (process 0; all wait)."""
+        """Delete the snapshot (process 0; all wait). It is first renamed to a temporary's
+        name (``.<name>.tmp-...``, which a restarted run cleans away), so that a kill
+        during the deletion never leaves a half-deleted snapshot under its own name."""
         from . import distributed as dist
 
-        if dist.is_primary():
-            shutil.rmtree(self.path, ignore_errors=True)
+        if dist.is_primary() and self.path.exists():
+            doomed = self.path.with_name(f".{self.path.name}.tmp-discard-{uuid.uuid4().hex[:12]}")
+            os.rename(self.path, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
         dist.barrier(f"discard {self.path}")
