@@ -22,10 +22,15 @@ GPT-J, 200 base-training steps — with the real ``haiku_xmap`` backend:
    ``m - t_a`` seconds after it reaches ``a`` (when ``a`` appears, or, if ``a`` was
    already there, when the resumed process has re-opened the run directory), or as
    soon as ``b`` (or the first later file it does not have yet) appears;
-4. after each kill, the temporaries the killed process left (``.tmp-*``, and the
+4. a **periodic chain** (``--periodic``): a fresh run directory killed every F x the
+   reference's base-training time (F = 0.5: more often than that stage lasts) after
+   each attempt re-opened the run directory, until an attempt finishes by itself;
+   fine-tuning snapshots its state every 10 steps (``model.train_checkpoint_steps``),
+   so the stage resumes mid-way instead of starting over and the run does finish;
+5. after each kill, the temporaries the killed process left (``.tmp-*``, and the
    backend's ``.<name>.tmp-*`` folders) must be gone once the next attempt has
    re-opened the run directory, and a finished run has none;
-5. when a chain's run has finished, its Parquet rows (``wall_seconds`` aside), its
+6. when a chain's run has finished, its Parquet rows (``wall_seconds`` aside), its
    ``train.json`` files (``seconds`` aside) and the parameters of every checkpoint
    (loaded with ``star_haiku_xmap.checkpoint.load_checkpoint``, compared bit for
    bit) must equal the reference's: 0 rows lost, 0 duplicated, 0 changed; and the
@@ -89,6 +94,10 @@ OVERRIDES = [
     "model={ backend = \"haiku_xmap\", preset = \"tiny\", tokenizer = \"byte\", dtype = \"float32\", n_layer = 2, "
     "d_model = 64, n_head = 2, d_head = 32, d_ff = 256, n_ctx = 128, mesh = { dp = 1, mp = 1 } }",
 ]
+# The periodic chain (``Matrix.periodic_chain``) snapshots fine-tuning every few steps, so
+# that a stage killed before it ends resumes where it was (star_haiku_xmap/resume.py).
+SNAPSHOT_STEPS = 10
+PERIODIC_OVERRIDES = OVERRIDES[:-1] + [OVERRIDES[-1][:-2] + f", train_checkpoint_steps = {SNAPSHOT_STEPS} }}"]
 
 START = "events.jsonl"  # the first file of a fresh run directory
 BOUNDARIES = {  # name -> the file whose appearance ends the stage
@@ -149,6 +158,21 @@ def listing(root: Path) -> list[str]:
     for dirpath, dirnames, filenames in os.walk(root):
         for name in filenames:
             out.append(os.path.relpath(os.path.join(dirpath, name), root))
+    return out
+
+
+def saved(root: Path) -> set[tuple[str, int]]:
+    """(file, inode) of every finished file of the run, training snapshots included (a new
+    snapshot is a new folder): what an attempt has saved shows as new entries."""
+    if not root.exists():
+        return set()
+    out = set()
+    for rel in listing(root):
+        if not any(is_temporary(part) for part in Path(rel).parts):
+            try:
+                out.add((rel, (root / rel).stat().st_ino))
+            except FileNotFoundError:
+                pass
     return out
 
 
@@ -331,6 +355,7 @@ class Kill:
     seconds: float = 0.0  # after the attempt started
     state: str = ""  # last timeline file present at the kill
     left: list[str] = dataclasses.field(default_factory=list)  # temporaries left by the killed process
+    snapshots: list[str] = dataclasses.field(default_factory=list)  # training snapshots present at the kill
 
 
 class Matrix:
@@ -352,7 +377,8 @@ class Matrix:
 
     def command(self, run_dir: Path) -> list[str]:
         cmd = [sys.executable, "-m", "star_engine", "run", str(self.toml), "--quiet", "--limit", str(LIMIT)]
-        for item in OVERRIDES + [f'experiment.output_dir="{run_dir.as_posix()}"']:
+        overrides = PERIODIC_OVERRIDES if run_dir.name.startswith("periodic") else OVERRIDES
+        for item in overrides + [f'experiment.output_dir="{run_dir.as_posix()}"']:
             cmd += ["--set", item]
         return cmd
 
@@ -461,14 +487,35 @@ class Matrix:
             due = t0 is not None and now - t0 >= kill.delay
             clamp = until is not None and (run_dir / until).exists()
             if due or clamp:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
-                kill.landed = True
-                kill.seconds = time.monotonic() - t_start
-                kill.state = self._state(run_dir, kill)
-                kill.left = temporaries(run_dir) if run_dir.exists() else []
+                self._kill(proc, run_dir, kill, t_start)
                 return None, log
             time.sleep(POLL)
+
+    def _kill(self, proc: subprocess.Popen, run_dir: Path, kill: Kill, t_start: float) -> None:
+        """SIGKILL the attempt and note where it was: the last file, the temporaries it
+        left and the training snapshots (stages killed mid-training) present."""
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        kill.landed = True
+        kill.seconds = time.monotonic() - t_start
+        kill.state = self._state(run_dir, kill)
+        kill.left = temporaries(run_dir) if run_dir.exists() else []
+        kill.snapshots = sorted(p.parent.relative_to(run_dir).as_posix()
+                                for p in run_dir.rglob("*.partial/manifest.msgpack"))
+
+    def _booked(self, res: "ChainResult", kill: Kill, rc: int | None, run_dir: Path, pending: list[str],
+                events: Path, offset: int) -> list[str]:
+        """Count an attempt, check the previous kill's temporaries are gone, and record
+        ``kill`` when it landed (``rc`` None). Returns the temporaries to check next."""
+        res.attempts += 1
+        self._check_orphans(run_dir, pending, events, offset, res)
+        if rc is not None:
+            return pending
+        res.kills.append(kill)
+        snaps = f"  snapshots: {', '.join(kill.snapshots)}" if kill.snapshots else ""
+        self.out(f"  kill {len(res.kills):2d}  {kill.kind:8s} {kill.name:13s} at {kill.seconds:6.2f} s  "
+                 f"{kill.state:44s} temporaries left: {len(kill.left)}{snaps}")
+        return kill.left
 
     def _state(self, run_dir: Path, kill: Kill) -> str:
         order = self.timeline or [(0.0, rel) for rel in BOUNDARIES.values()]
@@ -487,13 +534,8 @@ class Matrix:
         for i, kill in enumerate(kills):
             offset = events.stat().st_size if events.exists() else 0
             rc, log = self._attempt(run_dir, kill)
-            res.attempts += 1
-            self._check_orphans(run_dir, pending, events, offset, res)
+            pending = self._booked(res, kill, rc, run_dir, pending, events, offset)
             if rc is None:
-                res.kills.append(kill)
-                pending = kill.left
-                self.out(f"  kill {len(res.kills):2d}  {kill.kind:8s} {kill.name:13s} at {kill.seconds:6.2f} s  "
-                         f"{kill.state:44s} temporaries left: {len(kill.left)}")
                 continue
             if rc == 0:  # the run finished before this kill: place the rest in another chain
                 self.out(f"  ({kill.kind} {kill.name}: the run finished first; moved to the next chain)")
@@ -513,6 +555,50 @@ class Matrix:
         self.out(f"  final resume: exit 0 in {seconds:.1f} s")
         res.finished = True
         return res, []
+
+    def periodic_chain(self, every: float, name: str = "periodic", max_attempts: int = 200) -> "ChainResult":
+        """Kill the run ``every`` seconds after each attempt re-opened the run directory,
+        again and again, until an attempt finishes by itself; ``every`` is shorter than the
+        longest stage (base training), which only ends because fine-tuning snapshots every
+        ``SNAPSHOT_STEPS`` steps (``PERIODIC_OVERRIDES``). An attempt that has saved nothing
+        new yet (no new file, no new snapshot) by then is killed as soon as it has, so that
+        the chain ends. ``compare`` checks the result against the reference."""
+        run_dir = self.workdir / name
+        shutil.rmtree(run_dir, ignore_errors=True)
+        res = ChainResult(name, run_dir)
+        events, pending = run_dir / "events.jsonl", []
+        while res.attempts < max_attempts:
+            offset = events.stat().st_size if events.exists() else 0
+            before = saved(run_dir)
+            kill = Kill("periodic", f"every {every:.1f} s", 0.0, None, every, [])
+            t_start = time.monotonic()
+            proc, log = self._start(run_dir)
+            t0, rc = None, None
+            while (rc := proc.poll()) is None:
+                now = time.monotonic()
+                if now - t_start > ATTEMPT_TIMEOUT:
+                    proc.kill()
+                    proc.wait()
+                    raise RuntimeError(f"attempt timed out: {log}")
+                if t0 is None and events.exists():
+                    with open(events, "rb") as f:
+                        f.seek(offset)
+                        t0 = now if _opened(f.read()) else None
+                if t0 is not None and now - t0 >= every and saved(run_dir) - before:
+                    self._kill(proc, run_dir, kill, t_start)
+                    break
+                time.sleep(POLL if t0 is None or now - t0 < every else 0.02)
+            pending = self._booked(res, kill, rc, run_dir, pending, events, offset)
+            if rc is None:
+                continue
+            if rc == 0:
+                self.out(f"  attempt {res.attempts}: finished by itself")
+                res.finished = True
+                return res
+            res.problems.append(f"{name}: attempt {res.attempts} exited {rc}: {self._tail(log, 600)!r}")
+            return res
+        res.problems.append(f"{name}: not finished after {max_attempts} attempts")
+        return res
 
     def _check_orphans(self, run_dir: Path, pending: list[str], events: Path, offset: int,
                        res: "ChainResult") -> None:
@@ -566,6 +652,7 @@ class Totals:
     kills: int = 0
     boundary_kills: int = 0
     random_kills: int = 0
+    periodic_kills: int = 0
     resumes: int = 0
     chains: int = 0
     orphans: int = 0
@@ -581,6 +668,7 @@ class Totals:
         self.kills += len(res.kills)
         self.boundary_kills += sum(k.kind == "boundary" for k in res.kills)
         self.random_kills += sum(k.kind == "random" for k in res.kills)
+        self.periodic_kills += sum(k.kind == "periodic" for k in res.kills)
         self.resumes += res.resumes
         self.orphans += res.orphans
         self.comparison.add(res.comparison)
@@ -654,6 +742,13 @@ def describe_reference(ref: Reference) -> str:
     return f"{ref.seconds:.1f} s uninterrupted, {len(ref.timeline)} files; " + "; ".join(its)
 
 
+def base_training_seconds(ref: Reference) -> float:
+    """How long the reference's longest stage, base training, took: from the base model's
+    appearance to its fine-tuned checkpoint's."""
+    when = {rel: t for t, rel in ref.timeline}
+    return when["base/model/manifest.msgpack"] - when["base/base_init/manifest.msgpack"]
+
+
 def check_reference(ref: Reference) -> list[str]:
     """The matrix is only meaningful when every stage runs, fine-tuning included."""
     out = []
@@ -672,6 +767,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, default=None, help="work folder (default: a new temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep the work folder (always kept on failure)")
     p.add_argument("--no-jax-cache", action="store_true", help="compile from scratch in every process")
+    p.add_argument("--periodic", type=float, default=0.5, metavar="F",
+                   help="also run the periodic chain, killing every F x the reference's base-training time "
+                        "(0: skip it; default 0.5)")
     args = p.parse_args(argv)
     names = (list(BOUNDARIES) if args.boundaries == "all" else
              [] if args.boundaries == "none" else [b.strip() for b in args.boundaries.split(",") if b.strip()])
@@ -686,9 +784,19 @@ def main(argv: list[str] | None = None) -> int:
     out(f"kill matrix: {EXPERIMENT.relative_to(REPO)} shortened (--limit {LIMIT}, {ITERATIONS} iterations, "
         f"2 x 64 byte-level GPT-J, 200 base steps), seed {args.seed}, work folder {workdir}")
     ref, totals = run_matrix(matrix, names, args.random, args.seed)
+    if args.periodic > 0 and ref.timeline:
+        every = args.periodic * base_training_seconds(ref)
+        out(f"periodic chain: a kill every {every:.1f} s (base training took {base_training_seconds(ref):.1f} s)")
+        res = matrix.periodic_chain(every)
+        if res.finished:
+            matrix.compare(res, ref)
+        if not any("base/model.partial" in k.snapshots for k in res.kills):
+            res.problems.append("periodic chain: no kill landed in base training with a snapshot to resume from")
+        totals.add(res)
     c = totals.comparison
     out("")
-    out(f"kills: {totals.kills} ({totals.boundary_kills} at stage boundaries, {totals.random_kills} at random moments)")
+    out(f"kills: {totals.kills} ({totals.boundary_kills} at stage boundaries, {totals.random_kills} at random moments, "
+        f"{totals.periodic_kills} periodic)")
     out(f"resumes: {totals.resumes} in {totals.chains} chains (reference run: {ref.seconds:.1f} s)")
     out(f"rows compared: {c.rows} (lost {c.lost}, duplicated {c.duplicated}, changed {c.changed})")
     out(f"checkpoint parameters compared bit for bit: {c.arrays} arrays in {c.checkpoints} checkpoints")

@@ -124,3 +124,19 @@ def test_full_kill_matrix(tmp_path):
     assert "differences: 0" in res.stdout
     kills = int(res.stdout.split("\nkills: ")[1].split()[0])
     assert kills >= 20 + len(km.BOUNDARIES)
+
+
+def test_kills_more_often_than_base_training_lasts_and_still_finishes(shared):
+    """Killed every half of the reference's base-training time (its longest stage), the run
+    only finishes because fine-tuning resumes from its snapshots (resume.py), and ends
+    with the reference's rows and bit-identical parameters."""
+    matrix, ref = shared
+    every = 0.5 * km.base_training_seconds(ref)
+    res = matrix.periodic_chain(every)
+    assert res.finished and res.problems == []
+    # base training was killed more than once with a snapshot to resume from
+    assert sum("base/model.partial" in k.snapshots for k in res.kills) >= 2
+    matrix.compare(res, ref)
+    assert res.problems == []
+    c = res.comparison
+    assert (c.lost, c.duplicated, c.changed, res.orphans) == (0, 0, 0, 0) and c.checkpoints == 4

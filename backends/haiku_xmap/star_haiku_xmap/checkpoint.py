@@ -186,8 +186,8 @@ def split_axis_for(key_path: tuple[str, ...], shape: tuple[int, ...], mp_split: 
         return None
     from .sharding import spec_for
 
-    try:
-        spec = spec_for(f"{'/'.join(key_path[:-1])}/{key_path[-1]}", shape)
+    try:  # {module: {name: leaf}} ends every params-like tree (moments too, resume.py)
+        spec = spec_for(f"{key_path[-2]}/{key_path[-1]}", shape)
     except (KeyError, ValueError):
         return None
     for axis, name in enumerate(spec):
@@ -197,12 +197,15 @@ def split_axis_for(key_path: tuple[str, ...], shape: tuple[int, ...], mp_split: 
 
 
 def write_checkpoint(path: str | os.PathLike, leaves: Iterable[tuple[tuple[str, ...], Any]], *,
-                     model_config: dict, tokenizer: dict, extra: dict | None = None, mp_split: int = 1) -> dict:
+                     model_config: dict, tokenizer: dict, extra: dict | None = None, mp_split: int = 1,
+                     specs: Mapping[tuple[str, ...], tuple[tuple[int, ...], str]] | None = None) -> dict:
     """``save_checkpoint`` for a stream of ``(key path, array)`` pairs, consumed one
     at a time (a converter can yield leaves without holding the whole model).
 
     ``mp_split`` > 1 writes a version-2 checkpoint whose mp-sharded leaves are
-    stored as ``mp_split`` parts (see the module docstring)."""
+    stored as ``mp_split`` parts (see the module docstring). ``specs``: the leaves
+    expected, {key path: (shape, dtype name)} (default: the model's parameters,
+    ``param_specs``; a training snapshot passes its state's, ``resume.py``)."""
     import jax
 
     if isinstance(mp_split, bool) or not isinstance(mp_split, int) or mp_split < 1:
@@ -212,7 +215,7 @@ def write_checkpoint(path: str | os.PathLike, leaves: Iterable[tuple[tuple[str, 
     if dest.exists() and not (dest.is_dir() and ((dest / MANIFEST).is_file() or not any(dest.iterdir()))):
         raise UserError(f"{dest}: exists and is not a checkpoint; refusing to replace it")
     try:
-        specs = param_specs(model_config)
+        specs = param_specs(model_config) if specs is None else specs
     except (TypeError, ValueError) as exc:
         raise UserError(f"{dest}: model_config is not a valid GPT-J config ({exc})") from None
     created = make_parents(dest)  # taken away again if the write fails
@@ -232,7 +235,8 @@ def write_checkpoint(path: str | os.PathLike, leaves: Iterable[tuple[tuple[str, 
                 raise UserError(f"{dest}: {'/'.join(key_path)} is {name}{list(arr.shape)}, "
                                 f"the model config needs {want[1]}{list(want[0])}")
             seen.add(key_path)
-            arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+            # (reshaped: ascontiguousarray makes a 0-d array, a step count, 1-d)
+            arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).reshape(arr.shape)
             axis = split_axis_for(key_path, arr.shape, mp_split)
             if axis is None:
                 raw = memoryview(arr.reshape(-1).view(np.uint8))

@@ -282,7 +282,7 @@ def train(params: Any, config, encoded: Sequence[Any], *, steps: int, batch_size
           optimizer: Mapping[str, Any], seq_len: int, pad_id: int, mesh, zero: int = 0,
           opt_state_dtype: str = "float32", progress: Callable[[int], None] | None = None,
           packing: str = "segments", loss: str = "completion", master_dtype: str = "float32",
-          accum_dtype: str = "float32", remat: bool = False) -> tuple[Any, list[float], int]:
+          accum_dtype: str = "float32", remat: bool = False, snapshots: Any = None) -> tuple[Any, list[float], int]:
     """``train.train`` (same batches, same loss, same optimizer) with ZeRO-1 and the
     optimizer-state dtype as options, multi-process safe. Returns (master params,
     losses, tokens); with ZeRO-1 fp32 masters come back split over dp."""
@@ -304,10 +304,19 @@ def train(params: Any, config, encoded: Sequence[Any], *, steps: int, batch_size
     # A copy in the master dtype (the update donates its state; the caller's arrays must survive).
     params = jax.jit(lambda p: tr.master_params(p, master_dtype),
                      out_shardings=sharding.tree_shardings(params, mesh))(params)
-    state, state_sh = init_train_state(params, tx, mesh, zero=zero, compute_dtype=model.dtype_of(config))
+    restored = None
+    if snapshots is not None:  # ``resume.py``: the stage's saved state, laid out as a fresh one would be
+        abstract = jax.eval_shape(lambda p: tr.init_state(p, tx), params)
+        restored = snapshots.restore(abstract, state_shardings(abstract, mesh, zero, model.dtype_of(config)))
+    if restored:
+        state, state_sh = restored.state, jax.tree.map(lambda x: x.sharding, restored.state)
+        del params
+    else:
+        state, state_sh = init_train_state(params, tx, mesh, zero=zero, compute_dtype=model.dtype_of(config))
     update = tr.make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=accum_dtype, remat=remat)
     batch_sh = sharding.batch_sharding(mesh, batch_axis=1, ndim=3)
     state, metrics, n_tokens = tr.run_steps(update, state, batches, mesh=mesh, progress=progress,
-                                            put=lambda batch: {k: global_array(v, batch_sh) for k, v in batch.items()})
+                                            put=lambda batch: {k: global_array(v, batch_sh) for k, v in batch.items()},
+                                            snapshots=snapshots, restored=restored)
     losses = [float(to_host(x)) for x in metrics]
     return state.params, losses, n_tokens

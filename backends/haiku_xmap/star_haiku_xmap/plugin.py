@@ -103,7 +103,10 @@ class HaikuXmapBackend:
     (``distributed.py``; default: one per core, ``use_every_core``). ``generation``: "continuous" (default: a slot whose row
     has ended takes the next prompt, ``continuous.py``) or "static" (length-sorted
     batches, each until its last row ends); ``generation_chunk``: decode steps
-    between the host's stop-string checks and refills."""
+    between the host's stop-string checks and refills. ``train_checkpoint_steps`` /
+    ``train_checkpoint_minutes``: how often a fine-tuning stage snapshots its whole
+    training state so that a killed run resumes mid-stage (``resume.py``; 0 = off;
+    default: every 10 minutes, 30 for models of 1B parameters or more)."""
 
     GENERATION = ("continuous", "static")
 
@@ -115,8 +118,10 @@ class HaikuXmapBackend:
                  seq_len: int | None = None, zero: int = 0, opt_state_dtype: str = "float32",
                  master_dtype: str = "float32", grad_accum_dtype: str = "float32", remat: bool = False,
                  distributed: Mapping[str, Any] | str | None = None, cpu_devices: int | None = None,
-                 generation: str = "continuous", generation_chunk: int = 16) -> None:
+                 generation: str = "continuous", generation_chunk: int = 16, train_checkpoint_steps: int = 0,
+                 train_checkpoint_minutes: float | None = None) -> None:
         from . import distributed as dist
+        from . import resume
 
         if generation not in self.GENERATION:
             raise UserError(f"model.generation: must be one of {list(self.GENERATION)}, got {generation!r}")
@@ -124,6 +129,9 @@ class HaikuXmapBackend:
                 1 <= generation_chunk <= 4096:
             raise UserError(f"model.generation_chunk: must be an int in [1, 4096], got {generation_chunk!r}")
         self.generation, self.generation_chunk = generation, generation_chunk
+        resume.check_options(train_checkpoint_steps,
+                             0 if train_checkpoint_minutes is None else train_checkpoint_minutes)
+        self.train_checkpoint_steps, self._train_checkpoint_minutes = train_checkpoint_steps, train_checkpoint_minutes
 
         # Before anything starts jax's backends (make_mesh below lists the devices).
         if cpu_devices is not None:
@@ -333,6 +341,9 @@ class HaikuXmapBackend:
         except ValueError as exc:
             raise UserError(f"training.{exc}") from None
 
+        from .resume import stage_snapshots
+
+        snapshots = stage_snapshots(self, init, out, spec, encoded, self._train_checkpoint_minutes)
         run = tr.train
         if self.zero or self.opt_state_dtype != "float32" or jax.process_count() > 1:
             run = functools.partial(dist.train, zero=self.zero, opt_state_dtype=self.opt_state_dtype)
@@ -343,7 +354,7 @@ class HaikuXmapBackend:
                 batch_size=spec.batch_size, grad_accum=spec.grad_accum, seed=spec.seed, optimizer=spec.optimizer,
                 seq_len=self.seq_len, pad_id=self.tokenizer.pad_id, mesh=self.mesh, progress=progress,
                 packing=packing, loss=loss, master_dtype=self.master_dtype, accum_dtype=self.grad_accum_dtype,
-                remat=self.remat)
+                remat=self.remat, snapshots=snapshots)
         except pk.PackingError as exc:
             raise UserError(f"training.packing: {exc}") from None
         out = Path(out)
@@ -352,6 +363,7 @@ class HaikuXmapBackend:
         self._save(out, params, {"kind": "finetune", "init": self.checkpoint_id(init), "steps": spec.steps,
                                  "seed": spec.seed, "examples": len(encoded), "packing": packing, "loss": loss,
                                  "compute_dtype": self.config.dtype}, dtype=stored)
+        snapshots.discard()  # the stage's checkpoint is written: its snapshot has served
         ckpt_id = self.checkpoint_id(str(out))
         # Cached for generation in the compute dtype, laid out by the rule table (ZeRO-1
         # returns fp32 masters split over dp).
@@ -451,6 +463,8 @@ class HaikuXmapBackend:
                 "mesh": {"dp": int(self.mesh.shape["dp"]), "mp": int(self.mesh.shape["mp"])},
                 "zero": self.zero, "opt_state_dtype": self.opt_state_dtype, "master_dtype": self.master_dtype,
                 "grad_accum_dtype": self.grad_accum_dtype, "remat": self.remat, "generation": self.generation,
+                "train_checkpoint_steps": self.train_checkpoint_steps,
+                "train_checkpoint_minutes": self._train_checkpoint_minutes,
                 "processes": self.process_count(),
                 "devices": [str(d) for d in self.mesh.devices.flat]}
 

@@ -17,6 +17,7 @@ compute stores and rounds the weights in bf16 (half the memory, small updates lo
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import jax
@@ -210,11 +211,12 @@ def train(params: Any, config: GPTJConfig, encoded: Sequence[Encoded], *, steps:
           grad_accum: int, seed: int, optimizer: Mapping[str, Any], seq_len: int, pad_id: int,
           mesh=None, progress: Callable[[int], None] | None = None, packing: str = "segments",
           loss: str = "completion", master_dtype: str = "float32", accum_dtype: str = "float32",
-          remat: bool = False) -> tuple[Any, list[float], int]:
+          remat: bool = False, snapshots: Any = None) -> tuple[Any, list[float], int]:
     """Run ``steps`` optimizer steps from ``params`` (left intact). Returns (master
     params in ``master_dtype``, per-step losses, number of loss tokens). Each step
     takes batch_size x grad_accum examples (``packing = "stream"``: chunks); with a
-    mesh the state is sharded by the rule table."""
+    mesh the state is sharded by the rule table. ``snapshots`` (``resume.Snapshots``):
+    continue from the stage's saved state if there is one, and save it as it goes."""
     if steps < 0 or batch_size < 1 or grad_accum < 1:
         raise ValueError(f"bad training shape: steps={steps} batch_size={batch_size} grad_accum={grad_accum}")
     check_dtypes(config, master_dtype, accum_dtype)
@@ -226,10 +228,15 @@ def train(params: Any, config: GPTJConfig, encoded: Sequence[Encoded], *, steps:
     tx = make_optimizer(optimizer, steps)
     if mesh is not None:
         params = sharding.shard_tree(params, mesh)
-    state = init_state(master_params(params, master_dtype), tx)
+    restored = None
+    if snapshots is not None:
+        abstract = jax.eval_shape(lambda p: init_state(master_params(p, master_dtype), tx), params)
+        restored = snapshots.restore(abstract, None if mesh is None else sharding.tree_shardings(abstract, mesh))
+    state = restored.state if restored else init_state(master_params(params, master_dtype), tx)
     del params  # the state holds the (master) copy
     update = make_update(config, tx, mesh, state, accum_dtype=accum_dtype, remat=remat)
-    state, metrics, n_tokens = run_steps(update, state, batches, mesh=mesh, progress=progress)
+    state, metrics, n_tokens = run_steps(update, state, batches, mesh=mesh, progress=progress,
+                                         snapshots=snapshots, restored=restored)
     losses = [float(x) for x in jax.device_get(metrics)]
     return state.params, losses, n_tokens
 
@@ -241,19 +248,30 @@ def packing_batches(encoded: Sequence[Encoded], *, config: GPTJConfig, **kw) -> 
 
 def run_steps(update: Callable, state: TrainState, batches: Iterable[Mapping[str, np.ndarray]], *, mesh=None,
               put: Callable[[dict], dict] = lambda batch: batch,
-              progress: Callable[[int], None] | None = None) -> tuple[TrainState, list, int]:
+              progress: Callable[[int], None] | None = None, snapshots: Any = None,
+              restored: Any = None) -> tuple[TrainState, list, int]:
     """The step loop of ``train`` and ``distributed.train``: one update per host batch.
 
     ``put`` places a host batch on the devices (multi-process runs build global
-    arrays). Returns (state, per-step loss arrays, number of loss tokens)."""
-    metrics, n_tokens = [], 0
+    arrays). ``restored`` (``resume.Restored``): the state is a snapshot's, whose
+    steps are skipped in ``batches`` (the batch plan is a function of the seed);
+    ``snapshots.step_done`` runs after every step. Returns (state, per-step loss
+    arrays, number of loss tokens)."""
+    metrics, n_tokens, start = [], 0, 0
+    if restored:
+        metrics, n_tokens, start = list(restored.losses), restored.tokens, restored.step
+        batches = itertools.islice(batches, start, None)
+        if progress is not None:
+            progress(start)
     serial = sharding.needs_serial_steps(mesh)
-    for batch in batches:
+    for step, batch in enumerate(batches, start + 1):
         n_tokens += int(batch["weights"].sum())
         state, m = update(state, put(batch))
         if serial:  # overlapping steps' all-reduces deadlock XLA:CPU's in-process rendezvous
             jax.block_until_ready(m["loss"])
         metrics.append(m["loss"])
+        if snapshots is not None:
+            snapshots.step_done(state, step, metrics, n_tokens)
         if progress is not None:
             progress(1)
     return state, metrics, n_tokens
