@@ -17,8 +17,9 @@ The weights are random, so every side is forced to the same lengths: each
 request's budget is its target length and end-of-text never ends a row (ours:
 no end-of-text id; HF: ``min_new_tokens`` and no ``eos_token_id``). Greedy.
 
-Generation sides: this engine (continuous batching), its static path
-(``model.generation = "static"``), HF ``generate`` on length-sorted static
+Generation sides: this engine (continuous batching, a prompt prefix shared by
+every request prefilled once), the same without prefix sharing
+(``model.share_prefix = false``), its static path (``model.generation = "static"``), HF ``generate`` on length-sorted static
 batches of the same size (each batch runs to its longest budget) and, when the
 installed transformers gives GPT-J the same tokens through continuous batching
 (``generate_batch``), that too. Training sides: this engine's packed step
@@ -38,6 +39,7 @@ per-round ratios (wall time; ``_cpu``: CPU time). Same thread count everywhere.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -50,7 +52,7 @@ from common import (MALLOC_HELP, MALLOC_MODES, Peer, apply_malloc, choose_peers,
 
 ROOT = Path(__file__).resolve().parents[1]
 ADDITION_TOML = ROOT / "experiments" / "addition.toml"
-GEN_SIDES = ("engine", "engine_static", "hf_static", "hf_continuous")
+GEN_SIDES = ("engine", "engine_no_prefix", "engine_static", "hf_static", "hf_continuous")
 TRAIN_SIDES = ("engine_packed", "engine_padded", "hf_padded", "hf_packed")
 
 
@@ -185,8 +187,8 @@ def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
         args = (params, mix["prompts"], list(range(len(mix["prompts"]))), mix["budgets"])
         stats: dict = {}
 
-        def cont(args=args, common=common, stats=stats):
-            out = continuous.generate(*args, chunk=a.chunk, stats=stats, **common)
+        def cont(args=args, common=common, stats=stats, share=True):
+            out = continuous.generate(*args, chunk=a.chunk, stats=stats, share_prefix=share, **common)
             assert [len(t) for t in out] == args[3]
 
         def static(args=args, common=common, mix=mix):
@@ -194,6 +196,8 @@ def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
             assert [len(t) for t in out] == args[3]
 
         fns[name, "engine"], fns[name, "engine_static"] = cont, static
+        if continuous.shared_prefix(mix["prompts"]):
+            fns[name, "engine_no_prefix"] = functools.partial(cont, stats={}, share=False)
         info[f"{name}_engine_stats"] = stats
         encoded = [packing.Encoded(np.asarray(p + c + [mix["eos"]], np.int32), len(p)) for p, c in mix["train"]]
         for side, pack in (("engine_packed", "segments"), ("engine_padded", "none")):

@@ -6,6 +6,9 @@ Device side (compiled, no Python per token):
 
 - ``prefill``: a batch of waiting prompts, left-padded to a length bucket, in one
   call (``model.prefill``); prompt count and length come from small bucket sets.
+  When every prompt of the call starts with the same tokens (a few-shot prompt),
+  that prefix is prefilled once and each prompt computes only its own tokens on
+  top of it (``model.prefill_after``; ``shared_prefix`` says how long a prefix).
 - ``_insert``: the prefilled keys/values moved into the freed slots, each row
   shifted to start at cache slot 0, with its own length, budget, RNG key and
   first-token logits. One prefill row may fill several slots (k samples of the
@@ -41,6 +44,8 @@ from .config import GPTJConfig
 from .sample import any_shard, keys_from_seeds, left_pad, mask_vocab, sample_logits
 
 CACHE_GRAIN = 32  # cache lengths are multiples of this (each length compiles one decode loop)
+PREFIX_GRAIN = 32  # a shared prefix is cut to a multiple of this (each length compiles one prefix prefill)
+PREFIX_MIN = 64  # shorter shared prefixes are prefilled with each prompt
 
 
 class Slots(NamedTuple):
@@ -64,6 +69,24 @@ def length_buckets(n_ctx: int, smallest: int = 16) -> list[int]:
         out.append(n)
         n = n * 3 // 2 if n & (n - 1) == 0 else n * 4 // 3
     return out + [n_ctx]
+
+
+def shared_prefix(prompts: Sequence[Sequence[int]], grain: int = PREFIX_GRAIN, minimum: int = PREFIX_MIN) -> int:
+    """How many leading tokens every prompt shares and is prefilled once for all:
+    the common prefix, leaving each prompt at least one token of its own (its
+    first logits come from it), cut to a multiple of ``grain``; 0 when that is
+    under ``minimum`` (or there is one prompt: nothing to share)."""
+    if len(prompts) < 2:
+        return 0
+    first = np.asarray(prompts[0], np.int64)
+    n = min(len(p) for p in prompts) - 1
+    for p in prompts[1:]:
+        if n < minimum:
+            break
+        diff = np.flatnonzero(np.asarray(p[:n], np.int64) != first[:n])
+        n = int(diff[0]) if diff.size else n
+    n = n // grain * grain
+    return n if n >= minimum else 0
 
 
 def count_bucket(n: int, multiple: int) -> int:
@@ -117,16 +140,20 @@ def _resize(slots: Slots, length: int) -> Slots:
     return slots._replace(cache=jax.tree.map(fit, slots.cache))
 
 
-def _insert_rows(slots: Slots, kv: model.KVCache, logits_PV, lens_P, src_N, slot_N, budget_N, key_data_NK) -> Slots:
-    """Assignment n copies prefilled row src_N[n] (left-padded, lens_P[src] real
-    tokens) into slot slot_N[n]; slots out of range (padding assignments) are dropped."""
-    T, L = kv.k[0].shape[2], slots.cache.k[0].shape[2]
-    W = min(T, L)
+def _insert_rows(slots: Slots, kv: model.KVCache, logits_PV, lens_P, src_N, slot_N, budget_N, key_data_NK, *,
+                 prefix: int = 0) -> Slots:
+    """Assignment n copies prefilled row src_N[n] into slot slot_N[n]; slots out of
+    range (padding assignments) are dropped. A row holds ``prefix`` shared tokens,
+    then its own tokens left-padded (lens_P[src] real ones)."""
+    T, L = kv.k[0].shape[2] - prefix, slots.cache.k[0].shape[2]
+    W = min(prefix + T, L)
     off_N = T - lens_P[src_N]
 
     def left_aligned(x_PHTK):  # (N, H, W, K): each row's real tokens moved to the front
-        rows = jnp.pad(x_PHTK[src_N], ((0, 0), (0, 0), (0, T), (0, 0)))
-        return jax.vmap(lambda r, o: jax.lax.dynamic_slice_in_dim(r, o, W, axis=1))(rows, off_N)
+        rows = x_PHTK[src_N]
+        own = jnp.pad(rows[:, :, prefix:], ((0, 0), (0, 0), (0, T), (0, 0)))
+        own = jax.vmap(lambda r, o: jax.lax.dynamic_slice_in_dim(r, o, T, axis=1))(own, off_N)
+        return jnp.concatenate([rows[:, :, :prefix], own], axis=2)[:, :, :W]
 
     def put(buf_BHLK, x_PHTK):
         return buf_BHLK.at[slot_N, :, :W].set(left_aligned(x_PHTK).astype(buf_BHLK.dtype), mode="drop")
@@ -134,17 +161,19 @@ def _insert_rows(slots: Slots, kv: model.KVCache, logits_PV, lens_P, src_N, slot
     cache = model.KVCache(tuple(map(put, slots.cache.k, kv.k)), tuple(map(put, slots.cache.v, kv.v)))
     at = lambda x: x.at[slot_N]
     return Slots(cache, at(slots.logits_BV).set(logits_PV[src_N], mode="drop"),
-                 at(slots.length_B).set(lens_P[src_N], mode="drop"), at(slots.step_B).set(0, mode="drop"),
+                 at(slots.length_B).set(prefix + lens_P[src_N], mode="drop"), at(slots.step_B).set(0, mode="drop"),
                  at(slots.budget_B).set(budget_N, mode="drop"), at(slots.active_B).set(True, mode="drop"),
                  at(slots.key_data_BK).set(key_data_NK, mode="drop"))
 
 
-@functools.partial(jax.jit, static_argnames="mesh", donate_argnums=0)
-def _insert(slots: Slots, kv, logits_PV, lens_P, src_N, slot_N, budget_N, key_data_NK, *, mesh=None) -> Slots:
+@functools.partial(jax.jit, static_argnames=("mesh", "prefix"), donate_argnums=0)
+def _insert(slots: Slots, kv, logits_PV, lens_P, src_N, slot_N, budget_N, key_data_NK, *, mesh=None,
+            prefix: int = 0) -> Slots:
     """``_insert_rows`` per dp shard: the prefilled rows are visible to every
     shard (they were computed split over dp), the assignments are per shard with
     slot indices local to the shard."""
-    fn = _per_shard(_insert_rows, mesh, (P("dp"), P(), P(), P(), P("dp"), P("dp"), P("dp"), P("dp")), P("dp"))
+    fn = _per_shard(functools.partial(_insert_rows, prefix=prefix), mesh,
+                    (P("dp"), P(), P(), P(), P("dp"), P("dp"), P("dp"), P("dp")), P("dp"))
     return fn(slots, kv, logits_PV, lens_P, src_N, slot_N, budget_N, key_data_NK)
 
 
@@ -217,7 +246,8 @@ def generate(params, prompts: Sequence[Sequence[int]], seeds: Sequence[int], bud
              config: GPTJConfig, temperature: float, top_p: float, eos_id: int, pad_id: int,
              valid_vocab: int | None = None, mesh: Mesh | None = None, slots: int = 8, chunk: int = 16,
              refill: int | None = None, stop: Callable[[int, list[int]], bool] | None = None,
-             progress: Callable[[int], None] | None = None, stats: dict | None = None) -> list[list[int]]:
+             progress: Callable[[int], None] | None = None, stats: dict | None = None,
+             share_prefix: bool = True) -> list[list[int]]:
     """New tokens of each request (end-of-text not included), continuously batched.
 
     Request i is ``prompts[i]`` (at least one token; prompt + budget within
@@ -229,7 +259,13 @@ def generate(params, prompts: Sequence[Sequence[int]], seeds: Sequence[int], bud
     slots). ``stop(i, tokens)``, called on the host after each chunk with the
     request's tokens so far, ends the request when True (a stop string in its
     text); its tokens then run up to the chunk's end. ``stats`` (a dict) receives
-    counters: chunks, decode_steps, prefill_calls, prefill_rows, slots.
+    counters: chunks, decode_steps, prefill_calls, prefill_rows, slots,
+    prefix_tokens.
+
+    ``share_prefix``: the tokens all prompts start with (``shared_prefix``: a
+    few-shot prompt) are prefilled once, not once per prompt. A row's logits then
+    differ from a whole-prompt prefill's by rounding only, and the shared length
+    is a function of the call's prompts: the same call gives the same tokens.
     """
     n = len(prompts)
     if not (len(seeds) == len(budgets) == n):
@@ -264,7 +300,10 @@ def generate(params, prompts: Sequence[Sequence[int]], seeds: Sequence[int], bud
     slot_step = np.zeros(B, np.int64)  # its tokens so far
     L = 0
     state = None
-    counters = {"chunks": 0, "decode_steps": 0, "prefill_calls": 0, "prefill_rows": 0, "slots": B}
+    prefix = shared_prefix([prompts[i] for i in pending]) if share_prefix else 0
+    shared = _prefix_cache(params, prompts[pending[0]][:prefix], config, mesh) if prefix else None
+    counters = {"chunks": 0, "decode_steps": 0, "prefill_calls": 0, "prefill_rows": 0, "slots": B,
+                "prefix_tokens": prefix}
     decode = functools.partial(_decode, config=config, steps=chunk, eos_id=eos_id, valid_vocab=valid_vocab,
                                mesh=None if dp == 1 else mesh)
     while queue or (slot_req >= 0).any():
@@ -298,7 +337,8 @@ def generate(params, prompts: Sequence[Sequence[int]], seeds: Sequence[int], bud
         while admitted:  # prefill calls of max_rows prompts, or a quarter of that for the last few
             rows = max_rows if len(admitted) > few_rows else few_rows
             state = _prefill_into(params, state, admitted[:rows], rows, budgets, key_data, config=config,
-                                  buckets=buckets, pad_id=pad_id, per=per, mesh=mesh, counters=counters)
+                                  buckets=buckets, pad_id=pad_id, per=per, mesh=mesh, counters=counters,
+                                  shared=shared)
             del admitted[:rows]
         # -- decode until enough rows end (while prompts wait) or chunk steps
         keep = _put(slot_req >= 0, mesh, P("dp"))
@@ -324,16 +364,31 @@ def generate(params, prompts: Sequence[Sequence[int]], seeds: Sequence[int], bud
     return results
 
 
+def _prefix_cache(params, tokens: Sequence[int], config: GPTJConfig, mesh: Mesh | None) -> model.KVCache:
+    """The keys/values of a shared prefix, (1, H, P, K) per layer (every dp shard
+    holds a copy)."""
+    tokens_1T = np.asarray([tokens], np.int32)
+    _, kv, _ = model.prefill(params, _put(tokens_1T, mesh, P()), _put(np.ones_like(tokens_1T, bool), mesh, P()),
+                             config, len(tokens))
+    return kv
+
+
 def _prefill_into(params, state: Slots, admitted, rows: int, budgets, key_data, *, config, buckets, pad_id,
-                  per: int, mesh, counters: dict) -> Slots:
+                  per: int, mesh, counters: dict, shared: model.KVCache | None = None) -> Slots:
     """Prefill the ``admitted`` prompts in one batched call of ``rows`` rows and
-    copy each into its slots (``admitted``: (prompt, [(request, slot), ...]))."""
+    copy each into its slots (``admitted``: (prompt, [(request, slot), ...])).
+    With a ``shared`` prefix cache, only each prompt's tokens after it are run."""
     dp = _dp(mesh)
-    T = next(b for b in buckets if b >= max(len(p) for p, _ in admitted))
-    tokens_PT, mask_PT = left_pad([p for p, _ in admitted], pad_id, length=T, rows=rows)
+    prefix = 0 if shared is None else shared.k[0].shape[2]
+    own = [p[prefix:] for p, _ in admitted]
+    T = next(b for b in buckets if b >= max(map(len, own)))
+    tokens_PT, mask_PT = left_pad(own, pad_id, length=T, rows=rows)
     lens_P = mask_PT.sum(axis=1).astype(np.int32)
-    logits_PV, kv, _ = model.prefill(params, _put(tokens_PT, mesh, P("dp")), _put(mask_PT, mesh, P("dp")),
-                                     config, T)
+    tokens_PT, mask_PT = _put(tokens_PT, mesh, P("dp")), _put(mask_PT, mesh, P("dp"))
+    if shared is None:
+        logits_PV, kv, _ = model.prefill(params, tokens_PT, mask_PT, config, T)
+    else:
+        logits_PV, kv = model.prefill_after(params, shared, tokens_PT, mask_PT, config)
     counters["prefill_calls"] += 1
     counters["prefill_rows"] += rows
     # Per shard: the assignments to its slots, padded with dropped ones (slot index = per) to
@@ -351,4 +406,4 @@ def _prefill_into(params, state: Slots, admitted, rows: int, budgets, key_data, 
     flat = lambda x: _put(x.reshape((dp * N,) + x.shape[2:]), mesh, P("dp"))
     rep = lambda x: _put(x, mesh, P())
     return _insert(state, kv, logits_PV, rep(lens_P), flat(src), flat(slot), flat(budget), flat(keys),
-                   mesh=None if dp == 1 else mesh)
+                   mesh=None if dp == 1 else mesh, prefix=prefix)

@@ -354,6 +354,30 @@ def prefill(params: Params, tokens_BT: jax.Array, mask_BT: jax.Array, config: GP
 
 
 @functools.partial(jax.jit, static_argnames="config")
+def prefill_after(params: Params, prefix: KVCache, tokens_BT: jax.Array, mask_BT: jax.Array,
+                  config: GPTJConfig) -> tuple[jax.Array, KVCache]:
+    """Prompts that continue a shared prefix whose keys/values are already computed.
+
+    ``prefix``: the prefix's cache, (1, H, P, K) per layer, filled from slot 0 with
+    no padding (``prefill`` of the P prefix tokens). ``tokens_BT``/``mask_BT``: each
+    row's own tokens after the prefix, left-padded. Row b attends the prefix and its
+    own real tokens; its positions continue from P, as if the whole prompt had been
+    prefilled. Returns (logits of the last slot (B, V), cache (B, H, P + T, K): the
+    prefix in slots [0, P), the row's tokens left-padded in [P, P + T)).
+    """
+    B, T = tokens_BT.shape
+    P = prefix.k[0].shape[2]
+    mask_BT = jnp.asarray(mask_BT, bool)
+    grow = lambda x: jnp.concatenate([jnp.broadcast_to(x, (B,) + x.shape[1:]),
+                                      jnp.zeros((B, x.shape[1], T, x.shape[3]), x.dtype)], axis=2)
+    cache = KVCache(tuple(map(grow, prefix.k)), tuple(map(grow, prefix.v)))
+    key_mask_BS = jnp.concatenate([jnp.ones((B, P), bool), mask_BT], axis=1)
+    logits_B1V, cache = _gptj(params, config, jnp.asarray(tokens_BT, jnp.int32), P + default_positions(mask_BT),
+                              key_mask_BS, cache, P, last_only=True)
+    return logits_B1V[:, 0], cache
+
+
+@functools.partial(jax.jit, static_argnames="config")
 def decode_step(params: Params, token_B: jax.Array, position_B: jax.Array, slot, cache: KVCache,
                 key_mask_BS: jax.Array, config: GPTJConfig) -> tuple[jax.Array, KVCache, jax.Array]:
     """One token per row written to cache slot ``slot``. Returns (logits (B, V), cache, key mask)."""

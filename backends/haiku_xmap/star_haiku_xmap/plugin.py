@@ -103,7 +103,9 @@ class HaikuXmapBackend:
     (``distributed.py``; default: one per core, ``use_every_core``). ``generation``: "continuous" (default: a slot whose row
     has ended takes the next prompt, ``continuous.py``) or "static" (length-sorted
     batches, each until its last row ends); ``generation_chunk``: decode steps
-    between the host's stop-string checks and refills. ``train_checkpoint_steps`` /
+    between the host's stop-string checks and refills; ``share_prefix``: the
+    tokens every prompt of a generation call starts with (a few-shot prompt) are
+    prefilled once (continuous generation; ``continuous.shared_prefix``). ``train_checkpoint_steps`` /
     ``train_checkpoint_minutes``: how often a fine-tuning stage snapshots its whole
     training state so that a killed run resumes mid-stage (``resume.py``; 0 = off;
     default: every 10 minutes, 30 for models of 1B parameters or more)."""
@@ -118,8 +120,8 @@ class HaikuXmapBackend:
                  seq_len: int | None = None, zero: int = 0, opt_state_dtype: str = "float32",
                  master_dtype: str = "float32", grad_accum_dtype: str = "float32", remat: bool = False,
                  distributed: Mapping[str, Any] | str | None = None, cpu_devices: int | None = None,
-                 generation: str = "continuous", generation_chunk: int = 16, train_checkpoint_steps: int = 0,
-                 train_checkpoint_minutes: float | None = None) -> None:
+                 generation: str = "continuous", generation_chunk: int = 16, share_prefix: bool = True,
+                 train_checkpoint_steps: int = 0, train_checkpoint_minutes: float | None = None) -> None:
         from . import distributed as dist
         from . import resume
 
@@ -128,7 +130,9 @@ class HaikuXmapBackend:
         if isinstance(generation_chunk, bool) or not isinstance(generation_chunk, int) or not \
                 1 <= generation_chunk <= 4096:
             raise UserError(f"model.generation_chunk: must be an int in [1, 4096], got {generation_chunk!r}")
-        self.generation, self.generation_chunk = generation, generation_chunk
+        if not isinstance(share_prefix, bool):
+            raise UserError(f"model.share_prefix: must be true or false, got {share_prefix!r}")
+        self.generation, self.generation_chunk, self.share_prefix = generation, generation_chunk, share_prefix
         resume.check_options(train_checkpoint_steps,
                              0 if train_checkpoint_minutes is None else train_checkpoint_minutes)
         self.train_checkpoint_steps, self._train_checkpoint_minutes = train_checkpoint_steps, train_checkpoint_minutes
@@ -407,7 +411,8 @@ class HaikuXmapBackend:
         # Continuous batching checks the stop strings after each chunk of decode steps and frees the slot.
         stop = (lambda i, ids: _cut_at_stop(tok.decode(ids), stops) != tok.decode(ids)) if stops else None
         if self.generation == "continuous":
-            run = functools.partial(continuous.generate, chunk=self.generation_chunk, stop=stop)
+            run = functools.partial(continuous.generate, chunk=self.generation_chunk, stop=stop,
+                                    share_prefix=self.share_prefix)
         else:  # the static path: length-sorted batches, each until its last row ends
             run = functools.partial(sample.generate_batches, max_new_tokens=spec.max_new_tokens)
         out = run(params, prompts, [r.seed for r in requests], [spec.max_new_tokens] * len(requests),

@@ -93,7 +93,7 @@ def test_workload_benchmark_prints_every_ratio_of_both_mixes():
     """star_workload.py end to end on a few requests of both mixes (one layer, a
     small vocabulary; no HF peer): one JSON line with each side's useful tokens/s
     and the ratios between this engine's sides."""
-    args = ["--addition-requests", "6", "--cqa-requests", "3", "--cqa-prompt", "24", "--cqa-vocab", "256",
+    args = ["--addition-requests", "6", "--cqa-requests", "3", "--cqa-prompt", "120", "--cqa-vocab", "256",
             "--train-steps", "1", "--rounds", "1", "--layers", "1", "--cpu-devices", "2"]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     proc = subprocess.run([sys.executable, str(WORKLOAD), *args], capture_output=True, text=True, timeout=600, env=env)
@@ -111,6 +111,9 @@ def test_workload_benchmark_prints_every_ratio_of_both_mixes():
         assert result[f"{mix}_train_engine_packed_over_engine_padded_cpu"] > 0
         assert result[f"{mix}_engine_stats"]["decode_steps"] > 0
         assert f"{mix}_gen_engine_over_hf_static" not in result  # only with --peer
+    # The cqa prompts share a 73-token prefix: prefilled once (64 tokens), and measured against not sharing it.
+    assert result["cqa_engine_stats"]["prefix_tokens"] == 64 and result["addition_engine_stats"]["prefix_tokens"] == 0
+    assert result["cqa_gen_engine_over_engine_no_prefix"] > 0 and "addition_gen_engine_no_prefix_tokens_per_s" not in result
     assert result["addition_gen_useful_tokens"] == sum(_workload_module().addition_mix(_Args(6))["budgets"])
 
 

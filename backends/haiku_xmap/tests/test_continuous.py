@@ -132,6 +132,52 @@ def test_k_samples_of_a_prompt_share_one_prefill(params):
     assert len({tuple(t) for t in out[:3]}) > 1
 
 
+def _prefixed(shared=70, own=(1, 12, 3, 7, 9, 2, 5, 11, 4, 6), budget=12):
+    """Prompts that start with the same ``shared`` tokens (a few-shot prompt), then
+    1-12 tokens of their own; two repeat a prompt (k samples)."""
+    rng = np.random.default_rng(3)
+    head = list(map(int, rng.integers(1, 64, shared)))
+    prompts = [head + list(map(int, rng.integers(1, 64, n))) for n in own]
+    prompts[4] = prompts[3]
+    budgets = [min(budget, CFG.n_ctx - len(p)) for p in prompts]
+    return prompts, list(range(200, 200 + len(prompts))), budgets
+
+
+def test_shared_prefix_length():
+    head = list(range(1, 101))
+    assert continuous.shared_prefix([head + [7], head + [8, 9]]) == 96  # 100 shared, cut to 32s
+    assert continuous.shared_prefix([head[:70] + [7], head[:70] + [8]]) == 64
+    assert continuous.shared_prefix([head[:63] + [7], head[:63] + [8]]) == 0  # under the minimum
+    assert continuous.shared_prefix([head + [7]]) == 0  # one prompt: nothing to share
+    # Each prompt keeps one token of its own (its first logits): a prompt that is all prefix caps it.
+    assert continuous.shared_prefix([head[:65], head[:65] + [1]]) == 64
+    assert continuous.shared_prefix([head[:64], head[:64] + [1]]) == 0
+    assert continuous.shared_prefix([head + [7], head + [8]], grain=10, minimum=10) == 100
+
+
+def test_prefill_after_a_prefix_equals_a_whole_prefill(params):
+    prompts, _, _ = _prefixed()
+    tokens, mask = sample.left_pad(prompts, PAD)
+    whole, _, _ = model.prefill(params, tokens, mask, CFG, tokens.shape[1])
+    kv = continuous._prefix_cache(params, prompts[0][:64], CFG, None)
+    own, own_mask = sample.left_pad([p[64:] for p in prompts], PAD)
+    after, _ = model.prefill_after(params, kv, own, own_mask, CFG)
+    np.testing.assert_allclose(np.asarray(after), np.asarray(whole), atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("temperature, top_p", [(0.0, 1.0), (1.0, 0.8)])
+def test_a_shared_prefix_is_prefilled_once_and_changes_no_token(params, temperature, top_p):
+    requests = _prefixed()
+    shared, alone = {}, {}
+    a = _run(continuous.generate, params, temperature, top_p, requests=requests, chunk=4, stats=shared)
+    b = _run(continuous.generate, params, temperature, top_p, requests=requests, chunk=4, stats=alone,
+             share_prefix=False)
+    assert a == b
+    assert shared["prefix_tokens"] == 64 and alone["prefix_tokens"] == 0
+    # The same tokens whatever the slots and batch mates (the prefix is the call's, not the batch's).
+    assert _run(continuous.generate, params, temperature, top_p, requests=requests, slots=2, chunk=5, refill=1) == a
+
+
 def test_bad_requests_are_rejected(params):
     with pytest.raises(ValueError, match="request 1"):
         continuous.generate(params, [[1], []], [0, 1], [2, 2], config=CFG, temperature=0.0, top_p=1.0, eos_id=EOS,
@@ -160,16 +206,18 @@ params = t.model.init_params(t.CFG, 0)
 params["lm_head"]["w"] = params["lm_head"]["w"] * 4
 params["lm_head"]["b"] = params["lm_head"]["b"].at[t.EOS].set(2.5)
 cpu0 = jax.devices()[0]
-settings = [(0.0, 1.0), (1.0, 0.8)]
-# Prompts of 2-16 tokens (one prefill bucket: fewer compiles), budgets of 1-28.
-requests = t._requests([2, 16, 1, 9, 5, 13, 4, 16, 11, 3, 8, 6, 15, 7])
-ref = [t._run(continuous.generate, jax.device_put(params, cpu0), *s, requests=requests) for s in settings]
+# Prompts of 2-16 tokens (one prefill bucket: fewer compiles), budgets of 1-28; then
+# prompts sharing a 64-token prefix (prefilled once).
+settings = [(0.0, 1.0, t._requests([2, 16, 1, 9, 5, 13, 4, 16, 11, 3, 8, 6, 15, 7])),
+            (1.0, 0.8, t._requests([2, 16, 1, 9, 5, 13, 4, 16, 11, 3, 8, 6, 15, 7])),
+            (1.0, 0.8, t._prefixed())]
+ref = [t._run(continuous.generate, jax.device_put(params, cpu0), T, p, requests=r) for T, p, r in settings]
 out = {}
 for dp, mp in [(1, 8), (2, 4), (8, 1)]:
     mesh = sharding.make_mesh({"dp": dp, "mp": mp})
     p = sharding.shard_tree(params, mesh)
-    out[f"{dp}x{mp}"] = [t._run(continuous.generate, p, *s, mesh=mesh, slots=8, chunk=4, requests=requests) == r
-                         for s, r in zip(settings, ref)]
+    out[f"{dp}x{mp}"] = [t._run(continuous.generate, p, T, tp, mesh=mesh, slots=8, chunk=4, requests=r) == want
+                         for (T, tp, r), want in zip(settings, ref)]
 print("RESULT " + json.dumps(out))
 """
 
@@ -180,4 +228,4 @@ def test_sharded_equals_unsharded_on_8_devices():
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))[len("RESULT "):])
-    assert result == {m: [True, True] for m in ("1x8", "2x4", "8x1")}, result
+    assert result == {m: [True, True, True] for m in ("1x8", "2x4", "8x1")}, result

@@ -59,7 +59,8 @@ def test_bad_options_name_the_option(tmp_path):
              (dict(cpu_devices=0), "model.cpu_devices"), (dict(cpu_devices=True), "model.cpu_devices"),
              (dict(cpu_devices="2"), "model.cpu_devices"), (dict(generation="dynamic"), "model.generation"),
              (dict(generation_chunk=0), "model.generation_chunk"),
-             (dict(generation_chunk=2.5), "model.generation_chunk")]
+             (dict(generation_chunk=2.5), "model.generation_chunk"),
+             (dict(share_prefix="yes"), "model.share_prefix")]
     for options, name in cases:
         with pytest.raises(UserError, match=name):
             plugin.HaikuXmapBackend(**{**SMALL, **options})
