@@ -26,6 +26,10 @@ count's problems, so that the tiny spaces (100 one-digit problems) keep half of
 theirs for training and the seed set: 1-5 digits allow up to 250 dev questions."""
 
 
+MAX_SEED_REPEAT = 1000
+"""Bound on ``seed_repeats`` (the base training set is held in memory)."""
+
+
 def _int(name: str, value: Any, lo: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < lo:
         raise UserError(f"{name}: must be an integer >= {lo}, got {value!r}")
@@ -45,6 +49,10 @@ class AdditionTask:
       model (``min_digits``..``seed_max_digits`` digits, spread evenly, disjoint from dev);
     - ``seed_counts``: instead of those two, how many seed problems of each digit
       count from ``min_digits`` up (``[80, 400, 400, 20]``: a few long ones);
+    - ``seed_repeats``: how many times each seed problem of a digit count (from
+      ``min_digits`` up) appears in the base training set (``[20, 1]``: the 1-digit
+      scratchpad, of which only 50 problems exist outside dev, seen 20 times as often);
+      counts past the list's end repeat once;
     - ``seed_hint_fraction``: the share of those also given with the hint line,
       so that a model trained from scratch learns to read a hint (what a
       few-shot hint prompt does for a large model);
@@ -60,7 +68,8 @@ class AdditionTask:
     def __init__(self, *, seed: int = 0, n_train: int = 2000, n_dev: int = 250, min_digits: int = 1,
                  max_digits: int = 5, heldout_digits: list[int] | None = None, n_heldout: int = 500,
                  n_seed: int = 100, seed_max_digits: int = 2, seed_hint_fraction: float = 0.5,
-                 n_shots: int = 0, seed_counts: list[int] | None = None, scratchpad: str = "nye") -> None:
+                 n_shots: int = 0, seed_counts: list[int] | None = None, seed_repeats: list[int] | None = None,
+                 scratchpad: str = "nye") -> None:
         if scratchpad not in formats.STYLES:
             raise UserError(f"scratchpad: must be one of {', '.join(map(repr, formats.STYLES))}, got {scratchpad!r}")
         self.style = scratchpad
@@ -84,6 +93,13 @@ class AdditionTask:
                                 f"{self.min_digits}..{self.max_digits}), got {seed_counts!r}")
             self.seed_counts = [_int("seed_counts", k, 0) for k in seed_counts]
             n_seed, seed_max_digits = sum(self.seed_counts), self.min_digits + len(self.seed_counts) - 1
+        span = self.max_digits - self.min_digits + 1
+        if seed_repeats is not None and (not isinstance(seed_repeats, list) or not 1 <= len(seed_repeats) <= span):
+            raise UserError(f"seed_repeats: must be a list of 1 to {span} repeat counts (digit counts "
+                            f"{self.min_digits}..{self.max_digits}), got {seed_repeats!r}")
+        self.seed_repeats = [_int("seed_repeats", k, 1) for k in seed_repeats or []]
+        if self.seed_repeats and max(self.seed_repeats) > MAX_SEED_REPEAT:
+            raise UserError(f"seed_repeats: at most {MAX_SEED_REPEAT} repeats, got {max(self.seed_repeats)}")
         self.n_seed = _int("n_seed", n_seed, 0)
         self.seed_max_digits = _int("seed_max_digits", seed_max_digits, self.min_digits)
         if self.seed_max_digits > self.max_digits:
@@ -182,11 +198,15 @@ class AdditionTask:
 
     def seed_examples(self) -> list[TrainExample]:
         seed = self._problems["seed"]
-        out = [TrainExample(formats.context(a, b), self._worked(a, b)) for a, b in seed]
         n_hinted = round(self.seed_hint_fraction * len(seed))
-        out += [TrainExample(formats.hinted(formats.context(a, b), str(a + b)), self._worked(a, b))
-                for a, b in seed[:n_hinted]]
-        return out
+        plain = [(p, TrainExample(formats.context(*p), self._worked(*p))) for p in seed]
+        hinted = [(p, TrainExample(formats.hinted(formats.context(*p), str(sum(p))), self._worked(*p)))
+                  for p in seed[:n_hinted]]
+        return [ex for p, ex in plain + hinted for _ in range(self._repeats(p))]
+
+    def _repeats(self, p: Problem) -> int:
+        i = n_digits(p) - self.min_digits
+        return self.seed_repeats[i] if i < len(self.seed_repeats) else 1
 
 
 class TargetHint:

@@ -148,6 +148,17 @@ def test_seed_counts_per_digit_count():
         seed_counts=[10, 30, 0, 5], seed_hint_fraction=0.0).seed_examples()]  # seeded
 
 
+def test_seed_repeats_multiply_a_digit_counts_examples():
+    once = AdditionTask(seed_counts=[10, 30, 5], seed_hint_fraction=0.2).seed_examples()
+    more = AdditionTask(seed_counts=[10, 30, 5], seed_hint_fraction=0.2, seed_repeats=[4, 1]).seed_examples()
+    digits = lambda e: len(verify_scratchpad(e.completion)[0].__str__())
+    count = lambda exs: Counter((digits(e), "Hint:" in e.prompt) for e in exs)
+    want = {k: n * (4 if k[0] == 1 else 1) for k, n in count(once).items()}  # 3 digits: past the list, once
+    assert count(more) == want and sum(count(once)[1, h] for h in (False, True)) > 10  # some 1-digit seeds hinted
+    assert set((e.prompt, e.completion) for e in more) == set((e.prompt, e.completion) for e in once)
+    assert AdditionTask(seed_counts=[10, 30, 5], seed_hint_fraction=0.2, seed_repeats=[1]).seed_examples() == once
+
+
 def test_scratchpad_arithmetic_on_random_problems():
     task = AdditionTask(seed=11, n_train=400, max_digits=8)
     for e in task.load("train", None):
@@ -237,6 +248,10 @@ def test_heldout_split():
     ({"seed_counts": [1, -2]}, "seed_counts: must be an integer >= 0"),
     ({"seed_counts": [99, 10], "n_dev": 10}, "seed_counts: 99 problems of 1 digits is too many"),
     ({"scratchpad": "detailed"}, "scratchpad: must be one of 'nye', 'columns'"),
+    ({"seed_repeats": [1, 1, 1, 1, 1, 1]}, "seed_repeats: must be a list of 1 to 5 repeat counts"),
+    ({"seed_repeats": [0]}, "seed_repeats: must be an integer >= 1"),
+    ({"seed_repeats": 3}, "seed_repeats: must be a list"),
+    ({"seed_repeats": [5000]}, "seed_repeats: at most 1000 repeats"),
 ])
 def test_bad_options(options, message):
     with pytest.raises(UserError, match=message):
