@@ -21,7 +21,6 @@ import time
 import structlog
 
 from .experiment import Experiment
-from .ledger import LEDGER_SCHEMA
 from .metrics import METRICS_SCHEMA, coverage, dev_accuracy, iteration_rows
 from .stages import Stages, derive_seed, it_dir, training_examples
 from .store import RunStore
@@ -40,7 +39,7 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
                t0: float) -> list[dict]:
         if rationales:
             ledger.extend(stages.ledger(n, D, rationales, ledger))
-            store.write_table("questions.parquet", ledger, LEDGER_SCHEMA)
+            stages.save_ledger(ledger)
         rel = f"{it_dir(n)}/metrics.parquet"
         if store.done(rel):
             rows = store.read_rows(rel)

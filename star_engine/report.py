@@ -283,7 +283,8 @@ def sampling_table(rows: Sequence[dict], name: str) -> list[str]:
         d, t = by_it[n].get(split) or {}, by_it[n].get("train") or {}
         out.append(f"| {n} | {pct(d.get('accuracy'))} | {pct(d.get('pass_at_k'))} ({d.get('pass_k') or '–'}) | "
                    f"{pct(d.get('majority'))} | {pct(t.get('pass_at_k'))} ({t.get('pass_k') or '–'}) | "
-                   f"{num(t.get('distinct_correct'))} | {num(t.get('kept_len_mean'))} ± {num(t.get('kept_len_std'))} |")
+                   f"{num(t.get('distinct_correct'))} | "
+                   f"{num(t.get('kept_len_mean'))} ± {num(t.get('kept_len_std'))} |")
     return out
 
 

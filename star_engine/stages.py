@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import structlog
 
 from . import ui
@@ -178,6 +179,13 @@ class Stages:
         rows = ledger_rows(n, questions, rationales, before, self.count_tokens)
         self.store.write_table(rel, rows, LEDGER_SCHEMA)
         return rows
+
+    def save_ledger(self, rows: Sequence[dict]) -> None:
+        """The run's ledger so far, ``questions.parquet``: written when it holds fewer rows (a
+        resumed run replaying finished iterations leaves the whole file alone)."""
+        rel = "questions.parquet"
+        if not self.store.done(rel) or pq.ParquetFile(self.store.root / rel).metadata.num_rows < len(rows):
+            self.store.write_table(rel, list(rows), LEDGER_SCHEMA)
 
     def _stored_prompt(self, context: str, kind: str) -> str:
         return (self.task.prompt(kind) + context) if self.cfg["task"]["few_shot_train"] else context

@@ -66,9 +66,13 @@ def test_cap_and_out(run_dir, tmp_path):
     pairs = [json.loads(line) for line in out.read_text().splitlines()]
     per_q = [p["question_id"] for p in pairs]
     assert pairs and len(per_q) == len(set(per_q))
-    # The earliest pair of each question.
-    assert all(p["chosen_iteration"] == min(q["chosen_iteration"] for q in pairs if q["question_id"] == p["question_id"])
-               for p in pairs)
+    # Each question's pair is its first of the uncapped export (the earliest).
+    assert main(["export", str(run_dir), "--pairs"]) == 0
+    first: dict[str, dict] = {}
+    for line in (run_dir / "pairs.jsonl").read_text().splitlines():
+        p = json.loads(line)
+        first.setdefault(p["question_id"], p)
+    assert pairs == [first[q] for q in per_q] and set(per_q) == set(first)
 
 
 def test_bad_input_is_one_line_exit_2(run_dir, tmp_path, capsys):

@@ -91,7 +91,8 @@ def test_a_sampler_returning_bad_ids_stops_the_run_naming_it(scripted, toy_toml,
     monkeypatch.setitem(__import__("sys").modules, "bad_sampler_plugin", bad_plugin)
     with_samplers(monkeypatch, "bad_sampler_plugin")
     path = toy_toml()
-    path.write_text(path.read_text().replace("chunk_size = 5", SUBSET + f'\nsampler = {{ name = "bad", mode = "{mode}" }}'))
+    sampler = f'\nsampler = {{ name = "bad", mode = "{mode}" }}'
+    path.write_text(path.read_text().replace("chunk_size = 5", SUBSET + sampler))
     assert main(["run", str(path), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "generation.sampler: sampler 'bad'.select must return at most 10 distinct ids" in err
