@@ -112,3 +112,18 @@ def test_the_documented_sampler_works():
     ledger = [{"iteration": 1, "question_id": q.id, "times_solved": int(i % 2 == 0)} for i, q in enumerate(qs)]
     ids = reg.create("sampler", "hardest_first", {}, "generation.sampler").select(2, qs, 5, ledger, 0)
     assert all(latest(ledger)[i]["times_solved"] == 0 for i in ids) and len(ids) == 5
+
+
+def test_plugins_lists_the_hook_and_the_builtins():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STAR_ENGINE_")}
+    res = subprocess.run([sys.executable, "-m", "star_engine", "plugins", "--json"], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    (samplers,) = [p for p in json.loads(res.stdout) if p["name"] == "samplers"]
+    assert samplers["hooks"] == ["register_samplers"] and samplers["error"] is None
+    assert samplers["components"] == {"sampler": ["uniform", "adaptive", "curriculum"]}

@@ -156,3 +156,29 @@ def test_bad_sampling_keys_are_one_line_errors(scripted, toy_toml, capsys, setti
     err = capsys.readouterr().err.strip()
     assert code == 2 and says in err and len(err.splitlines()) == 1, err
     assert not Path(run).exists()
+
+
+def test_report_reads_runs_without_the_new_columns_and_overlays_two_runs(scripted, toy_toml, tmp_path):
+    from star_engine import report
+    from star_engine.metrics import SAMPLING_COLUMNS
+
+    path = toy_toml()
+    path.write_text(path.read_text().replace("chunk_size = 5", "chunk_size = 5\nsamples_per_question = 2\n"
+                                             "temperature = 0.5"))
+    assert main(["run", str(path), "--quiet"]) == 0
+    run = path.parent / "run"
+    old = tmp_path / "old"
+    old.mkdir()
+    table = pq.read_table(run / "metrics.parquet")
+    pq.write_table(table.drop_columns(list(SAMPLING_COLUMNS)), old / "metrics.parquet")  # a run of before
+    rows_old = report.read_metrics(old)
+    assert all(r[c] is None for r in rows_old for c in SAMPLING_COLUMNS)
+    fig = report.figure(report.read_metrics(run), "sampled", rows_old, "old")
+    titles = {ax.get_title(): ax for ax in fig.axes}
+    overlay = titles["overall accuracy and coverage"]
+    labels = [line.get_label() for line in overlay.get_lines()]
+    assert "sampled: dev accuracy" in labels and "old: dev accuracy" in labels  # two curves, one plot
+    explore = titles["exploration and exploitation"]
+    assert any("solved among k" in line.get_label() for line in explore.get_lines())
+    assert main(["report", str(run), "--compare", str(old)]) == 0
+    assert "sampling and exploration" in (run / "report.md").read_text()
