@@ -26,6 +26,8 @@ from .api import Candidate, Example, GenRequest, GenSpec, TrainExample, TrainSpe
 from .errors import PluginError, UserError
 from .experiment import Experiment, prompt_kinds
 from .ledger import LEDGER_SCHEMA, ledger_rows
+from .questions import draw
+from .seeds import coin, derive_seed
 from .store import RunStore, remove
 
 log = structlog.get_logger("star_engine")
@@ -44,24 +46,6 @@ EVAL_SCHEMA = pa.schema([
     ("model_checkpoint", pa.string()), ("prompt_hash", pa.string()),
 ])
 SAMPLED_EVAL_SCHEMA = EVAL_SCHEMA.insert(3, pa.field("sample", pa.int32()))
-
-
-def derive_seed(*parts: Any) -> int:
-    """A 31-bit seed from the parts' text: stable across runs, machines and batching."""
-    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
-
-
-def uniform_subset(questions: Sequence[Example], k: int, seed: int, iteration: int) -> list[str]:
-    """The ids of ``k`` of ``questions`` drawn uniformly without replacement for ``iteration``
-    (the ``k`` smallest seeds; all of them when ``k`` is not smaller)."""
-    if k >= len(questions):
-        return [q.id for q in questions]
-    return [q.id for q in sorted(questions, key=lambda q: derive_seed(seed, iteration, q.id, "subset"))[:k]]
-
-
-def coin(p: float, *parts: Any) -> bool:
-    return derive_seed(*parts) / 0x80000000 < p
 
 
 def prompt_hash(text: str) -> str:
@@ -143,22 +127,10 @@ class Stages:
 
     # -- the train questions of an iteration ----------------------------------------
     def train_questions(self, n: int, ledger: Sequence[dict]) -> list[Example]:
-        """The questions iteration ``n`` draws, in the split's order: ``generation.n_train_samples``
-        of them (0: all), chosen by ``generation.sampler`` from the per-question ``ledger`` of the
-        iterations before, or without a sampler uniformly (``uniform_subset``)."""
-        qs = self.exp.splits["train"]
+        """The questions iteration ``n`` draws (``star_engine.questions``), in the split's order."""
+        qs, sampler = self.exp.splits["train"], self.cfg["generation"]["sampler"]
         k = min(self.cfg["generation"]["n_train_samples"] or len(qs), len(qs))
-        if self.exp.sampler is None:
-            ids = uniform_subset(qs, k, self.seed, n)
-        else:
-            ids = self.exp.sampler.select(n, qs, k, [dict(r) for r in ledger], self.seed)
-            known = {q.id for q in qs}
-            if not isinstance(ids, (list, tuple)) or not all(isinstance(i, str) and i in known for i in ids) \
-                    or len(set(ids)) != len(ids) or len(ids) > k:
-                raise PluginError(f"generation.sampler: sampler '{self.cfg['generation']['sampler']['name']}'.select "
-                                  f"must return at most {k} distinct ids of train questions, got {str(ids)[:200]}")
-        chosen = set(ids)
-        return [q for q in qs if q.id in chosen]
+        return draw(qs, k, self.exp.sampler, sampler.get("name", ""), n, ledger, self.seed)
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens per text: the backend's optional ``count_tokens``, else UTF-8 bytes."""

@@ -23,7 +23,8 @@ from star_engine.ledger import latest
 from star_engine.metrics import natural
 from star_engine.options import require_float, require_str_list
 from star_engine.errors import UserError
-from star_engine.stages import derive_seed, uniform_subset
+from star_engine.questions import uniform_subset
+from star_engine.seeds import derive_seed
 
 
 def _uniform(u: int) -> float:
@@ -33,7 +34,7 @@ def _uniform(u: int) -> float:
 
 class UniformSampler:
     """Every question equally likely, a new draw each iteration: the core's own rule when no
-    sampler is set (``star_engine.stages.uniform_subset``)."""
+    sampler is set (``star_engine.questions.uniform_subset``)."""
 
     def __init__(self) -> None:
         pass
