@@ -118,7 +118,8 @@ def _overlay_panel(ax, runs: Sequence[tuple[Sequence[dict], str]]) -> None:
                      if r["split"] == "train" and r["class"] == "all" and r["coverage"] is not None)
         if cov:
             ax.plot(*zip(*cov), "s--", ms=3, color=color, alpha=0.6, label=_short(f"{name}: train coverage"))
-    ax.set(xlabel="iteration", ylabel="%", title="overall accuracy and coverage", ylim=(0, 100))
+    ax.set(xlabel="iteration", ylabel="%", title="overall accuracy and coverage")
+    ax.set_ylim(0, min(100, ax.get_ylim()[1] * 1.1))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
 
@@ -127,34 +128,49 @@ def _has_exploration(rows: Sequence[dict]) -> bool:
     return any(r["pass_at_k"] is not None or r["kept_len_mean"] is not None for r in rows)
 
 
+def _train_all(rows: Sequence[dict]) -> list[dict]:
+    return sorted((r for r in rows if r["split"] == "train" and r["class"] == "all"), key=lambda r: r["iteration"])
+
+
 def _exploration_panel(ax, runs: Sequence[tuple[Sequence[dict], str]]) -> None:
-    """Exploration: the share of train questions with a correct rationale among k (pass@k),
-    distinct correct rationales per solved question; eval pass@k and majority vote; and
-    exploitation: the kept set's mean length (tokens, +- one standard deviation, right axis)."""
+    """Exploration: the share of train questions with a right rationale among k (train pass@k),
+    eval pass@k and majority vote (left axis, %); distinct right rationales per solved question
+    (right axis)."""
     right = ax.twinx()
     for (rows, name), style in zip(runs, ("-", "--")):
-        train = sorted((r for r in rows if r["split"] == "train" and r["class"] == "all"), key=lambda r: r["iteration"])
         evals = sorted((r for r in rows if r["split"] == _eval_split(rows) and r["class"] == "all"
                         and r["pass_at_k"] is not None), key=lambda r: r["iteration"])
-        for src, col, color, label in ((train, "pass_at_k", "tab:green", "train: solved among k"),
-                                       (train, "distinct_correct", "tab:purple", "distinct correct / solved"),
-                                       (evals, "pass_at_k", "tab:blue", "eval pass@k"),
-                                       (evals, "majority", "tab:cyan", "eval majority vote")):
-            pts = [(r["iteration"], r[col] * (100 if col != "distinct_correct" else 1)) for r in src
-                   if r[col] is not None]
+        for src, col, color, label, axis in (
+                (_train_all(rows), "pass_at_k", "tab:green", "train: solved among k", ax),
+                (evals, "pass_at_k", "tab:blue", "eval pass@k", ax),
+                (evals, "majority", "tab:cyan", "eval majority vote", ax),
+                (_train_all(rows), "distinct_correct", "tab:purple", "distinct right / solved", right)):
+            pts = [(r["iteration"], r[col] * (1 if axis is right else 100)) for r in src if r[col] is not None]
             if pts:
-                ax.plot(*zip(*pts), "o" + style, ms=3, color=color, label=_short(f"{name}: {label}"))
-        lens = [(r["iteration"], r["kept_len_mean"], r["kept_len_std"] or 0.0) for r in train
-                if r["kept_len_mean"] is not None]
-        if lens:
-            right.errorbar([t[0] for t in lens], [t[1] for t in lens], yerr=[t[2] for t in lens], fmt="^" + style,
-                           ms=3, color="tab:brown", capsize=3, alpha=0.7, label=_short(f"{name}: kept length"))
-    ax.set(xlabel="iteration", ylabel="% (distinct: count)", title="exploration and exploitation")
-    right.set_ylabel("kept rationale length (tokens)")
+                axis.plot(*zip(*pts), "o" + style, ms=3, color=color, label=_short(f"{name}: {label}"))
+    ax.set(xlabel="iteration", ylabel="%", title="exploration")
+    right.set_ylabel("distinct right rationales per solved question")
+    right.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     handles = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
     if handles:
         ax.legend(handles=handles, fontsize=6)
+
+
+def _exploitation_panel(ax, runs: Sequence[tuple[Sequence[dict], str]]) -> None:
+    """Exploitation: the kept set's mean length per iteration, +- one standard deviation."""
+    for (rows, name), color in zip(runs, ("tab:brown", "tab:gray")):
+        pts = [(r["iteration"], r["kept_len_mean"], r["kept_len_std"] or 0.0) for r in _train_all(rows)
+               if r["kept_len_mean"] is not None]
+        if pts:
+            x, m, sd = zip(*pts)
+            ax.plot(x, m, "o-", ms=3, color=color, label=_short(f"{name}: mean"))
+            ax.fill_between(x, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)], color=color,
+                            alpha=0.2, label=_short(f"{name}: ± 1 sd"))
+    ax.set(xlabel="iteration", ylabel="tokens", title="exploitation: kept rationale length")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
 
 
 def figure(rows: Sequence[dict], name: str, other: Sequence[dict] | None, other_name: str) -> plt.Figure:
@@ -164,7 +180,7 @@ def figure(rows: Sequence[dict], name: str, other: Sequence[dict] | None, other_
     runs = [(rows, name)] + ([(other, other_name)] if other is not None else [])
     classes = sorted({c for r, _ in runs for c in _classes(r, _eval_split(r))}, key=natural)[:MAX_CLASSES]
     explore = any(_has_exploration(r) for r, _ in runs)
-    n_panels = len(runs) + 1 + (other is not None) + explore
+    n_panels = len(runs) + 1 + (other is not None) + 2 * explore
     ncols = min(3, n_panels)
     fig, grid = plt.subplots(-(-n_panels // ncols), ncols, figsize=(6 * ncols, 4.8 * -(-n_panels // ncols)),
                              squeeze=False)
@@ -192,7 +208,8 @@ def figure(rows: Sequence[dict], name: str, other: Sequence[dict] | None, other_
     if other is not None:
         _overlay_panel(axes[len(runs) + 1], runs)
     if explore:
-        _exploration_panel(axes[-1], runs)
+        _exploration_panel(axes[-2], runs)
+        _exploitation_panel(axes[-1], runs)
     for a in axes:
         a.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()

@@ -178,7 +178,8 @@ def test_report_reads_runs_without_the_new_columns_and_overlays_two_runs(scripte
     overlay = titles["overall accuracy and coverage"]
     labels = [line.get_label() for line in overlay.get_lines()]
     assert "sampled: dev accuracy" in labels and "old: dev accuracy" in labels  # two curves, one plot
-    explore = titles["exploration and exploitation"]
+    explore = titles["exploration"]
     assert any("solved among k" in line.get_label() for line in explore.get_lines())
+    assert any("mean" in line.get_label() for line in titles["exploitation: kept rationale length"].get_lines())
     assert main(["report", str(run), "--compare", str(old)]) == 0
     assert "sampling and exploration" in (run / "report.md").read_text()
