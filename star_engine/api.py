@@ -214,6 +214,18 @@ class StepSchedule(Protocol):
         """Optimizer steps for STaR iteration ``iteration`` (1-based)."""
 
 
+class QuestionSampler(Protocol):
+    """Which train questions a STaR iteration draws (``generation.sampler``)."""
+
+    def select(self, iteration: int, questions: Sequence[Example], n: int,
+               ledger: Sequence[Mapping[str, Any]], seed: int) -> list[str]:
+        """The ids of at most ``n`` distinct questions of ``questions`` (the train split, in
+        its order) for STaR iteration ``iteration`` (1-based). ``ledger`` holds the rows of
+        ``questions.parquet`` of the iterations before (``star_engine.ledger.LEDGER_SCHEMA``);
+        ``seed`` is the experiment's. Must be deterministic: the same arguments, the same ids
+        (a resumed run asks again). The order of the ids does not matter."""
+
+
 class Backend(Protocol):
     """A model family. Checkpoints are directories the backend writes atomically.
 
@@ -255,6 +267,11 @@ class Backend(Protocol):
 
     def describe(self) -> Mapping[str, Any]:
         """JSON-serialisable description (config, tokenizer) for the run manifest."""
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Optional. The number of tokens of each text in the backend's tokenizer (the
+        per-question ledger's ``tokens``, the kept set's lengths); without it the core
+        counts UTF-8 bytes."""
 
 
 ComponentFactory = Callable[..., Any]

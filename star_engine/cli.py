@@ -32,6 +32,12 @@ def _parser(commands: dict | None = None) -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="write report.png and report.md for a run directory")
     rep.add_argument("run_dir", type=Path)
     rep.add_argument("--compare", type=Path, default=None, help="a second run directory to overlay")
+    exp = sub.add_parser("export", help="write a run's rationales in a training format (--pairs)")
+    exp.add_argument("run_dir", type=Path)
+    exp.add_argument("--pairs", action="store_true",
+                     help="(question, correct rationale, wrong rationale) triples as JSON Lines (docs/ledger.md)")
+    exp.add_argument("--out", type=Path, default=None, help="output file (default RUN_DIR/pairs.jsonl)")
+    exp.add_argument("--max-pairs-per-question", type=int, default=0, metavar="N", help="0 = all")
     for name, command in (commands or {}).items():  # subcommands contributed by plugins
         command.add_arguments(sub.add_parser(name, help=command.help))
     return p
@@ -100,7 +106,21 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-BUILTIN = {"run": cmd_run, "validate": cmd_validate, "plugins": cmd_plugins, "report": cmd_report}
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import export_pairs
+
+    if not args.pairs:
+        raise UserError("export: say what to export: --pairs")
+    if not args.run_dir.is_dir():
+        raise UserError(f"{args.run_dir}: no such run directory")
+    out = args.out or args.run_dir / "pairs.jsonl"
+    n = export_pairs(args.run_dir, out, args.max_pairs_per_question)
+    print(f"wrote {n} pairs to {out}")
+    return 0
+
+
+BUILTIN = {"run": cmd_run, "validate": cmd_validate, "plugins": cmd_plugins, "report": cmd_report,
+           "export": cmd_export}
 
 
 def _plugin_commands() -> dict:

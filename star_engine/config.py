@@ -87,6 +87,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "batch_size": _f("int", 8, 1),
         "samples_per_question": _f("int", 1, 1),
         "n_train_samples": _f("int", 0, 0),
+        "sampler": F("component", ""),
         "chunk_size": _f("int", 256, 1),
     },
     "rationalization": {
@@ -120,6 +121,9 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "max_new_tokens": _f("int", 0, 0),
         "temperature": _f("float", 0.0, 0),
         "top_p": _f("float", 1.0, 0, 1, lo_open=True),
+        "samples_per_question": _f("int", 0, 0),
+        "sample_temperature": _f("float", 0.0, 0),
+        "pass_k": _f("int", 0, 0),
     },
     "model": FREE,
 }
@@ -333,6 +337,9 @@ def load_experiment(path: Path, overrides: list[str] | None = None, limit: int |
         task[key] = _resolve_paths(normalize_component(task[key]), base, f"task.{key}", src) if task[key] else {}
     sched = normalize_component(cfg["training"]["schedule"])
     cfg["training"]["schedule"] = _resolve_paths(sched, base, "training.schedule", src)
+    sampler = cfg["generation"]["sampler"]  # "": n_train_samples drawn uniformly, no plugin needed
+    cfg["generation"]["sampler"] = (_resolve_paths(normalize_component(sampler), base, "generation.sampler", src)
+                                    if sampler else {})
     if "backend" not in cfg["model"] or not isinstance(cfg["model"]["backend"], str):
         raise UserError(f"{src('model.backend')}: missing required key 'model.backend' (a backend name)")
     cfg["model"] = _resolve_paths(cfg["model"], base, "model", src)
@@ -343,4 +350,24 @@ def load_experiment(path: Path, overrides: list[str] | None = None, limit: int |
     cfg["experiment"]["output_dir"] = out
     if not cfg["evaluation"]["splits"]:
         raise UserError(f"{src('evaluation.splits')}: evaluation.splits: needs at least one split")
+    _resolve_sampled_evaluation(cfg, src)
     return cfg
+
+
+def _resolve_sampled_evaluation(cfg: dict[str, Any], src: Callable[[str], str]) -> None:
+    """The sampled evaluation (pass@k, majority vote) resolved in place: ``samples_per_question``
+    0 follows ``[generation]`` (its samples when it samples at a temperature, else 1: greedy only),
+    ``sample_temperature`` 0 is the generation's, ``pass_k`` 0 is ``samples_per_question``."""
+    ev, g = cfg["evaluation"], cfg["generation"]
+    if ev["samples_per_question"] == 0:
+        ev["samples_per_question"] = g["samples_per_question"] if g["temperature"] > 0 else 1
+    n = ev["samples_per_question"]
+    if ev["sample_temperature"] == 0:
+        ev["sample_temperature"] = g["temperature"]
+    if n > 1 and ev["sample_temperature"] == 0:
+        raise UserError(f"{src('evaluation.sample_temperature')}: evaluation.sample_temperature: must be > 0 "
+                        f"when evaluation.samples_per_question is {n} (and generation.temperature is 0)")
+    if ev["pass_k"] > n:
+        raise UserError(f"{src('evaluation.pass_k')}: evaluation.pass_k: {ev['pass_k']} is more than "
+                        f"evaluation.samples_per_question ({n})")
+    ev["pass_k"] = ev["pass_k"] or n

@@ -28,6 +28,7 @@ class Experiment:
     hint: Any
     filters: list[tuple[str, Any]]
     schedule: Any
+    sampler: Any
     backend: Any
     splits: dict[str, list[Example]]
 
@@ -53,6 +54,8 @@ def build(cfg: dict[str, Any], registry: Registry, load_data: bool = True) -> Ex
                for i, f in enumerate(t["filters"])]
     sched = cfg["training"]["schedule"]
     schedule = registry.create("schedule", sched["name"], _options(sched), "training.schedule")
+    samp = cfg["generation"]["sampler"]
+    sampler = registry.create("sampler", samp["name"], _options(samp), "generation.sampler") if samp else None
     model = cfg["model"]
     backend_options = {k: v for k, v in model.items() if k != "backend"}
     backend = registry.create("backend", model["backend"], backend_options, "model")
@@ -62,7 +65,7 @@ def build(cfg: dict[str, Any], registry: Registry, load_data: bool = True) -> Ex
     task.prompt(plain)
     if hint is not None:
         task.prompt(hinted)
-    exp = Experiment(cfg, registry, task, checker, checker_ref["name"], hint, filters, schedule, backend, {})
+    exp = Experiment(cfg, registry, task, checker, checker_ref["name"], hint, filters, schedule, sampler, backend, {})
     if load_data:
         exp.splits = load_splits(cfg, task)
     return exp

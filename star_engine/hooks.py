@@ -84,6 +84,19 @@ def register_schedules(register) -> None:
 
 
 @hookspec
+def register_samplers(register) -> None:
+    """Register question samplers (which train questions each STaR iteration draws).
+
+    Args:
+        register: ``register(name, factory)``; ``factory(**options)`` returns a
+            :class:`star_engine.api.QuestionSampler`. ``options`` come from the
+            ``generation.sampler`` table.
+    Returns: nothing.
+    Called: once, when the registry is built.
+    """
+
+
+@hookspec
 def register_backends(register) -> None:
     """Register model backends.
 

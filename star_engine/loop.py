@@ -2,6 +2,7 @@
 
     M0 <- base model (optionally trained from the task's seed examples)
     for n in 1..N:
+        x_i        <- the questions a sampler draws (uniform; or from the per-question ledger)
         r_i, y_i   <- M_{n-1}(few-shot prompt + x_i)            rationale generation
         r'_i, y'_i <- M_{n-1}(hint prompt + hint(x_i, y_i))      rationalization, for wrong i
         D_n <- {(x_i, r_i, y_i) | y_i = y} + {(x_i, r'_i, y) | y'_i = y}    filtered, hint-free x_i
@@ -32,14 +33,20 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
     N, rat, tr, ev = (cfg["experiment"]["iterations"], cfg["rationalization"], cfg["training"],
                       cfg["evaluation"])
     all_rows: list[dict] = []
+    ledger: list[dict] = []  # the per-question ledger so far (questions.parquet)
 
-    def record(n: int, rationales: list[dict], train: dict, evals: dict, solved: set[str], t0: float) -> list[dict]:
+    def record(n: int, D: list, rationales: list[dict], train: dict, evals: tuple[dict, dict], solved: set[str],
+               t0: float) -> list[dict]:
+        if rationales:
+            ledger.extend(stages.ledger(n, D, rationales, ledger))
+            stages.save_ledger(ledger)
         rel = f"{it_dir(n)}/metrics.parquet"
         if store.done(rel):
             rows = store.read_rows(rel)
         else:
-            rows = iteration_rows(n, rationales, evals, train, coverage(solved, exp.splits["train"]),
-                                  time.perf_counter() - t0)
+            rows = iteration_rows(n, rationales, evals[0], train, coverage(solved, exp.splits["train"]),
+                                  time.perf_counter() - t0, evals[1], ev["pass_k"],
+                                  stages.count_tokens([r["rationale"] for r in rationales]))
             store.write_table(rel, rows, METRICS_SCHEMA)
         all_rows.extend(rows)
         store.write_table("metrics.parquet", all_rows, METRICS_SCHEMA)
@@ -54,15 +61,14 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
     if ev["at_start"]:
         t0 = time.perf_counter()
         exp.registry.notify("on_iteration_start", run_dir=store.root, iteration=0)
-        evals = {s: stages.evaluate(0, M0, s) for s in ev["splits"]}
-        record(0, [], {}, evals, set(), t0)
+        record(0, [], [], {}, stages.evaluate_all(0, M0), set(), t0)
 
     solved: set[str] = set()  # train questions answered correctly without a hint, so far
     best, stale = -math.inf, 0
     for n in range(1, N + 1):
         t0 = time.perf_counter()
         exp.registry.notify("on_iteration_start", run_dir=store.root, iteration=n)
-        D = stages.train_questions(n)
+        D = stages.train_questions(n, ledger)                                 # question sampler
         if tr["source"] == "gold":
             rationales = stages.gold(n, D)
         else:
@@ -78,8 +84,8 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
         M, train = stages.fine_tune(it_dir(n), init, kept, steps, tr, derive_seed(cfg["experiment"]["seed"], n,
                                                                                    "train"))
         due = n % ev["every"] == 0 or n == N
-        evals = {s: stages.evaluate(n, M, s) for s in ev["splits"]} if due else {}   # evaluate
-        rows = record(n, rationales, train, evals, solved, t0)
+        evals = stages.evaluate_all(n, M) if due else ({}, {})               # evaluate
+        rows = record(n, D, rationales, train, evals, solved, t0)
 
         acc = dev_accuracy(rows, ev["splits"][0])
         patience = cfg["experiment"]["early_stop_patience"]

@@ -36,6 +36,7 @@ KINDS = {  # kind -> the register_* hook that fills it
     "hint": "register_hint_formatters",
     "filter": "register_filters",
     "schedule": "register_schedules",
+    "sampler": "register_samplers",
     "backend": "register_backends",
     "command": "register_commands",
 }

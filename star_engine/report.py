@@ -17,7 +17,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from .errors import IntegrityError, UserError  # noqa: E402
-from .metrics import METRICS_SCHEMA, natural  # noqa: E402
+from .metrics import METRICS_SCHEMA, SAMPLING_COLUMNS, natural  # noqa: E402
 from .store import atomic_write_bytes, read_json_file  # noqa: E402
 
 
@@ -25,7 +25,8 @@ MAX_ROWS = 1_000_000
 MAX_CLASSES = 24  # plotted per run (the Markdown table has them all)
 MAX_BYTES = 1 << 30  # uncompressed, as the file's footer declares it
 _REQUIRED = ("iteration", "split", "class")  # never null
-_NUMBERS = ("accuracy", "coverage", "train_loss", "wall_seconds")  # null or finite
+_NUMBERS = ("accuracy", "coverage", "train_loss", "wall_seconds", "pass_at_k", "pass_at_1", "majority",
+            "distinct_correct", "kept_len_mean", "kept_len_std")  # null or finite
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -47,8 +48,10 @@ def read_metrics(run_dir: Path) -> list[dict]:
                       f"{MAX_BYTES} bytes")
         table = pq.read_table(path)
         missing = [f.name for f in METRICS_SCHEMA if f.name not in table.column_names]
-        if missing:
+        if [m for m in missing if m not in SAMPLING_COLUMNS]:
             raise bad(f"missing columns: {', '.join(missing)}")
+        for m in missing:  # a run of a version before these columns
+            table = table.append_column(METRICS_SCHEMA.field(m), pa.nulls(len(table), METRICS_SCHEMA.field(m).type))
         rows = table.select(METRICS_SCHEMA.names).cast(METRICS_SCHEMA).to_pylist()
     except IntegrityError:
         raise
@@ -106,15 +109,88 @@ def _accuracy_panel(ax, rows: Sequence[dict], name: str, classes: Sequence[str])
         ax.legend(fontsize=7, ncol=2, title="class", title_fontsize=7)
 
 
+def _overlay_panel(ax, runs: Sequence[tuple[Sequence[dict], str]]) -> None:
+    """Every run's overall eval accuracy (solid) and train coverage (dashed) on one axes."""
+    for (rows, name), color in zip(runs, ("black", "tab:red")):
+        x, y = _series(rows, _eval_split(rows), "all")
+        ax.plot(x, y, "o-", lw=2, color=color, label=_short(f"{name}: {_eval_split(rows)} accuracy"))
+        cov = sorted((r["iteration"], 100 * r["coverage"]) for r in rows
+                     if r["split"] == "train" and r["class"] == "all" and r["coverage"] is not None)
+        if cov:
+            ax.plot(*zip(*cov), "s--", ms=3, color=color, alpha=0.6, label=_short(f"{name}: train coverage"))
+    ax.set(xlabel="iteration", ylabel="%", title="overall accuracy and coverage")
+    ax.set_ylim(0, min(100, ax.get_ylim()[1] * 1.1))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _has_exploration(rows: Sequence[dict]) -> bool:
+    return any(r["pass_at_k"] is not None or r["kept_len_mean"] is not None for r in rows)
+
+
+def _train_all(rows: Sequence[dict]) -> list[dict]:
+    return sorted((r for r in rows if r["split"] == "train" and r["class"] == "all"), key=lambda r: r["iteration"])
+
+
+def _exploration_panel(ax, runs: Sequence[tuple[Sequence[dict], str]]) -> None:
+    """Exploration: the share of train questions with a right rationale among k (train pass@k),
+    eval pass@k and majority vote (left axis, %); distinct right rationales per solved question
+    (right axis)."""
+    right = ax.twinx()
+    for (rows, name), style in zip(runs, ("-", "--")):
+        evals = sorted((r for r in rows if r["split"] == _eval_split(rows) and r["class"] == "all"
+                        and r["pass_at_k"] is not None), key=lambda r: r["iteration"])
+        for src, col, color, label, axis in (
+                (_train_all(rows), "pass_at_k", "tab:green", "train: solved among k", ax),
+                (evals, "pass_at_k", "tab:blue", "eval pass@k", ax),
+                (evals, "majority", "tab:cyan", "eval majority vote", ax),
+                (_train_all(rows), "distinct_correct", "tab:purple", "distinct right / solved", right)):
+            pts = [(r["iteration"], r[col] * (1 if axis is right else 100)) for r in src if r[col] is not None]
+            if pts:
+                axis.plot(*zip(*pts), "o" + style, ms=3, color=color, label=_short(f"{name}: {label}"))
+    ax.set(xlabel="iteration", ylabel="%", title="exploration")
+    right.set_ylabel("distinct right rationales per solved question")
+    right.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    handles = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
+    if handles:
+        ax.legend(handles=handles, fontsize=6)
+
+
+def _exploitation_panel(ax, runs: Sequence[tuple[Sequence[dict], str]]) -> None:
+    """Exploitation: the kept set's mean length per iteration, +- one standard deviation."""
+    for (rows, name), color in zip(runs, ("tab:brown", "tab:gray")):
+        pts = [(r["iteration"], r["kept_len_mean"], r["kept_len_std"] or 0.0) for r in _train_all(rows)
+               if r["kept_len_mean"] is not None]
+        if pts:
+            x, m, sd = zip(*pts)
+            ax.plot(x, m, "o-", ms=3, color=color, label=_short(f"{name}: mean"))
+            ax.fill_between(x, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)], color=color,
+                            alpha=0.2, label=_short(f"{name}: ± 1 sd"))
+    ax.set(xlabel="iteration", ylabel="tokens", title="exploitation: kept rationale length")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+
+
 def figure(rows: Sequence[dict], name: str, other: Sequence[dict] | None, other_name: str) -> plt.Figure:
     """Accuracy per iteration and class of the run (and of ``other``, in its own panel
-    on the same axes), then the fine-tuning set per iteration of both."""
+    on the same axes), then the fine-tuning set per iteration of both; with ``other`` both
+    runs' overall accuracy in one panel; exploration metrics when the runs have them."""
     runs = [(rows, name)] + ([(other, other_name)] if other is not None else [])
     classes = sorted({c for r, _ in runs for c in _classes(r, _eval_split(r))}, key=natural)[:MAX_CLASSES]
-    fig, axes = plt.subplots(1, len(runs) + 1, figsize=(6 * (len(runs) + 1), 4.8))
+    explore = any(_has_exploration(r) for r, _ in runs)
+    n_panels = len(runs) + 1 + (other is not None) + 2 * explore
+    ncols = min(3, n_panels)
+    fig, grid = plt.subplots(-(-n_panels // ncols), ncols, figsize=(6 * ncols, 4.8 * -(-n_panels // ncols)),
+                             squeeze=False)
+    axes = list(grid.flat)
+    for extra in axes[n_panels:]:
+        extra.remove()
+    axes = axes[:n_panels]
     for ax, (r, n) in zip(axes, runs):
         _accuracy_panel(ax, r, n, classes)
-    ax = axes[-1]
+    ax = axes[len(runs)]
     width = 0.8 / (len(runs) + 1)
     bars = [(f"{name}: kept", [(t[0], t[1]) for t in _train_counts(rows)], "tab:blue", None),
             (f"{name}: rationalized (correct with hint)", [(t[0], t[2]) for t in _train_counts(rows)], "tab:orange",
@@ -126,11 +202,16 @@ def figure(rows: Sequence[dict], name: str, other: Sequence[dict] | None, other_
             ax.bar([i + (j - (len(bars) - 1) / 2) * width for i, _ in pts], [v for _, v in pts], width=width,
                    color=color, hatch=hatch, alpha=0.85 if hatch is None else 0.5, label=_short(label))
     ax.set(xlabel="iteration", ylabel="examples", title="fine-tuning set per iteration")
-    for a in axes:
-        a.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
+    if other is not None:
+        _overlay_panel(axes[len(runs) + 1], runs)
+    if explore:
+        _exploration_panel(axes[-2], runs)
+        _exploitation_panel(axes[-1], runs)
+    for a in axes:
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     return fig
 
@@ -200,6 +281,30 @@ def reading(rows: Sequence[dict], name: str, other: Sequence[dict] | None, other
     return " ".join(words)
 
 
+def sampling_table(rows: Sequence[dict], name: str) -> list[str]:
+    """Markdown: pass@k and majority vote of the sampled evaluation, and the exploration
+    metrics of rationale generation, per iteration (nothing when the run has none)."""
+    if not _has_exploration(rows):
+        return []
+    split = _eval_split(rows)
+    pct = lambda v: "–" if v is None else f"{100 * v:.1f}"  # noqa: E731
+    num = lambda v: "–" if v is None else f"{v:.2f}"  # noqa: E731
+    by_it: dict[int, dict[str, dict]] = {}
+    for r in rows:
+        if r["class"] == "all":
+            by_it.setdefault(r["iteration"], {})[r["split"]] = r
+    out = ["", f"{name}, sampling and exploration (k: samples per question; lengths in tokens):", "",
+           f"| iteration | {split} greedy | {split} pass@k (k) | {split} majority | train solved among k (k) | "
+           "distinct correct / solved | kept length mean ± std |", "| ---: |" + " ---: |" * 6]
+    for n in sorted(by_it):
+        d, t = by_it[n].get(split) or {}, by_it[n].get("train") or {}
+        out.append(f"| {n} | {pct(d.get('accuracy'))} | {pct(d.get('pass_at_k'))} ({d.get('pass_k') or '–'}) | "
+                   f"{pct(d.get('majority'))} | {pct(t.get('pass_at_k'))} ({t.get('pass_k') or '–'}) | "
+                   f"{num(t.get('distinct_correct'))} | "
+                   f"{num(t.get('kept_len_mean'))} ± {num(t.get('kept_len_std'))} |")
+    return out
+
+
 def markdown(rows: Sequence[dict], name: str, other: Sequence[dict] | None, other_name: str) -> str:
     split = _eval_split(rows)
     lines = [f"# STaR run: {name}", "", "![accuracy](report.png)", "", reading(rows, name, other, other_name), "",
@@ -215,7 +320,7 @@ def markdown(rows: Sequence[dict], name: str, other: Sequence[dict] | None, othe
         lines.append(f"| {n} | {fmt(d and d['accuracy'])} | {fmt(t and t['accuracy'])} | "
                      f"{t['rationalized'] if t else '–'} | {t['kept'] if t else '–'} | "
                      f"{(t or d or {}).get('train_steps', '–')} | {fmt(t and t['coverage'])} |")
-    lines += ["", *class_table(rows, name)]
+    lines += ["", *class_table(rows, name), *sampling_table(rows, name)]
     if other is not None:
         xa, ya = _series(rows, split, "all")
         xb, yb = _series(other, _eval_split(other), "all")

@@ -30,7 +30,7 @@ from .store import TMP_PREFIX, read_json_file, read_manifest
 LOCK = ".lock"
 CONFIG_MAX = 64 << 20
 FILES = ("experiment.toml", "config.json", "manifest.json", "requirements.txt", "events.jsonl", "metrics.parquet",
-         "report.png", "report.md", LOCK)
+         "questions.parquet", "pairs.jsonl", "report.png", "report.md", LOCK)
 FOLDERS = ("base", "iterations")
 # Keys that may change when a run is resumed: they extend or observe it, they do not change its results.
 RESUMABLE_CHANGES = {"experiment.iterations", "experiment.early_stop_patience", "experiment.output_dir"}

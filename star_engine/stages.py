@@ -18,12 +18,16 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import structlog
 
 from . import ui
 from .api import Candidate, Example, GenRequest, GenSpec, TrainExample, TrainSpec, Verdict
 from .errors import PluginError, UserError
 from .experiment import Experiment, prompt_kinds
+from .ledger import LEDGER_SCHEMA, ledger_rows
+from .questions import draw
+from .seeds import coin, derive_seed
 from .store import RunStore, remove
 
 log = structlog.get_logger("star_engine")
@@ -41,16 +45,7 @@ EVAL_SCHEMA = pa.schema([
     ("generation", pa.string()), ("predicted", pa.string()), ("gold", pa.string()), ("correct", pa.bool_()),
     ("model_checkpoint", pa.string()), ("prompt_hash", pa.string()),
 ])
-
-
-def derive_seed(*parts: Any) -> int:
-    """A 31-bit seed from the parts' text: stable across runs, machines and batching."""
-    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
-
-
-def coin(p: float, *parts: Any) -> bool:
-    return derive_seed(*parts) / 0x80000000 < p
+SAMPLED_EVAL_SCHEMA = EVAL_SCHEMA.insert(3, pa.field("sample", pa.int32()))
 
 
 def prompt_hash(text: str) -> str:
@@ -131,13 +126,38 @@ class Stages:
         remove(self.store.root / chunk_dir, chunk_dir)
 
     # -- the train questions of an iteration ----------------------------------------
-    def train_questions(self, n: int) -> list[Example]:
-        qs = self.exp.splits["train"]
-        k = self.cfg["generation"]["n_train_samples"]
-        if k and k < len(qs):
-            order = sorted(range(len(qs)), key=lambda i: derive_seed(self.seed, n, qs[i].id, "subset"))
-            qs = [qs[i] for i in sorted(order[:k])]
-        return qs
+    def train_questions(self, n: int, ledger: Sequence[dict]) -> list[Example]:
+        """The questions iteration ``n`` draws (``star_engine.questions``), in the split's order."""
+        qs, sampler = self.exp.splits["train"], self.cfg["generation"]["sampler"]
+        k = min(self.cfg["generation"]["n_train_samples"] or len(qs), len(qs))
+        return draw(qs, k, self.exp.sampler, sampler.get("name", ""), n, ledger, self.seed)
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Tokens per text: the backend's optional ``count_tokens``, else UTF-8 bytes."""
+        count = getattr(self.backend, "count_tokens", None)
+        if count is None:
+            return [len(t.encode("utf-8")) for t in texts]
+        out = list(count(list(texts)))
+        if len(out) != len(texts) or not all(isinstance(x, int) and x >= 0 for x in out):
+            raise PluginError(f"model: backend count_tokens returned {len(out)} values for {len(texts)} texts")
+        return out
+
+    def ledger(self, n: int, questions: Sequence[Example], rationales: Sequence[dict],
+               before: Sequence[dict]) -> list[dict]:
+        """Iteration ``n``'s rows of the per-question ledger (``star_engine.ledger``)."""
+        rel = f"{it_dir(n)}/questions.parquet"
+        if self.store.done(rel):
+            return self.store.read_rows(rel)
+        rows = ledger_rows(n, questions, rationales, before, self.count_tokens)
+        self.store.write_table(rel, rows, LEDGER_SCHEMA)
+        return rows
+
+    def save_ledger(self, rows: Sequence[dict]) -> None:
+        """The run's ledger so far, ``questions.parquet``: written when it holds fewer rows (a
+        resumed run replaying finished iterations leaves the whole file alone)."""
+        rel = "questions.parquet"
+        if not self.store.done(rel) or pq.ParquetFile(self.store.root / rel).metadata.num_rows < len(rows):
+            self.store.write_table(rel, list(rows), LEDGER_SCHEMA)
 
     def _stored_prompt(self, context: str, kind: str) -> str:
         return (self.task.prompt(kind) + context) if self.cfg["task"]["few_shot_train"] else context
@@ -294,25 +314,51 @@ class Stages:
 
     # -- 5. evaluation ------------------------------------------------------------------
     def evaluate(self, n: int, model: str, split: str) -> list[dict]:
-        rel = f"{it_dir(n)}/eval_{split}.parquet"
+        """The greedy (``[evaluation]``) answers to every question of ``split``."""
+        return self._evaluate(n, model, split, 0, self.eval_spec)
+
+    def evaluate_sampled(self, n: int, model: str, split: str) -> list[dict]:
+        """``evaluation.samples_per_question`` answers per question of ``split``, sampled at
+        ``evaluation.sample_temperature`` (pass@k and majority vote)."""
+        ev = self.cfg["evaluation"]
+        spec = GenSpec(self.eval_spec.max_new_tokens, ev["sample_temperature"], self.cfg["generation"]["top_p"],
+                       self.stop, self.eval_spec.batch_size)
+        return self._evaluate(n, model, split, ev["samples_per_question"], spec)
+
+    def _evaluate(self, n: int, model: str, split: str, k: int, spec: GenSpec) -> list[dict]:
+        """``k`` sampled answers per question (``eval_<split>_samples.parquet``, a ``sample``
+        column), or with ``k`` 0 the one greedy answer (``eval_<split>.parquet``)."""
+        name = f"eval_{split}_samples" if k else f"eval_{split}"
+        rel = f"{it_dir(n)}/{name}.parquet"
         if self.store.done(rel):
-            return self._stored(rel, f"{it_dir(n)}/eval_{split}")
+            return self._stored(rel, f"{it_dir(n)}/{name}")
         t0, examples = time.perf_counter(), self.exp.splits[split]
         # no_prompt drops the few-shot prompt once the model has been fine-tuned (as the original).
         prefix = "" if (self.cfg["evaluation"]["no_prompt"] and n > 0) else self.task.prompt(self.kind)
-        prompts = [prefix + self.task.context(ex) for ex in examples]
-        seeds = [derive_seed(self.seed, n, ex.id, split, "evaluate") for ex in examples]
-        texts = self._generate(f"{it_dir(n)}/eval_{split}", prompts, seeds, self.eval_spec, model,
-                               f"iter {n}: evaluate {split}")
+        items = [(ex, s) for ex in examples for s in range(k or 1)]
+        prompts = [prefix + self.task.context(ex) for ex, _ in items]
+        seeds = [derive_seed(self.seed, n, ex.id, split, s, "evaluate_sample") if k else
+                 derive_seed(self.seed, n, ex.id, split, "evaluate") for ex, s in items]
+        texts = self._generate(f"{it_dir(n)}/{name}", prompts, seeds, spec, model,
+                               f"iter {n}: evaluate {split}{' (sampled)' if k else ''}")
         mid = self.checkpoint_id(model)
         rows = []
-        for ex, text, full in zip(examples, texts, prompts):
+        for (ex, s), text, full in zip(items, texts, prompts):
             text, v = self._judge(text, ex.answer)
             rows.append({"question_id": ex.id, "class": ex.cls, "iteration": n, "split": split,
+                         **({"sample": s} if k else {}),
                          "generation": text, "predicted": v.predicted, "gold": ex.answer,
                          "correct": bool(v.correct), "model_checkpoint": mid, "prompt_hash": prompt_hash(full)})
         self._timed("evaluate", t0)
-        return self._finish(rel, rows, EVAL_SCHEMA, f"{it_dir(n)}/eval_{split}")
+        return self._finish(rel, rows, SAMPLED_EVAL_SCHEMA if k else EVAL_SCHEMA, f"{it_dir(n)}/{name}")
+
+    def evaluate_all(self, n: int, model: str) -> tuple[dict[str, list[dict]], dict[str, list[dict]]]:
+        """Every evaluation split, greedy, and sampled when ``evaluation.samples_per_question`` > 1."""
+        splits = self.cfg["evaluation"]["splits"]
+        greedy = {s: self.evaluate(n, model, s) for s in splits}
+        sampled = ({s: self.evaluate_sampled(n, model, s) for s in splits}
+                   if self.cfg["evaluation"]["samples_per_question"] > 1 else {})
+        return greedy, sampled
 
 
 @contextlib.contextmanager

@@ -62,3 +62,10 @@ def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) 
                           env=env or scripted_env(), cwd=cwd, timeout=300)
 
 
+
+
+def scripted_plugin_examples(split: str = "train"):
+    """The toy task's questions of ``split`` as a run of TOY_TOML loads them."""
+    from scripted_plugin import ToyTask
+
+    return ToyTask().load(split, None)

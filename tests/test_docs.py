@@ -25,7 +25,7 @@ from star_engine import hooks
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "plugins.md"
-PROTOCOLS = ("Task", "Checker", "HintFormatter", "RationaleFilter", "StepSchedule", "Backend")
+PROTOCOLS = ("Task", "Checker", "HintFormatter", "RationaleFilter", "StepSchedule", "QuestionSampler", "Backend")
 
 
 def hook_signatures(module: types.ModuleType) -> dict[str, str]:

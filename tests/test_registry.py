@@ -147,6 +147,7 @@ BUILTINS = {
     "checker": {"exact", "mc_letter", "numeric", "regex"},
     "filter": {"hint_leak", "dedup", "length_cap"},
     "schedule": {"epochs", "steady_grow", "exponential_grow"},
+    "sampler": {"uniform", "adaptive", "curriculum"},
     "backend": {"haiku_xmap"},
 }
 

@@ -459,6 +459,10 @@ class HaikuXmapBackend:
 
         validate_run(self, generation, training)
 
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Tokens of each text in this backend's tokenizer (the run's per-question ledger)."""
+        return [len(self.tokenizer.encode(t)) for t in texts]
+
     def describe(self) -> Mapping[str, Any]:
         from .config import param_count
 

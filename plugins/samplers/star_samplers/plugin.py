@@ -1,0 +1,19 @@
+"""Hook implementation: registers the question samplers."""
+
+from __future__ import annotations
+
+from star_engine import hookimpl
+
+from .samplers import AdaptiveSampler, CurriculumSampler, UniformSampler
+
+SAMPLERS = {
+    "uniform": UniformSampler,
+    "adaptive": AdaptiveSampler,
+    "curriculum": CurriculumSampler,
+}
+
+
+@hookimpl
+def register_samplers(register):
+    for name, factory in SAMPLERS.items():
+        register(name, factory)

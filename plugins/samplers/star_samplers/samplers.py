@@ -1,0 +1,123 @@
+"""Question samplers: which train questions STaR iteration ``n`` draws (``generation.sampler``).
+
+Each class is a factory whose keyword-only ``__init__`` parameters are its TOML options;
+``select(iteration, questions, n, ledger, seed)`` returns the ids of at most ``n`` questions.
+Every random choice comes from ``derive_seed(seed, iteration, question id, purpose)``, so a
+choice depends neither on the split's order nor on where a run was interrupted.
+
+- ``uniform``: ``n`` questions drawn uniformly without replacement (what
+  ``generation.n_train_samples`` has always drawn).
+- ``adaptive``: the idea of AdaSTaR (2025): questions solved rarely, or long ago, are
+  drawn first. Weighted sampling without replacement (Efraimidis and Spirakis 2006).
+- ``curriculum``: classes in order (e.g. digit counts); the next class opens when every
+  class before it was solved at least ``threshold`` of the time the last time it was drawn.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+from star_engine.api import Example
+from star_engine.ledger import latest
+from star_engine.metrics import natural
+from star_engine.options import require_float, require_str_list
+from star_engine.errors import UserError
+from star_engine.questions import uniform_subset
+from star_engine.seeds import derive_seed
+
+
+def _uniform(u: int) -> float:
+    """A 31-bit seed as a number in (0, 1)."""
+    return (u + 0.5) / 0x80000000
+
+
+class UniformSampler:
+    """Every question equally likely, a new draw each iteration: the core's own rule when no
+    sampler is set (``star_engine.questions.uniform_subset``)."""
+
+    def __init__(self) -> None:
+        pass
+
+    def select(self, iteration: int, questions: Sequence[Example], n: int, ledger: Sequence[Mapping[str, Any]],
+               seed: int) -> list[str]:
+        return uniform_subset(questions, n, seed, iteration)
+
+
+class AdaptiveSampler:
+    """A question's weight is ``floor + (1 - floor) * age / (1 + times_solved) ** power``:
+    ``times_solved`` counts the iterations it was solved without a hint in (ledger), ``age`` is
+    1 for a question never solved (drawn or not) and ``(iteration - last_solved) / iteration``
+    for one solved before. ``floor`` keeps every question drawable; ``power`` 0 ignores how
+    often a question was solved. ``n`` questions are drawn without replacement, each with
+    a chance in proportion to its weight (Efraimidis-Spirakis keys ``u ** (1 / weight)``)."""
+
+    def __init__(self, *, floor: float = 0.1, power: float = 1.0) -> None:
+        self.floor = require_float("floor", floor)
+        if not 0 < self.floor <= 1:
+            raise UserError(f"floor: must be in (0, 1], got {floor!r}")
+        self.power = require_float("power", power)
+
+    def weight(self, iteration: int, history: Mapping[str, Any] | None) -> float:
+        solved = (history or {}).get("times_solved") or 0
+        last = (history or {}).get("last_solved")
+        age = 1.0 if last is None else (iteration - last) / iteration
+        return self.floor + (1 - self.floor) * age / (1 + solved) ** self.power
+
+    def select(self, iteration: int, questions: Sequence[Example], n: int, ledger: Sequence[Mapping[str, Any]],
+               seed: int) -> list[str]:
+        if n >= len(questions):
+            return [q.id for q in questions]
+        history = latest(ledger)
+
+        def key(q: Example) -> float:  # log(u) / w: the largest n keys are the draw
+            return math.log(_uniform(derive_seed(seed, iteration, q.id, "adaptive"))) / \
+                self.weight(iteration, history.get(q.id))
+
+        return [q.id for q in sorted(questions, key=key, reverse=True)[:n]]
+
+
+class CurriculumSampler:
+    """Classes in ``order`` (default: the split's classes, numbers in numeric order; classes not
+    listed follow in that order). The first class is open; each next one opens when every
+    class before it reached ``threshold``: the share of its questions solved without a hint,
+    in the latest iteration that drew it (a class never drawn has 0). ``n`` questions are
+    drawn uniformly from the open classes (fewer when they hold fewer)."""
+
+    def __init__(self, *, order: list[str] | None = None, threshold: float = 0.5) -> None:
+        self.order = require_str_list("order", [] if order is None else order)
+        self.threshold = require_float("threshold", threshold)
+        if self.threshold > 1:
+            raise UserError(f"threshold: must be in [0, 1], got {threshold!r}")
+
+    def classes(self, questions: Sequence[Example]) -> list[str]:
+        present = {q.cls for q in questions}
+        listed = [c for c in dict.fromkeys(self.order) if c in present]
+        return listed + sorted(present - set(listed), key=natural)
+
+    @staticmethod
+    def accuracy(ledger: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+        """Per class: the share solved without a hint in the latest iteration that drew it."""
+        last: dict[str, int] = {}
+        for r in ledger:
+            last[r["class"]] = max(last.get(r["class"], 0), r["iteration"])
+        tally: dict[str, list[int]] = {c: [0, 0] for c in last}
+        for r in ledger:
+            if r["iteration"] == last[r["class"]]:
+                tally[r["class"]][0] += bool(r["solved"])
+                tally[r["class"]][1] += 1
+        return {c: s / t for c, (s, t) in tally.items()}
+
+    def open_classes(self, questions: Sequence[Example], ledger: Sequence[Mapping[str, Any]]) -> list[str]:
+        acc = self.accuracy(ledger)
+        out = []
+        for c in self.classes(questions):
+            out.append(c)
+            if acc.get(c, 0.0) < self.threshold:
+                break
+        return out
+
+    def select(self, iteration: int, questions: Sequence[Example], n: int, ledger: Sequence[Mapping[str, Any]],
+               seed: int) -> list[str]:
+        open_ = set(self.open_classes(questions, ledger))
+        return uniform_subset([q for q in questions if q.cls in open_], n, seed, iteration)
