@@ -52,8 +52,8 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
         store.write_table("metrics.parquet", all_rows, METRICS_SCHEMA)
         exp.registry.notify("on_iteration_end", run_dir=store.root, iteration=n, metrics=rows,
                             losses=train.get("losses", []))
-        log.info("iteration_done", iteration=n, **{f"{r['split']}_accuracy": round(r["accuracy"], 4)
-                                                   for r in rows if r["class"] == "all"})
+        log.info("iteration_done", iteration=n, stage_seconds=stages.pop_timings(),
+                 **{f"{r['split']}_accuracy": round(r["accuracy"], 4) for r in rows if r["class"] == "all"})
         return rows
 
     M0 = stages.base_model()

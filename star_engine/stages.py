@@ -88,6 +88,13 @@ class Stages:
     def _timed(self, name: str, start: float) -> None:
         self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
 
+    def pop_timings(self) -> dict[str, float]:
+        """Seconds spent in each stage (generate, rationalize, train, evaluate) since the
+        last call, rounded to 0.01 s; stages replayed from stored files take ~0."""
+        out = {k: round(v, 2) for k, v in self.timings.items()}
+        self.timings.clear()
+        return out
+
     # -- generation in stored chunks ----------------------------------------------
     def _generate(self, rel_dir: str, prompts: Sequence[str], seeds: Sequence[int], spec: GenSpec,
                   model: str, what: str) -> list[str]:

@@ -246,6 +246,16 @@ def test_early_stop_on_dev_plateau(scripted, toy_toml):
     assert "early_stop" in (run / "events.jsonl").read_text()
 
 
+def test_iteration_events_give_each_stages_seconds(scripted, toy_toml):
+    run = _run(toy_toml(), "experiment.iterations=2")
+    done = [json.loads(l) for l in (run / "events.jsonl").read_text().splitlines() if '"iteration_done"' in l]
+    assert [e["iteration"] for e in done] == [0, 1, 2]
+    assert set(done[0]["stage_seconds"]) == {"evaluate"}  # the evaluation before iteration 1
+    for e in done[1:]:
+        assert set(e["stage_seconds"]) >= {"generate", "train", "evaluate"}
+        assert all(v >= 0 for v in e["stage_seconds"].values())
+
+
 def test_evaluation_samples_with_its_own_temperature_and_top_p(scripted, toy_toml, monkeypatch):
     import scripted_plugin
 
