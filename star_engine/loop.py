@@ -10,7 +10,9 @@
         evaluate M_n on dev
 
 Each call below is a stage of :mod:`star_engine.stages`: it returns its stored
-result when it already ran, so rerunning this function resumes a run.
+result when it already ran, so rerunning this function resumes a run. In the code,
+``D`` holds the drawn questions x_i, ``kept`` is D_n, and ``M`` / ``M0`` name
+checkpoints in the run directory (what the backend loads), not models in memory.
 """
 
 from __future__ import annotations

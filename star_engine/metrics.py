@@ -154,10 +154,3 @@ def dev_accuracy(rows: Sequence[dict], split: str) -> float | None:
         if r["split"] == split and r["class"] == "all":
             return r["accuracy"]
     return None
-
-
-def group_by_iteration(rows: Sequence[dict]) -> dict[int, list[dict]]:
-    out: dict[int, list[dict]] = defaultdict(list)
-    for r in rows:
-        out[r["iteration"]].append(r)
-    return out

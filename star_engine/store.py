@@ -168,8 +168,6 @@ def check_manifest(m: Any, path: Path) -> dict:
     for rel, rec in m["checkpoints"].items():
         if not _relpath(rel):
             raise bad(f"checkpoints[{rel!r}]: not a path inside the run directory")
-        if isinstance(rec, str):  # recorded by an older version: the id only
-            continue
         if (not isinstance(rec, dict) or not isinstance(rec.get("id"), str) or not isinstance(rec.get("files"), dict)
                 or not all((n == "." or _relpath(n)) and _file_record(f) for n, f in rec["files"].items())):
             raise bad(f"checkpoints[{rel!r}]: expected an id and the sha256 and bytes of its files")
@@ -273,8 +271,6 @@ class RunStore:
         path = self.root / rel
         if rec is None or not path.exists():
             return False
-        if isinstance(rec, str):  # recorded by an older version: the id only
-            rec = {"id": rec, "files": {}}
         damaged = []
         for name, want in sorted(rec["files"].items()):
             f = path if name == "." else path / name

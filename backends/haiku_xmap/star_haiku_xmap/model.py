@@ -319,19 +319,6 @@ def init_cache(config: GPTJConfig, batch: int, max_len: int) -> KVCache:
     return KVCache(zeros, zeros)
 
 
-@functools.partial(jax.jit, static_argnames="config")
-def forward_cached(params: Params, tokens_BT: jax.Array, config: GPTJConfig, cache: KVCache,
-                   start, positions_BT: jax.Array, key_mask_BS: jax.Array) -> tuple[jax.Array, KVCache]:
-    """Run T new tokens that occupy cache slots [start, start + T).
-
-    Prefill is ``start=0`` with the whole (left-padded) prompt; a decode step is
-    T == 1 at ``start = current length``. ``key_mask_BS`` (B, S) marks slots holding
-    real tokens (it must already include the new ones). Returns fp32 logits (B, T, V)
-    and the cache with the new keys/values written.
-    """
-    return _gptj(params, config, jnp.asarray(tokens_BT, jnp.int32), positions_BT, key_mask_BS, cache, start)
-
-
 @functools.partial(jax.jit, static_argnames=("config", "max_len"))
 def prefill(params: Params, tokens_BT: jax.Array, mask_BT: jax.Array, config: GPTJConfig,
             max_len: int) -> tuple[jax.Array, KVCache, jax.Array]:
