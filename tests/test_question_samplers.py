@@ -126,4 +126,4 @@ def test_plugins_lists_the_hook_and_the_builtins():
     assert res.returncode == 0, res.stderr
     (samplers,) = [p for p in json.loads(res.stdout) if p["name"] == "samplers"]
     assert samplers["hooks"] == ["register_samplers"] and samplers["error"] is None
-    assert samplers["components"] == {"sampler": ["uniform", "adaptive", "curriculum"]}
+    assert samplers["components"] == {"sampler": ["uniform", "adaptive", "curriculum", "stratified"]}

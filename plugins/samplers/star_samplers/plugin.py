@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from star_engine import hookimpl
 
-from .samplers import AdaptiveSampler, CurriculumSampler, UniformSampler
+from .samplers import AdaptiveSampler, CurriculumSampler, StratifiedSampler, UniformSampler
 
 SAMPLERS = {
     "uniform": UniformSampler,
     "adaptive": AdaptiveSampler,
     "curriculum": CurriculumSampler,
+    "stratified": StratifiedSampler,
 }
 
 

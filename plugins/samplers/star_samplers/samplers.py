@@ -11,6 +11,8 @@ choice depends neither on the split's order nor on where a run was interrupted.
   drawn first. Weighted sampling without replacement (Efraimidis and Spirakis 2006).
 - ``curriculum``: classes in order (e.g. digit counts); the next class opens when every
   class before it was solved at least ``threshold`` of the time the last time it was drawn.
+- ``stratified``: every class (e.g. digit count) gets an equal share of the ``n`` draws; a
+  class holding fewer questions gives all of them and its remainder to the others.
 """
 
 from __future__ import annotations
@@ -121,3 +123,35 @@ class CurriculumSampler:
                seed: int) -> list[str]:
         open_ = set(self.open_classes(questions, ledger))
         return uniform_subset([q for q in questions if q.cls in open_], n, seed, iteration)
+
+
+class StratifiedSampler:
+    """Equal shares per class, drawn uniformly within each class. A class holding fewer questions
+    than its share gives all of them, and what it could not take is spread over the larger
+    classes (so ``n`` questions are drawn whenever the split holds ``n``). Shares are filled from
+    the smallest class up; ties in size go in ``natural`` order of the class names. Use it when
+    the train split's classes are unbalanced (100 one-digit addition problems against thousands
+    of every longer count) and every class should stay in the fine-tuning set."""
+
+    def __init__(self) -> None:
+        pass
+
+    @staticmethod
+    def shares(sizes: Mapping[str, int], n: int) -> dict[str, int]:
+        """How many questions each class gives: at most its size, equal otherwise (shares of
+        the classes that can give them differ by at most one), ``min(n, total)`` in all."""
+        order = sorted(sizes, key=lambda c: (sizes[c], natural(c)))
+        out, left = {}, min(n, sum(sizes.values()))
+        for i, c in enumerate(order):
+            share = -(-left // (len(order) - i))  # ceil: what is left over the classes not yet served
+            out[c] = min(share, sizes[c])
+            left -= out[c]
+        return out
+
+    def select(self, iteration: int, questions: Sequence[Example], n: int, ledger: Sequence[Mapping[str, Any]],
+               seed: int) -> list[str]:
+        by_class: dict[str, list[Example]] = {}
+        for q in questions:
+            by_class.setdefault(q.cls, []).append(q)
+        shares = self.shares({c: len(qs) for c, qs in by_class.items()}, n)
+        return [i for c, qs in by_class.items() for i in uniform_subset(qs, shares[c], seed, iteration)]

@@ -18,7 +18,8 @@ from star_engine.errors import UserError
 from star_engine.registry import Registry
 from star_engine.stages import derive_seed
 from star_samplers import plugin
-from star_samplers.samplers import AdaptiveSampler, CurriculumSampler, UniformSampler
+from hypothesis import given, strategies as st
+from star_samplers.samplers import AdaptiveSampler, CurriculumSampler, StratifiedSampler, UniformSampler
 
 ROOT = Path(__file__).resolve().parents[1]
 QS = [Example(f"q{i}", f"{i}+1", str(i + 1), str(1 + i % 3)) for i in range(30)]
@@ -36,7 +37,8 @@ def test_registered_through_the_hook():
     pm.check_pending()
     found = {}
     pm.hook.register_samplers(register=lambda name, factory: found.setdefault(name, factory))
-    assert found == {"uniform": UniformSampler, "adaptive": AdaptiveSampler, "curriculum": CurriculumSampler}
+    assert found == {"uniform": UniformSampler, "adaptive": AdaptiveSampler, "curriculum": CurriculumSampler,
+                     "stratified": StratifiedSampler}
 
 
 def test_entry_point_declared():
@@ -154,3 +156,30 @@ def test_weights_are_finite_for_any_history():
     s = AdaptiveSampler(floor=1e-9, power=50.0)
     w = s.weight(1000, row(999, "q", "1", True, 999, 999))
     assert w > 0 and math.isfinite(math.log(0.5) / w)
+
+
+@given(st.dictionaries(st.sampled_from("abcdefg"), st.integers(0, 40), min_size=1), st.integers(0, 200))
+def test_stratified_shares_are_equal_where_the_classes_allow(sizes, n):
+    shares = StratifiedSampler.shares(sizes, n)
+    assert set(shares) == set(sizes)
+    assert sum(shares.values()) == min(n, sum(sizes.values()))
+    assert all(0 <= shares[c] <= sizes[c] for c in sizes)
+    short = [c for c in sizes if shares[c] < sizes[c]]  # classes that could have given more
+    if short:
+        low = min(shares[c] for c in short)
+        assert max(shares[c] for c in short) - low <= 1
+        assert all(shares[c] <= low + 1 for c in sizes)  # nobody got more than a full share
+
+
+def test_stratified_draws_every_class_equally_and_a_small_class_whole():
+    qs = [Example(f"a{i}", "", "", "1") for i in range(5)] + \
+         [Example(f"b{i}", "", "", "2") for i in range(100)] + [Example(f"c{i}", "", "", "3") for i in range(100)]
+    got = StratifiedSampler().select(2, qs, 65, [], 7)
+    assert len(got) == len(set(got)) == 65
+    by = Counter(i[0] for i in got)
+    assert by == {"a": 5, "b": 30, "c": 30}
+    assert sorted(StratifiedSampler().select(2, list(reversed(qs)), 65, [], 7)) == sorted(got)  # order-free
+    assert StratifiedSampler().select(3, qs, 65, [], 7) != got  # a new draw each iteration
+    assert sorted(StratifiedSampler().select(2, qs, 500, [], 7)) == sorted(q.id for q in qs)
+    # The uniform draw would have taken about 65 * 5 / 205 = 1.6 of the small class.
+    assert Counter(i[0] for i in UniformSampler().select(2, qs, 65, [], 7))["a"] < 5
