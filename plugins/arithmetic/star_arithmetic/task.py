@@ -55,7 +55,9 @@ class AdditionTask:
       counts past the list's end repeat once;
     - ``seed_hint_fraction``: the share of those also given with the hint line,
       so that a model trained from scratch learns to read a hint (what a
-      few-shot hint prompt does for a large model);
+      few-shot hint prompt does for a large model); a list gives one share per
+      digit count from ``min_digits`` up (``[0.25, 0.25, 1.0]``: every 3-digit seed
+      also with its hint), counts past the list's end taking its last share;
     - ``n_shots``: worked examples in the few-shot prompts (0: no prompt);
     - ``scratchpad``: ``"nye"`` (the paper's) or ``"columns"`` (each step line also
       writes the column's digits and their sum; ``formats.STYLES``).
@@ -104,10 +106,16 @@ class AdditionTask:
         self.seed_max_digits = _int("seed_max_digits", seed_max_digits, self.min_digits)
         if self.seed_max_digits > self.max_digits:
             raise UserError(f"seed_max_digits: must be <= max_digits ({self.max_digits}), got {seed_max_digits}")
-        if isinstance(seed_hint_fraction, bool) or not isinstance(seed_hint_fraction, (int, float)) \
-                or not 0 <= seed_hint_fraction <= 1:
-            raise UserError(f"seed_hint_fraction: must be a number in [0, 1], got {seed_hint_fraction!r}")
-        self.seed_hint_fraction = float(seed_hint_fraction)
+        fractions = seed_hint_fraction if isinstance(seed_hint_fraction, list) else [seed_hint_fraction]
+        if isinstance(seed_hint_fraction, list) and not 1 <= len(fractions) <= span:
+            raise UserError(f"seed_hint_fraction: a list gives one share per digit count ({self.min_digits}.."
+                            f"{self.max_digits}): 1 to {span} shares, got {seed_hint_fraction!r}")
+        for f in fractions:
+            if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 <= f <= 1:
+                raise UserError(f"seed_hint_fraction: must be a number in [0, 1] or a list of them, "
+                                f"got {seed_hint_fraction!r}")
+        self.seed_hint_fraction = [float(f) for f in fractions] if isinstance(seed_hint_fraction, list) \
+            else float(seed_hint_fraction)
         self.n_shots = _int("n_shots", n_shots, 0)
         if self.n_shots > self.n_seed:
             raise UserError(f"n_shots: the few-shot examples come from the seed set; "
@@ -198,11 +206,28 @@ class AdditionTask:
 
     def seed_examples(self) -> list[TrainExample]:
         seed = self._problems["seed"]
-        n_hinted = round(self.seed_hint_fraction * len(seed))
         plain = [(p, TrainExample(formats.context(*p), self._worked(*p))) for p in seed]
         hinted = [(p, TrainExample(formats.hinted(formats.context(*p), str(sum(p))), self._worked(*p)))
-                  for p in seed[:n_hinted]]
+                  for p in self._hinted_seeds(seed)]
         return [ex for p, ex in plain + hinted for _ in range(self._repeats(p))]
+
+    def _hinted_seeds(self, seed: list[Problem]) -> list[Problem]:
+        """The seed problems also given with their hint: the first ``fraction * len(seed)``
+        of the (shuffled) seed list, or with one share per digit count, the first
+        ``share * count`` of each count's problems in list order."""
+        if not isinstance(self.seed_hint_fraction, list):
+            return seed[:round(self.seed_hint_fraction * len(seed))]
+        shares = self.seed_hint_fraction
+        count: dict[int, int] = {}
+        for p in seed:
+            count[n_digits(p)] = count.get(n_digits(p), 0) + 1
+        quota = {d: round(shares[min(d - self.min_digits, len(shares) - 1)] * k) for d, k in count.items()}
+        out = []
+        for p in seed:
+            if quota[n_digits(p)] > 0:
+                quota[n_digits(p)] -= 1
+                out.append(p)
+        return out
 
     def _repeats(self, p: Problem) -> int:
         i = n_digits(p) - self.min_digits

@@ -159,6 +159,22 @@ def test_seed_repeats_multiply_a_digit_counts_examples():
     assert AdditionTask(seed_counts=[10, 30, 5], seed_hint_fraction=0.2, seed_repeats=[1]).seed_examples() == once
 
 
+def test_seed_hint_fraction_per_digit_count():
+    task = AdditionTask(seed_counts=[10, 30, 20, 8], seed_hint_fraction=[0.5, 0.1, 1.0])
+    digits = lambda e: len(str(verify_scratchpad(e.completion)[0]))
+    count = Counter((digits(e), "Hint:" in e.prompt) for e in task.seed_examples())
+    # 4 digits: past the list's end, the last share (1.0)
+    assert count == {(1, False): 10, (1, True): 5, (2, False): 30, (2, True): 3, (3, False): 20, (3, True): 20,
+                     (4, False): 8, (4, True): 8}
+    seed = task._problems["seed"]
+    hinted = [e.prompt for e in task.seed_examples() if "Hint:" in e.prompt]
+    first = [p for d, k in ((1, 5), (2, 3)) for p in [q for q in seed if len(str(q[0])) == d][:k]]
+    assert {task.context(Example("x", "", "", "", {"a": a, "b": b})) for a, b in first} <= \
+        {h.replace(h[h.index("Hint:"):h.index("Target:")], "") for h in hinted}  # each count's first problems
+    # A one-share list is the scalar share, counted per digit count.
+    assert len(AdditionTask(seed_counts=[10, 30], seed_hint_fraction=[0.2]).seed_examples()) == 10 + 30 + 2 + 6
+
+
 def test_scratchpad_arithmetic_on_random_problems():
     task = AdditionTask(seed=11, n_train=400, max_digits=8)
     for e in task.load("train", None):
@@ -243,6 +259,9 @@ def test_heldout_split():
     ({"max_digits": 0}, "max_digits: must be an integer >= 1"),
     ({"seed_max_digits": 6}, "seed_max_digits: must be <= max_digits"),
     ({"seed_hint_fraction": 1.5}, r"seed_hint_fraction: must be a number in \[0, 1\]"),
+    ({"seed_hint_fraction": [0.5, "x"]}, r"seed_hint_fraction: must be a number in \[0, 1\] or a list"),
+    ({"seed_hint_fraction": [0.1] * 6}, r"seed_hint_fraction: a list gives one share per digit count"),
+    ({"seed_hint_fraction": []}, r"seed_hint_fraction: a list gives one share per digit count"),
     ({"heldout_digits": "6"}, "heldout_digits: must be a list"),
     ({"seed_counts": [1, 2, 3, 4, 5, 6]}, "seed_counts: must be a list of 1 to 5 counts"),
     ({"seed_counts": [1, -2]}, "seed_counts: must be an integer >= 0"),
