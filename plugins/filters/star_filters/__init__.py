@@ -2,9 +2,9 @@
 
 from .checkers import ExactChecker, MCLetterChecker, NumericChecker, RegexChecker
 from .filters import DedupFilter, HintLeakFilter, LengthCapFilter
-from .numbers import format_number, numbers_close, parse_number
+from .numbers import canonical_number, format_number, numbers_close, parse_number
 
 __all__ = [
     "DedupFilter", "ExactChecker", "HintLeakFilter", "LengthCapFilter", "MCLetterChecker",
-    "NumericChecker", "RegexChecker", "format_number", "numbers_close", "parse_number",
+    "NumericChecker", "RegexChecker", "canonical_number", "format_number", "numbers_close", "parse_number",
 ]
