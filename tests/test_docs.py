@@ -290,3 +290,23 @@ def test_which_checker_ran_is_documented_and_recorded():
     for schema in (stages.RATIONALE_SCHEMA, stages.EVAL_SCHEMA, stages.SAMPLED_EVAL_SCHEMA):
         assert "checker" in schema.names
     assert "name the components that run" in section(DOC.read_text(), "`on_run_start`")
+
+
+def test_the_experiment_reference_lists_every_key():
+    from star_engine.config import OPTIMIZER, SCHEMA
+
+    ref = tomllib.loads(code_block_after((REPO / "docs" / "experiments.md").read_text(), "## Every key", "toml"))
+    assert set(ref) == set(SCHEMA)
+    for name, fields in SCHEMA.items():
+        if name != "model":  # the backend's options: its own README
+            assert set(ref[name]) == set(fields), f"docs/experiments.md: [{name}] differs from the schema"
+    assert set(ref["training"]["optimizer"]) == set(OPTIMIZER)
+
+
+def test_readme_keeps_the_set_up_commands_ci_runs():
+    readme = (REPO / "README.md").read_text()
+    block = code_block_after(readme, "## Set-up", "sh")
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    assert commands == ["python3 -m pip install -r requirements.txt", "python3 -m pytest"]
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "python -m pip install -r requirements.txt" in ci and "\npython -m pytest\n" in ci
