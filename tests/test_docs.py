@@ -310,3 +310,18 @@ def test_readme_keeps_the_set_up_commands_ci_runs():
     assert commands == ["python3 -m pip install -r requirements.txt", "python3 -m pytest"]
     ci = (REPO / ".ci" / "run").read_text()
     assert "python -m pip install -r requirements.txt" in ci and "\npython -m pytest\n" in ci
+
+
+def test_contracts_lists_the_built_in_component_names():
+    """docs/CONTRACTS.md's "Component names" against what the built-in packages register
+    (backends left out: a backend package may add model families of its own)."""
+    text = section((REPO / "docs" / "CONTRACTS.md").read_text(), "Component names")
+    listed = {m.group(1): set(re.findall(r"`(\w+)`", m.group(2)))
+              for m in re.finditer(r"^- ([\w ]+): (.*)$", text, re.MULTILINE)}
+    kinds = {"tasks": "task", "hint formatters": "hint", "checkers": "checker", "filters": "filter",
+             "schedules": "schedule", "question samplers": "sampler"}
+    reg = registry.Registry(autoload=True, blocked=set())
+    for label, kind in kinds.items():
+        built_in = {name for name, comp in reg.components[kind].items()
+                    if comp.plugin.distribution.replace("_", "-").startswith("star-engine")}
+        assert listed[label] == built_in, f"docs/CONTRACTS.md lists {label} {sorted(listed[label])}, registered: {sorted(built_in)}"
