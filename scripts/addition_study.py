@@ -135,7 +135,7 @@ def measure(args: argparse.Namespace) -> None:
     if args.hinted and not cfg["rationalization"]["enabled"]:
         raise SystemExit("addition_study: --hinted needs rationalization enabled (the hint formatter)")
     exp = build(cfg, Registry())
-    task, backend = exp.task.unwrapped, exp.backend.unwrapped
+    task, backend = exp.task, exp.backend  # guarded: attributes pass through, a failing method names its plugin
     bt, seed = cfg["base_training"], cfg["experiment"]["seed"]
     steps = args.steps or bt["steps"]
     dev = exp.splits["dev"][: args.dev_limit or None]

@@ -192,7 +192,10 @@ class Task(Protocol):
 
 class Checker(Protocol):
     def check(self, generation: str, extracted: str | None, gold: str) -> Verdict:
-        """Judge one generation; ``extracted`` is the task's extraction."""
+        """Judge one generation; ``extracted`` is the task's extraction (``Task.extract`` of
+        the trimmed ``generation``; None when it found no answer). Extraction is the
+        task's: a checker interprets and compares ``extracted`` with ``gold``, and reads
+        ``generation`` only when its own rule replaces the task's (the ``regex`` checker)."""
 
 
 class HintFormatter(Protocol):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,10 @@ class Experiment:
     sampler: Any
     backend: Any
     splits: dict[str, list[Example]]
+    defaults: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """``{"checker": {"name": ...}, "hint": ...}``: what ``task.checker`` and ``task.hint``
+    resolve to when left empty (the task's defaults); ``rundir.inspect`` reads a run directory
+    written before they were recorded (``config.json`` with ``{}``) through it."""
 
     @property
     def run_dir(self) -> Path:
@@ -42,14 +46,18 @@ def _options(ref: dict[str, Any]) -> dict[str, Any]:
 
 
 def build(cfg: dict[str, Any], registry: Registry, load_data: bool = True) -> Experiment:
+    """The live components of ``cfg``. ``cfg["task"]["checker"]`` (and ``["hint"]``, when the
+    run uses a hint) are resolved in place: left empty, they become the task's defaults
+    (``{"name": task.default_checker}``), so that ``config.json`` names what runs."""
     t = cfg["task"]
     task = registry.create("task", t["dataset"], t["options"], "task.dataset", "task.options")
-    checker_ref = t["checker"] or {"name": task.default_checker}
-    checker = registry.create("checker", checker_ref["name"], _options(checker_ref), "task.checker")
+    defaults = {"checker": {"name": task.default_checker}, "hint": {"name": task.default_hint}}
+    t["checker"] = t["checker"] or dict(defaults["checker"])
+    checker = registry.create("checker", t["checker"]["name"], _options(t["checker"]), "task.checker")
     hint = None
     if cfg["rationalization"]["enabled"] and cfg["training"]["source"] == "generated":
-        hint_ref = t["hint"] or {"name": task.default_hint}
-        hint = registry.create("hint", hint_ref["name"], _options(hint_ref), "task.hint")
+        t["hint"] = t["hint"] or dict(defaults["hint"])
+        hint = registry.create("hint", t["hint"]["name"], _options(t["hint"]), "task.hint")
     filters = [(f["name"], registry.create("filter", f["name"], _options(f), f"task.filters[{i}]"))
                for i, f in enumerate(t["filters"])]
     sched = cfg["training"]["schedule"]
@@ -65,7 +73,8 @@ def build(cfg: dict[str, Any], registry: Registry, load_data: bool = True) -> Ex
     task.prompt(plain)
     if hint is not None:
         task.prompt(hinted)
-    exp = Experiment(cfg, registry, task, checker, checker_ref["name"], hint, filters, schedule, sampler, backend, {})
+    exp = Experiment(cfg, registry, task, checker, t["checker"]["name"], hint, filters, schedule, sampler, backend,
+                     {}, defaults)
     if load_data:
         exp.splits = load_splits(cfg, task)
     return exp

@@ -128,7 +128,10 @@ def on_run_start(run_dir: Path, config: Mapping[str, Any]) -> None:
 
     Args:
         run_dir: the run directory.
-        config: the resolved experiment configuration (plain dicts and lists).
+        config: the resolved experiment configuration (plain dicts and lists), as in
+            ``config.json``: ``task.checker`` and ``task.hint`` name the components that
+            run (the task's defaults when the experiment names none; ``task.hint`` is {}
+            when no hint is used).
     Returns: nothing.
     Called: once per ``star-engine run`` invocation, before any stage.
     """

@@ -287,7 +287,3 @@ class Guarded:
                 raise PluginError(f"{comp.plugin.label}: {comp.kind} '{comp.name}'.{attr} raised "
                                   f"{_short_error(e)}") from e
         return call
-
-    @property
-    def unwrapped(self) -> Any:
-        return self._obj

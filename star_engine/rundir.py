@@ -22,7 +22,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from .errors import UserError
 from .store import TMP_PREFIX, read_json_file, read_manifest
@@ -91,8 +91,10 @@ def _check_usable(root: Path) -> None:
         raise UserError(f"experiment.output_dir: {root} cannot be created: no permission to write in {parent}")
 
 
-def inspect(cfg: dict[str, Any]) -> RunDir:
-    """What the run directory of ``cfg`` holds, refusing what a run must not touch (reads only)."""
+def inspect(cfg: dict[str, Any], defaults: Mapping[str, Any] | None = None) -> RunDir:
+    """What the run directory of ``cfg`` holds, refusing what a run must not touch (reads only).
+    ``defaults`` (``Experiment.defaults``) is what an empty ``task.checker`` / ``task.hint``
+    stood for in a ``config.json`` written before the resolved names were recorded."""
     root = Path(cfg["experiment"]["output_dir"])
     _check_usable(root)
     cfg_file = root / "config.json"
@@ -101,7 +103,7 @@ def inspect(cfg: dict[str, Any]) -> RunDir:
         if not isinstance(old, dict):
             raise UserError(f"{cfg_file}: unreadable config.json (not a JSON object); move the run directory away "
                             f"to start over")
-        changed = [k for k in diff(old, cfg) if k not in RESUMABLE_CHANGES]
+        changed = [k for k in diff(_with_defaults(old, cfg, defaults or {}), cfg) if k not in RESUMABLE_CHANGES]
         if changed:
             shown = ", ".join(changed[:10]) + (f" and {len(changed) - 10} more" if len(changed) > 10 else "")
             raise UserError(f"{root}: holds a run of a different configuration (changed: {shown}); "
@@ -110,6 +112,20 @@ def inspect(cfg: dict[str, Any]) -> RunDir:
     if root.is_dir() and _names(root) and not killed_at_start(root):
         raise UserError(f"{root}: exists and is not a star-engine run directory; choose another experiment.output_dir")
     return RunDir(root, False, None)
+
+
+def _with_defaults(old: dict[str, Any], cfg: dict[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """``old`` with an empty ``task.checker`` / ``task.hint`` (a run directory written before
+    config.json named the task's defaults) read as the default it stood for, where the new
+    configuration resolved to that same default."""
+    task = old.get("task")
+    if not isinstance(task, dict):
+        return old
+    task = dict(task)
+    for key in ("checker", "hint"):
+        if task.get(key) == {} and key in defaults and cfg["task"].get(key) == defaults[key]:
+            task[key] = defaults[key]
+    return {**old, "task": task}
 
 
 def lock(root: Path) -> None:

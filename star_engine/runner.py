@@ -51,7 +51,7 @@ def preflight(exp: Experiment) -> rundir.RunDir:
     """Every check a run makes before it writes anything (reads only): the backend's, then the
     run directory's. ``validate`` and ``run`` both call it."""
     check_backend(exp)
-    return rundir.inspect(exp.cfg)
+    return rundir.inspect(exp.cfg, exp.defaults)
 
 
 def open_run_dir(exp: Experiment, state: rundir.RunDir, toml_path: Path) -> RunStore:
@@ -87,7 +87,7 @@ def prepare_run_dir(exp: Experiment, toml_path: Path) -> RunStore:
     if procs.CURRENT.primary:
         rundir.lock(exp.run_dir)  # before the first write; refused at once when another run holds it
     procs.CURRENT.sync("run directory locked")
-    state = rundir.inspect(exp.cfg)
+    state = rundir.inspect(exp.cfg, exp.defaults)
     # Several processes: all of them look at the folder before process 0 changes it.
     procs.CURRENT.sync("start")
     return open_run_dir(exp, state, toml_path)

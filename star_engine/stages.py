@@ -43,6 +43,7 @@ RATIONALE_SCHEMA = pa.schema([
 EVAL_SCHEMA = pa.schema([
     ("question_id", pa.string()), ("class", pa.string()), ("iteration", pa.int32()), ("split", pa.string()),
     ("generation", pa.string()), ("predicted", pa.string()), ("gold", pa.string()), ("correct", pa.bool_()),
+    ("checker", pa.string()),  # which checker judged (files written before it was recorded lack it)
     ("model_checkpoint", pa.string()), ("prompt_hash", pa.string()),
 ])
 SAMPLED_EVAL_SCHEMA = EVAL_SCHEMA.insert(3, pa.field("sample", pa.int32()))
@@ -355,7 +356,8 @@ class Stages:
             rows.append({"question_id": ex.id, "class": ex.cls, "iteration": n, "split": split,
                          **({"sample": s} if k else {}),
                          "generation": text, "predicted": v.predicted, "gold": ex.answer,
-                         "correct": bool(v.correct), "model_checkpoint": mid, "prompt_hash": prompt_hash(full)})
+                         "correct": bool(v.correct), "checker": self.exp.checker_name, "model_checkpoint": mid,
+                         "prompt_hash": prompt_hash(full)})
         self._timed("evaluate", t0)
         return self._finish(rel, rows, SAMPLED_EVAL_SCHEMA if k else EVAL_SCHEMA, f"{it_dir(n)}/{name}")
 

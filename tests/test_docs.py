@@ -1,6 +1,11 @@
 """docs/plugins.md keeps up with the code: every hook documented (heading and exact
 signature) and tested, every component protocol and method documented, every
 environment switch documented, and the "new plugin in 5 minutes" code works.
+So do the gaps a third-party task package once needed the source for: the stop
+string a completion ends with, what ``read_jsonl`` returns, how ``prompt(kind)`` and
+``context()`` are joined (checked against what a run asks its backend), how to test a
+task and its hint with ``Registry.create`` (the documented test runs here), and which
+checker ran (``config.json`` and the evaluation files name it).
 
 As datasette does for its plugin hooks: adding a hook to ``star_engine.hooks``
 without a section in docs/plugins.md, or without a test file in tests/ that
@@ -196,3 +201,127 @@ def test_five_minute_plugin_works(monkeypatch):
     flt = reg.create("filter", "has_digit", {}, "task.filters[1]")
     cands = [Candidate("q", 1, 0, "Q:", r, None, "1", True, False) for r in (" 2 apples.", " two apples.")]
     assert flt.keep(cands, []) == [True, False]
+
+
+# ----------------------------------------------------------------------------- task authors' gaps
+
+
+def plain_signature(fn, name: str) -> str:
+    """``name(arg: Type, ...) -> Ret`` as inspect writes it, ``self`` dropped, string annotations unquoted."""
+    sig = inspect.signature(fn)
+    params = [p for p in sig.parameters.values() if p.name != "self"]
+    return name + str(sig.replace(parameters=params)).replace("'", "")
+
+
+@pytest.mark.parametrize("fn, heading", [
+    ("read_jsonl", "Task"), ("get", "Task"),
+    ("Registry.__init__", "Testing a task and its hint"), ("Registry.add", "Testing a task and its hint"),
+    ("Registry.create", "Testing a task and its hint"),
+])
+def test_helpers_for_task_authors_are_documented_with_exact_signatures(fn, heading):
+    import star_engine.datafiles as datafiles
+
+    obj = registry if fn.startswith("Registry") else datafiles
+    for part in fn.split("."):
+        obj = getattr(obj, part)
+    shown = fn.replace(".__init__", "")
+    want = plain_signature(obj, shown)
+    assert want in section(DOC.read_text(), heading), f"{DOC}: '### {heading}' lacks `{want}`"
+
+
+def test_the_joining_of_texts_and_the_stop_strings_are_documented():
+    text = section(DOC.read_text(), "Task")
+    for needle in ("`prompt(kind) + context(example)`", '`prompt("hint") + hint.context(task, example)`',
+                   "`TrainExample(prompt=context(example), completion=", "end-of-text",
+                   "`gold_completion(...)`", "`seed_examples()`", "stop string"):
+        assert needle in text, f"{DOC}: '### Task' no longer says {needle}"
+    stop = section(DOC.read_text(), "Stop strings and the completions a task writes")
+    assert "End it with one of the task's stop strings" in stop and "no stop string before its end" in stop
+
+
+def test_a_run_asks_its_backend_what_the_docs_say(tmp_path, monkeypatch):
+    """``prompt(kind) + context(example)`` and ``prompt("hint") + hint.context(task, example)``,
+    nothing in between; a kept rationale is stored with the bare context (the scripted toy run)."""
+    from helpers import TESTS, TOY_TOML
+
+    monkeypatch.setenv("STAR_ENGINE_DISABLE_AUTOLOAD", "1")
+    monkeypatch.setenv("STAR_ENGINE_PLUGINS", "scripted_plugin")
+    monkeypatch.syspath_prepend(str(TESTS))
+    import scripted_plugin
+    from star_engine.cli import main
+
+    asked: list[str] = []
+    real = scripted_plugin.ScriptedBackend.generate
+
+    def spy(self, checkpoint, requests, spec, progress=None):
+        asked.extend(r.prompt for r in requests)
+        return real(self, checkpoint, requests, spec, progress)
+
+    monkeypatch.setattr(scripted_plugin.ScriptedBackend, "generate", spy)
+    monkeypatch.setattr(scripted_plugin.ToyTask, "prompt", lambda self, kind: f"<{kind} shots>\n")
+    path = tmp_path / "toy.toml"
+    path.write_text(TOY_TOML.format(out=(tmp_path / "run").as_posix()).replace("iterations = 3", "iterations = 1"))
+    assert main(["run", str(path), "--quiet"]) == 0
+    task, hint = scripted_plugin.ToyTask(), scripted_plugin.ToyHint()
+    train = {e.id: e for e in task.load("train", None)}
+    plain = {task.prompt("rationale") + task.context(e) for e in [*train.values(), *task.load("dev", None)]}
+    hinted = {task.prompt("hint") + hint.context(task, e) for e in train.values()}
+    assert set(asked) <= plain | hinted and set(asked) & hinted and set(asked) & plain
+    import pyarrow.parquet as pq
+
+    kept = [r for r in pq.read_table(tmp_path / "run/iterations/001/rationales.parquet").to_pylist() if r["kept"]]
+    assert kept and all(r["prompt"] == task.context(train[r["question_id"]]) for r in kept)
+
+
+def test_the_documented_task_and_hint_test_runs(tmp_path):
+    source = code_block_after(DOC.read_text(), "## Testing a task and its hint", "python")
+    namespace: dict = {}
+    exec(compile(source, "docs/plugins.md", "exec"), namespace)
+    namespace["test_task_and_hint"](tmp_path)
+
+
+def test_which_checker_ran_is_documented_and_recorded():
+    from star_engine import stages
+
+    text = section(DOC.read_text(), "What a run records about its components")
+    for needle in ("`config.json`", "`task.checker", "`default_checker`", "`eval_<split>.parquet`",
+                   "`checker` column", "resumes"):
+        assert needle in text, f"{DOC}: 'What a run records about its components' lacks {needle}"
+    for schema in (stages.RATIONALE_SCHEMA, stages.EVAL_SCHEMA, stages.SAMPLED_EVAL_SCHEMA):
+        assert "checker" in schema.names
+    assert "name the components that run" in section(DOC.read_text(), "`on_run_start`")
+
+
+def test_the_experiment_reference_lists_every_key():
+    from star_engine.config import OPTIMIZER, SCHEMA
+
+    ref = tomllib.loads(code_block_after((REPO / "docs" / "experiments.md").read_text(), "## Every key", "toml"))
+    assert set(ref) == set(SCHEMA)
+    for name, fields in SCHEMA.items():
+        if name != "model":  # the backend's options: its own README
+            assert set(ref[name]) == set(fields), f"docs/experiments.md: [{name}] differs from the schema"
+    assert set(ref["training"]["optimizer"]) == set(OPTIMIZER)
+
+
+def test_readme_keeps_the_set_up_commands_ci_runs():
+    readme = (REPO / "README.md").read_text()
+    block = code_block_after(readme, "## Set-up", "sh")
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    assert commands == ["python3 -m pip install -r requirements.txt", "python3 -m pytest"]
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "python -m pip install -r requirements.txt" in ci and "\npython -m pytest\n" in ci
+
+
+def test_contracts_lists_the_built_in_component_names():
+    """docs/CONTRACTS.md's "Component names" against what the built-in packages register
+    (backends left out: a backend package may add model families of its own)."""
+    text = section((REPO / "docs" / "CONTRACTS.md").read_text(), "Component names")
+    listed = {m.group(1): set(re.findall(r"`(\w+)`", m.group(2)))
+              for m in re.finditer(r"^- ([\w ]+): (.*)$", text, re.MULTILINE)}
+    kinds = {"tasks": "task", "hint formatters": "hint", "checkers": "checker", "filters": "filter",
+             "schedules": "schedule", "question samplers": "sampler"}
+    reg = registry.Registry(autoload=True, blocked=set())
+    for label, kind in kinds.items():
+        built_in = {name for name, comp in reg.components[kind].items()
+                    if comp.plugin.distribution.replace("_", "-").startswith("star-engine")}
+        assert listed[label] == built_in, f"docs/CONTRACTS.md lists {label} {sorted(listed[label])}, registered: {sorted(built_in)}"

@@ -1,6 +1,9 @@
-"""Where a CommonsenseQA generation states its answer, two ways.
+"""Where a CommonsenseQA generation states its answer, two ways. This is the one
+place the letter is read: the checkers (``mc_letter``, ``exact_lower``) compare what
+the task extracted and never search the generation themselves.
 
-``lenient`` (the project's default): the last "(x)" on the first non-blank line.
+``lenient`` (the project's default): the last "(x)" on the first non-blank line; when
+that line has none, the first "answer is ... (x)" of the generation.
 ``original``: exactly as the released STaR code (``device_inference.py``, ezelikman/STaR
 at 6ffd3c4, lines 39-43): the first line of the generation, cut at ``<|endoftext|>``,
 and its character ``[-3]`` ("... blotter (e)." -> "e"); no other fallback. The stored
@@ -15,20 +18,26 @@ EOT = "<|endoftext|>"
 
 # A parenthesised single letter, "(e)" or "( E )"; the answer is the last one on the line.
 _LETTER = re.compile(r"\(\s*([A-Za-z])\s*\)")
+# "answer is <choice text> (x)" on one line, the text without parentheses.
+_ANSWER_IS = re.compile(r"answer\s+is\b[^\n()]*?\(\s*([A-Za-z])\s*\)", re.IGNORECASE)
 
 
 def extract_letter(generation: str) -> str | None:
     """The answer letter of a generation, lowercase, or None.
 
-    As in the original, only the first line counts (the model writes rationale
-    and answer on one line; later lines are the model running on), but blank
-    leading lines are skipped and the letter may be upper case or padded.
+    As in the original, the first line counts (the model writes rationale and
+    answer on one line; later lines are the model running on), but blank leading
+    lines are skipped and the letter may be upper case or padded: the last "(x)" of
+    the first non-blank line. When that line has none, the first "answer is ... (x)"
+    anywhere (" I think so.\nSo the answer is blotter (e)." -> "e"); a bare
+    "The answer is E." is not taken (the article "a" would make it ambiguous).
     """
-    for line in generation.split("\n"):
-        if line.strip():
-            found = _LETTER.findall(line)
-            return found[-1].lower() if found else None
-    return None
+    first = next((line for line in generation.split("\n") if line.strip()), "")
+    found = _LETTER.findall(first)
+    if found:
+        return found[-1].lower()
+    match = _ANSWER_IS.search(generation)
+    return match.group(1).lower() if match else None
 
 
 def first_line(generation: str) -> str:

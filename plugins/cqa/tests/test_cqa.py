@@ -123,7 +123,11 @@ def test_bad_files(task, tmp_path):
     ("\n Rivers flow. So the answer is ( c )", "c"),
     (" Options (a) and (b) are wrong, so the answer is apple (d).", "d"),  # the last letter on the line
     (" The answer is (B)", "b"),
-    (" I am not sure.\nThe answer is (c).", None),  # as the original: not on the first line
+    # No letter on the first line: the first "answer is ... (x)" anywhere (what mc_letter once
+    # searched for itself; the task is now the one place a letter is read).
+    (" I am not sure.\nThe answer is (c).", "c"),
+    (" Blotters absorb ink (see above).\nSo the answer is blotter (e).\nOr the answer is (a).", "e"),
+    (" I am not sure.\nThe answer is C.", None),  # a bare letter is not taken: "answer is a ..." is ambiguous
     (" The answer is blotter.", None),
     ("", None),
 ])

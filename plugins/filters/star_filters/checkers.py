@@ -1,8 +1,11 @@
 """Answer checkers: ``check(generation, extracted, gold) -> Verdict``.
 
 ``extracted`` is the task's own extraction of the answer from ``generation`` (None
-when the task found none). Every class here is a factory: its keyword-only
-``__init__`` parameters are the checker's TOML options.
+when the task found none). Extraction is the task's alone (``Task.extract``): a
+checker here interprets and compares ``extracted`` and never searches
+``generation`` for an answer of its own, except ``regex``, whose pattern *is* a
+user's extraction rule replacing the task's. Every class here is a factory: its
+keyword-only ``__init__`` parameters are the checker's TOML options.
 """
 
 from __future__ import annotations
@@ -69,13 +72,13 @@ class LowerExactChecker:
 class MCLetterChecker:
     """Multiple-choice letter, compared case-insensitively with ``gold``.
 
-    A text names a choice when it is a bare letter ("e", "E", "(E)", "E)", "e.") or
-    contains one in parentheses ("answer is blotter (e).": the last such letter) or
-    ends in "answer is e" style ("The answer is E."). Only letters of ``letters``
-    count. When ``extracted`` is None the generation itself is searched: the last
-    "(x)" of its first non-blank line, then the first "answer is ... (x)". The
-    predicted value is the lower-case letter, or the raw stripped extraction when it
-    names no choice.
+    The extracted text (and the gold) names a choice when it is a bare letter ("e",
+    "E", "(E)", "E)", "e.") or contains one in parentheses ("answer is blotter (e).":
+    the last such letter) or ends in "answer is e" style ("The answer is E."). Only
+    letters of ``letters`` count. When ``extracted`` is None (the task found no
+    answer) the verdict is wrong: the generation is not searched again. The predicted
+    value is the lower-case letter, or the raw stripped extraction when it names no
+    choice.
     """
 
     def __init__(self, *, letters: str = "abcde") -> None:
@@ -90,8 +93,6 @@ class MCLetterChecker:
         self._paren = re.compile(rf"\(\s*({cls})\s*\)", re.IGNORECASE)
         self._stated = re.compile(rf"answer\s+is\s*:?\s*\(?({cls})\)?\s*[.,;:!]?\s*$",
                                   re.IGNORECASE)
-        self._answer_is = re.compile(rf"answer\s+is\b[^\n()]*?\(\s*({cls})\s*\)",
-                                     re.IGNORECASE)
 
     def letter(self, text: str) -> str | None:
         """The choice letter ``text`` names, lower-case, or None."""
@@ -104,21 +105,10 @@ class MCLetterChecker:
             match = self._stated.search(text)
         return match.group(1).lower() if match else None
 
-    def _from_generation(self, generation: str) -> str | None:
-        first = next((line for line in generation.splitlines() if line.strip()), "")
-        found = self._paren.findall(first)
-        if found:
-            return found[-1].lower()
-        match = self._answer_is.search(generation)
-        return match.group(1).lower() if match else None
-
     def check(self, generation: str, extracted: str | None, gold: str) -> Verdict:
         if extracted is None:
-            predicted = self._from_generation(generation)
-        else:
-            predicted = self.letter(extracted) or extracted.strip()
-        if predicted is None:
             return Verdict(None, False)
+        predicted = self.letter(extracted) or extracted.strip()
         expected = self.letter(gold)
         return Verdict(predicted, expected is not None and predicted == expected)
 
@@ -127,7 +117,8 @@ class NumericChecker:
     """``extracted`` and ``gold`` parse to numbers within tolerance.
 
     Parsing is :func:`star_filters.numbers.parse_number` ("1,000", "$18", "18.00",
-    "-5", "1/2", "50%" = 50, "18."). Close means
+    "-5", "1/2", "50%" = 50, "18."; exactly one number: "18 or 20" does not parse and
+    is wrong), the parser the GSM8K task uses too. Close means
     ``|p - g| <= max(abs_tol, rel_tol * max(|p|, |g|))``. ``predicted`` is the
     canonical number ("1000"), or the raw stripped text when it does not parse.
     """

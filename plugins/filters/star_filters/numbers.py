@@ -1,9 +1,14 @@
-"""Parsing of numeric answers as models and datasets write them.
+"""Parsing of numeric answers as models and datasets write them: the one number
+parser of star-engine. The ``numeric`` checker reads answers with it, and the GSM8K
+task (``star_gsm8k.answers``) reads its gold answers and normalises extracted ones
+with it, so a task and its checker never disagree on what a number is.
 
 Rule: a text is a number when it holds exactly one number token; any other text
 around it (currency symbols, units such as "dollars" or "%", a trailing period,
 words like "Answer:") is ignored. A text with two or more numbers ("18 or 20",
-"2 + 3 = 5", "3 1/2") is ambiguous and does not parse.
+"2 + 3 = 5", "3 1/2") is ambiguous and does not parse: a model that hedges between
+two answers has given none (were the first number taken, "18 or 20" would count as
+right for the gold 18 and wrong for 20, rewarding whichever guess comes first).
 
 A number token is an optional sign (``-``, ``+`` or the Unicode minus), an optional
 currency symbol before or after the sign, and then one of
@@ -60,11 +65,38 @@ def parse_number(text: str | None) -> Fraction | None:
     return -value if negatives % 2 else value
 
 
+def canonical_number(text: str | None) -> str | None:
+    """The canonical text (:func:`format_number`) of the one number in ``text``, or None
+    when :func:`parse_number` finds none: "$1,080.00" -> "1080", "36/2" -> "18",
+    "18 or 20" -> None."""
+    value = parse_number(text)
+    return None if value is None else format_number(value)
+
+
+def _decimal_places(denominator: int) -> int | None:
+    """Digits after the point of a reduced fraction with this denominator, or None
+    when its decimal expansion does not end (a prime other than 2 and 5 divides it)."""
+    twos = fives = 0
+    while denominator % 2 == 0:
+        denominator //= 2
+        twos += 1
+    while denominator % 5 == 0:
+        denominator //= 5
+        fives += 1
+    return max(twos, fives) if denominator == 1 else None
+
+
 def format_number(value: Fraction) -> str:
-    """Canonical text of a parsed value: "1000", "-5", "0.5", "0.3333333333333333"."""
+    """Canonical text of a parsed value: "1000", "-5", "0.5", "0.00001" (a decimal that
+    ends is written exactly, never in scientific notation), "0.3333333333333333" (one
+    that does not: the nearest float's shortest repr)."""
     if value.denominator == 1:
         return str(value.numerator)
-    return repr(float(value))
+    places = _decimal_places(value.denominator)
+    if places is None:
+        return repr(float(value))
+    digits = str(abs(value.numerator) * 10**places // value.denominator).rjust(places + 1, "0")
+    return f"{'-' if value < 0 else ''}{digits[:-places]}.{digits[-places:]}"
 
 
 def numbers_close(a: Fraction, b: Fraction, abs_tol: float, rel_tol: float) -> bool:

@@ -78,21 +78,16 @@ def test_mc_letter_uses_extraction():
     assert c.check("", "a", "") == Verdict("a", False)
 
 
-def test_mc_letter_falls_back_to_generation():
+def test_mc_letter_reads_only_the_extraction():
+    """Extraction is the task's: with ``extracted`` None the verdict is wrong, whatever the
+    generation says (the CQA task's ``extract`` is where "answer is ... (x)" is read)."""
     c = MCLetterChecker()
     gen = " Blotters absorb ink. Therefore, the answer is blotter (e).\n\nQ: next (a)"
-    assert c.check(gen, None, "E") == Verdict("e", True)
-    # last "(x)" of the first non-blank line
-    gen = "\n(a) is wrong and (c) is right.\nMore text (d)."
-    assert c.check(gen, None, "c") == Verdict("c", True)
-    # then "answer is ... (x)" anywhere (the first one)
-    gen = "Ink must be absorbed.\nSo the answer is blotter (e).\nOr the answer is (a)."
-    assert c.check(gen, None, "e") == Verdict("e", True)
+    assert c.check(gen, None, "E") == Verdict(None, False)
+    assert c.check(gen, "e", "E") == Verdict("e", True)
     assert c.check("No idea at all.", None, "e") == Verdict(None, False)
-    # a bare letter is not taken from the generation ("answer is a ..." is ambiguous)
-    assert c.check(" Ink. The answer is E.", None, "e") == Verdict(None, False)
     # letters outside the choice set do not count
-    assert c.check("It is (f).", None, "f") == Verdict(None, False)
+    assert c.check("It is (f).", "f", "f") == Verdict("f", False)
 
 
 def test_mc_letter_custom_letters():

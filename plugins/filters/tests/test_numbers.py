@@ -2,7 +2,7 @@ from fractions import Fraction
 
 import pytest
 
-from star_filters.numbers import format_number, numbers_close, parse_number
+from star_filters.numbers import canonical_number, format_number, numbers_close, parse_number
 
 
 @pytest.mark.parametrize("text, value", [
@@ -59,6 +59,7 @@ def test_does_not_parse(text):
 @pytest.mark.parametrize("value, text", [
     (Fraction(1000), "1000"), (Fraction(-5), "-5"), (Fraction(0), "0"),
     (Fraction(1, 2), "0.5"), (Fraction(-7, 4), "-1.75"), (Fraction(1, 3), "0.3333333333333333"),
+    (Fraction(1, 100_000), "0.00001"), (Fraction(-1, 20), "-0.05"), (Fraction(10**17 + 1, 10), "10000000000000000.1"),
 ])
 def test_format(value, text):
     assert format_number(value) == text
@@ -72,3 +73,18 @@ def test_close_absolute_and_relative():
     assert not numbers_close(a, b, abs_tol=0.0, rel_tol=0.0009)
     assert numbers_close(Fraction(1, 3), Fraction(1, 3), abs_tol=0.0, rel_tol=0.0)
     assert not numbers_close(Fraction(1, 3), Fraction(333_333, 1_000_000), 0.0, 0.0)
+
+
+@pytest.mark.parametrize("text, canonical", [
+    ("$1,080.00", "1080"), ("36/2", "18"), ("7/2", "3.5"), ("18 apples.", "18"), ("0.00001", "0.00001"),
+    ("18 or 20", None), ("twelve", None), ("", None), (None, None),
+])
+def test_canonical_number(text, canonical):
+    assert canonical_number(text) == canonical
+
+
+def test_a_hedged_answer_is_no_number():
+    """The case the GSM8K task and this parser once disagreed on ("18 or 20" was 18 there):
+    two numbers are no answer, in both places (plugins/gsm8k/tests/test_gsm8k.py)."""
+    assert parse_number("18 or 20") is None and canonical_number("18 or 20") is None
+    assert parse_number("18 or 18") is None  # even when they agree: the rule counts numbers

@@ -147,6 +147,7 @@ GSM8K_CASES = [
     ("negative", "-5", " The temperature fell from 3 to 3 - 8 = -5 degrees.\n#### -5", "-5", True),
     ("negative_currency", "-5", " She is 5 dollars short, so she has -$5.\n#### -$5", "-5", True),
     ("sign_missing", "-5", " The temperature fell from 3 to 3 - 8 = -5 degrees.\n#### 5", "5", False),
+    ("hedged_two_numbers", "18", WAGE + "#### 18 or 20", "18 or 20", False),
     ("two_answer_lines_first_wins", "18", WAGE + "#### 18\n#### 144", "18", True),
     ("two_answer_lines_first_wrong", "18", WAGE + "#### 144\n#### 18", "144", False),
     ("no_answer_line", "10", " Weng earns 12/60 = $0.2 per minute, so she earned 0.2 x 50 = $10.",

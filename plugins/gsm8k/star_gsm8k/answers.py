@@ -7,45 +7,30 @@ ezelikman/STaR at 6ffd3c4, lines 44-52): the lines up to and including the first
 line containing ``####`` (``answer_lines``, also what the original stores), cut at
 ``<|endoftext|>``, then the text after their last ``####``, stripped, compared as a
 string (lower-cased) with the gold's text after ``"#### "``.
+
+What a number is, is decided in one place, :mod:`star_filters.numbers` (the parser
+of the ``numeric`` checker): a text holds a number when it holds exactly one
+("18 apples." is 18; "18 or 20" is no number).
 """
 
 from __future__ import annotations
 
-import re
-from decimal import Decimal
-from fractions import Fraction
-
-_CURRENCY = re.compile(r"[$\u20ac\u00a3\u00a5]")
-_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
-# Not glued to a word, a decimal point or a broken thousands group ("1,0000").
-_NUMBER = re.compile(r"(?<![\w.,])[-+]?\s?(?:\d+(?:\.\d+)?|\.\d+)(?:\s?/\s?\d+)?(?![\d,]\d)")
+from star_filters.numbers import canonical_number
 
 
 def normalize_number(text: str) -> str | None:
-    """The first number in ``text`` in a canonical form, else the stripped text;
-    None for blank text.
+    """The canonical form of the one number in ``text`` (``star_filters.numbers``),
+    else the stripped text; None for blank text.
 
-    "1,080" -> "1080", "$18.00" -> "18", "-5" -> "-5", "0.50" -> "0.5",
-    "36/2" -> "18" (whole fractions only: "7/2" stays "7/2"), "18 apples." -> "18".
+    "1,080" -> "1080", "$18.00" -> "18", "-5" -> "-5", "0.50" -> "0.5", "36/2" -> "18",
+    "7/2" -> "3.5", "18 apples." -> "18"; "18 or 20" stays "18 or 20" (two numbers:
+    none), as does "twelve".
     """
-    s = text.strip().replace("\u2212", "-")
+    s = text.strip()
     if not s:
         return None
-    cleaned = _THOUSANDS.sub("", _CURRENCY.sub("", s))
-    m = _NUMBER.search(cleaned)
-    if m is None:
-        return s
-    token = re.sub(r"\s", "", m.group())
-    if "/" in token:
-        num, den = token.split("/")
-        if int(den) == 0:
-            return token
-        value = Fraction(Decimal(num)) / int(den)
-        return str(value.numerator) if value.denominator == 1 else token
-    dec = Decimal(token)
-    if dec == dec.to_integral_value():
-        return str(int(dec))
-    return format(dec.normalize(), "f")
+    number = canonical_number(s)
+    return s if number is None else number
 
 
 def final_answer(generation: str) -> str | None:

@@ -16,7 +16,9 @@ from star_engine.datafiles import PROMPT_KINDS, few_shot_prompts, get, prompt_fi
 from star_engine.errors import UserError
 from star_engine.options import require_bool, require_choice, require_str, require_str_list
 
-from .answers import answer_lines, final_answer, normalize_number, original_answer
+from star_filters.numbers import canonical_number
+
+from .answers import answer_lines, final_answer, original_answer
 from .prompts import builtin_blocks
 
 ANNOTATION_MODES = ("strip", "keep")
@@ -26,7 +28,6 @@ STORED = ("until_stop", "original")
 DEFAULT_TEMPLATE = "(Answer: {answer})"
 HINT_FIELDS = ("answer", "solution")
 _ANNOTATION = re.compile(r"<<[^<>\n]*>>")
-_NUMERIC = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 
 
 def add_hint(block: str, hint: str) -> str:
@@ -50,7 +51,7 @@ def _checked_blocks(path: str, kind: str, verbatim: bool) -> list[tuple[str, str
         except (ValueError, ArithmeticError) as e:  # a number Python will not convert (more than 4300 digits)
             raise UserError(f"{where}: the answer of this {kind} prompt example is not a readable number "
                             f"({e})") from None
-        if answer is None or not _NUMERIC.fullmatch(answer):
+        if answer is None or canonical_number(answer) is None:
             raise UserError(f"{where}: the answer of this {kind} prompt example has no '#### <number>' line")
         out.append((where, text, answer))
     return out
@@ -66,7 +67,8 @@ class GSM8KTask:
       (default: derived, ``(Answer: <n>)`` after each question).
     - ``verbatim``: prompt files split on ``"\\n\\n"`` with nothing stripped, questions
       kept exactly as in the data file (the original); default: tidied, one line.
-    - ``gold_answer``: "normalized" (default: ``1,080`` -> ``1080``) or "raw" (the
+    - ``gold_answer``: "normalized" (default: ``1,080`` -> ``1080``, the canonical number of
+      ``star_filters.numbers``) or "raw" (the
       original's ``answer.split("#### ")[-1]``, commas kept).
     - ``extraction``: "lenient" (``final_answer``) or "original" (``original_answer``).
     - ``stored_completion``: "until_stop" (default) or "original" (``answer_lines``).
@@ -109,14 +111,15 @@ class GSM8KTask:
                 raise UserError(f"{where}: field 'answer' has no final '#### <number>' line")
             raw = lines[final].split("####", 1)[1]
             try:
-                answer = normalize_number(raw)
+                answer = canonical_number(raw)  # the numeric checker's reading (star_filters.numbers)
             except (ValueError, ArithmeticError) as e:  # a number Python will not convert (more than 4300 digits)
                 raise UserError(f"{where}: field 'answer': the final answer is not a readable number ({e})") from None
-            if answer is None or not _NUMERIC.fullmatch(answer):
-                raise UserError(f"{where}: field 'answer': the final answer {raw.strip()!r} is not a number")
+            if answer is None:
+                raise UserError(f"{where}: field 'answer': the final answer {raw.strip()!r} is not a number "
+                                f"(one number, as the numeric checker reads it)")
             if self.gold_answer == "raw":
                 text = solution.split("#### ")[-1]  # the original's gold, as it is
-                if "\n" in text or normalize_number(text) != answer:
+                if "\n" in text or canonical_number(text) != answer:
                     raise UserError(f"{where}: field 'answer': the text after its last '#### ' ({text[:40]!r}) "
                                     f"is not the final answer {raw.strip()!r}")
                 answer = text

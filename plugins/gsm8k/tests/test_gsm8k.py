@@ -101,8 +101,8 @@ def test_empty_split(task, tmp_path):
 
 @pytest.mark.parametrize("text, value", [
     ("72", "72"), (" 1,080", "1080"), ("$18.00", "18"), ("18.", "18"), ("-6", "-6"), ("\u22126", "-6"),
-    ("0.50", "0.5"), ("36/2", "18"), ("7/2", "7/2"), ("1,000,000 dollars", "1000000"), ("$ 1,234.50", "1234.5"),
-    ("50%", "50"), ("twelve", "twelve"), ("  ", None), ("1,0000", "1,0000"),
+    ("0.50", "0.5"), ("36/2", "18"), ("7/2", "3.5"), ("1,000,000 dollars", "1000000"), ("$ 1,234.50", "1234.5"),
+    ("50%", "50"), ("twelve", "twelve"), ("  ", None), ("1,0000", "1,0000"), ("18 or 20", "18 or 20"),
 ])
 def test_normalize_number(text, value):
     assert normalize_number(text) == value
@@ -114,12 +114,28 @@ def test_normalize_number(text, value):
     (" The total is 2,400 dollars.\n####2,400.", "2400"),
     (" Half of 36 is 36/2.\n#### 36/2", "18"),
     (" He loses 5 - 8 = -3 points.\n#### -3", "-3"),
+    (" She has 18 or 20.\n#### 18 or 20", "18 or 20"),  # two numbers: no number (star_filters.numbers)
     (" The answer is 12.", None),  # no #### line: no answer
     (" It is 4.\n#### \nmore", None),
     ("", None),
 ])
 def test_extract(task, generation, answer):
     assert task.extract(generation) == answer == final_answer(generation)
+
+
+def test_a_hedged_answer_is_wrong_here_as_in_the_numeric_checker(task, tmp_path):
+    """"18 or 20" once read as 18 here and as no number in star_filters.numbers; one parser
+    now decides both, and two numbers are no answer (plugins/filters/tests/test_numbers.py)."""
+    from star_filters.checkers import NumericChecker
+
+    generation = " 3 * 6 = 18, or 20 if she buys two more.\n#### 18 or 20"
+    assert normalize_number("18 or 20") == "18 or 20" and task.extract(generation) == "18 or 20"
+    assert not NumericChecker().check(generation, task.extract(generation), "18").correct
+    path = tmp_path / "hedged.jsonl"
+    path.write_text(json.dumps({"question": "How many?", "answer": "3 * 6 = 18.\n#### 18 or 20"}) + "\n")
+    with pytest.raises(UserError, match=re.escape(f"{path}:1: field 'answer': the final answer '18 or 20' is "
+                                                  f"not a number")):
+        task.load("train", str(path))
 
 
 def test_stop_keeps_the_rationale_and_answer(task):
