@@ -31,7 +31,9 @@ def _tokenizer_dict(args: argparse.Namespace, default_file: Path | None, stored:
     if stored is not None:
         return stored
     if default_file is not None and default_file.is_file():
-        return HFTokenizer(default_file).to_dict()
+        from .hf_import import folder_tokenizer
+
+        return folder_tokenizer(default_file.parent, default_file).to_dict()  # eos from config.json
     raise UserError("--tokenizer-file: required (GPT-J's tokenizer.json; see docs/gptj6b.md), "
                     "or --byte-tokenizer for a byte-level model")
 

@@ -236,17 +236,43 @@ def import_hf(src: str | os.PathLike, *, dtype: str = "float32") -> tuple[ModelC
     return config, params
 
 
+def folder_tokenizer(folder: str | os.PathLike, tokenizer_file: str | os.PathLike | None = None):
+    """The HF tokenizer of a checkpoint folder (``tokenizer_file``, default the
+    folder's ``tokenizer.json``), its end-of-text token named by ``config.json``'s
+    ``eos_token_id`` when it has one (Llama 3: ``<|end_of_text|>``; Qwen2.5:
+    ``<|endoftext|>``), else ``<|endoftext|>`` (GPT-J)."""
+    from tokenizers import Tokenizer
+
+    from .tokenizer import EOT_TOKEN, TOKENIZER_FILE_MAX, HFTokenizer
+
+    folder = Path(folder)
+    path = Path(tokenizer_file) if tokenizer_file else folder / "tokenizer.json"
+    eos_token = EOT_TOKEN
+    cfg = folder / "config.json"
+    if cfg.is_file():
+        try:
+            eos_id = json.loads(read_bounded(cfg, CONFIG_MAX)).get("eos_token_id")
+        except (ValueError, RecursionError, AttributeError):
+            eos_id = None  # the importer reports a bad config.json by itself
+        eos_id = eos_id[0] if isinstance(eos_id, list) and eos_id else eos_id
+        if isinstance(eos_id, int) and not isinstance(eos_id, bool) and path.is_file():
+            try:
+                name = Tokenizer.from_str(read_bounded(path, TOKENIZER_FILE_MAX).decode("utf-8")).id_to_token(eos_id)
+            except Exception:  # noqa: BLE001 - HFTokenizer below reports a bad file with its own message
+                name = None
+            eos_token = name if name is not None else eos_token
+    return HFTokenizer(path, eos_token=eos_token)
+
+
 def convert_hf(src: str | os.PathLike, dest: str | os.PathLike, *, dtype: str = "float32",
                tokenizer: dict | None = None, extra: dict | None = None) -> dict:
     """Convert an HF folder (GPT-J or the Llama family) into a native checkpoint at ``dest``, one tensor in
     memory at a time. ``tokenizer`` defaults to the folder's ``tokenizer.json``."""
-    from .tokenizer import HFTokenizer
-
     src = Path(src)
     if tokenizer is None:
         if not (src / "tokenizer.json").is_file():
             raise UserError(f"{src}: no tokenizer.json; pass tokenizer= (a tokenizer's to_dict())")
-        tokenizer = HFTokenizer(src / "tokenizer.json").to_dict()
+        tokenizer = folder_tokenizer(src).to_dict()
     config, leaves = iter_hf(src, dtype=dtype)
     info = {"source": source_name(config), **(extra or {})}
     return write_checkpoint(dest, leaves, model_config=config.to_dict(), tokenizer=tokenizer, extra=info)

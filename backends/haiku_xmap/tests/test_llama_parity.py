@@ -276,3 +276,47 @@ def test_sharded_equals_unsharded_on_8_devices():
         assert r["grads"] < 1e-5, (key, r)  # against the unsharded gradients
         assert r["static"] and r["continuous"], (key, r)  # HF's greedy tokens
         assert r["q_shard"] == [64, 64 // int(key[-1])], (key, r)
+
+
+def test_cli_convert_detects_the_architecture_and_the_eos_token(tmp_path):
+    """``star-engine convert --from hf`` on a Llama folder: the architecture from
+    config.json, the tokenizer from its tokenizer.json with end-of-text named by
+    ``eos_token_id`` (Llama 3's ``<|end_of_text|>``: no ``<|endoftext|>`` there);
+    the checkpoint then runs in the backend with ``model.architecture`` read from it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from star_engine.cli import main
+    from star_haiku_xmap import checkpoint
+    from star_haiku_xmap.plugin import HaikuXmapBackend
+
+    src = tmp_path / "hf"
+    shutil.copytree(FIXTURES / "llama_tiny", src)
+    words = ["[UNK]"] + [f"w{i}" for i in range(94)] + ["<|end_of_text|>"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    (src / "tokenizer.json").write_text(tok.to_str())
+    assert main(["convert", "--from", "hf", str(src), str(tmp_path / "ck"), "--dtype", "float32", "--mp", "2"]) == 0
+    params, m = checkpoint.load_checkpoint(tmp_path / "ck")
+    assert m["extra"]["source"] == "hf_llama" and m["tokenizer"]["eos_id"] == 95
+    config = config_from_dict(m["model_config"])
+    golden = _golden("llama")
+    got = np.asarray(model.forward(params, golden["seq_1"][None], config))[0]
+    assert np.abs(got - golden["logits_1"]).max() <= TOL
+    backend = HaikuXmapBackend(checkpoint_path=str(tmp_path / "ck"), mesh={"dp": 1, "mp": 1})
+    assert backend.config == config and backend.tokenizer.eos_id == 95
+    with pytest.raises(UserError, match="model.architecture: 'gptj' disagrees with the checkpoint's 'llama'"):
+        HaikuXmapBackend(checkpoint_path=str(tmp_path / "ck"), architecture="gptj", mesh={"dp": 1, "mp": 1})
+
+
+def test_backend_options_pick_the_family():
+    from star_haiku_xmap.plugin import HaikuXmapBackend
+
+    b = HaikuXmapBackend(architecture="llama", n_kv_head=1, mesh={"dp": 1, "mp": 1})
+    assert b.config.architecture == "llama" and b.config.n_kv_head == 1 and b.config.n_layer == 2
+    for options, match in ((dict(architecture="rwkv"), "model.architecture: must be one of"),
+                           (dict(architecture="gptj", preset="llama-tiny"), "disagrees with preset 'llama-tiny'"),
+                           (dict(architecture="llama", rotary_dim=8), "model.rotary_dim: not an option"),
+                           (dict(preset="llama-tiny", n_kv_head=3), "model.n_kv_head: must divide"),
+                           (dict(n_kv_head=2), "model.n_kv_head: not an option")):
+        with pytest.raises(UserError, match=match):
+            HaikuXmapBackend(mesh={"dp": 1, "mp": 1}, **options)
