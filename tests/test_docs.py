@@ -196,3 +196,18 @@ def test_five_minute_plugin_works(monkeypatch):
     flt = reg.create("filter", "has_digit", {}, "task.filters[1]")
     cands = [Candidate("q", 1, 0, "Q:", r, None, "1", True, False) for r in (" 2 apples.", " two apples.")]
     assert flt.keep(cands, []) == [True, False]
+
+
+def test_backend_options_are_documented():
+    """Every ``[model]`` option of the haiku_xmap backend (its constructor's keyword
+    arguments, ``architecture`` and ``n_kv_head`` included) has a row in the options
+    table of backends/haiku_xmap/README.md."""
+    from star_haiku_xmap.plugin import HaikuXmapBackend
+
+    readme = (REPO / "backends" / "haiku_xmap" / "README.md").read_text()
+    table = readme.split("## Options", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| `")]
+    names = [n for n in inspect.signature(HaikuXmapBackend.__init__).parameters if n != "self"]
+    assert {"architecture", "n_kv_head", "preset"} <= set(names)
+    missing = [n for n in names if not any(f"`{n}`" in row for row in rows)]
+    assert not missing, f"[model] options without a row in backends/haiku_xmap/README.md: {missing}"
