@@ -56,7 +56,8 @@ def _one(config, layers: tuple[int, int] | None, **kw) -> dict:
 
 
 def plan_model(name: str, target: tuple, args: argparse.Namespace, layers: tuple[int, int] | None) -> list[dict]:
-    """The sampler's row and the first training settings that fit (else the leanest) for one model and target."""
+    """The sampler's row and the first training settings that fit (else the smallest peak) for one model and
+    target."""
     from .config import preset
 
     label, dp, mp, gib = target
@@ -70,7 +71,7 @@ def plan_model(name: str, target: tuple, args: argparse.Namespace, layers: tuple
         rows.append(r)
         if r["peak"] <= gib * GIB:
             break
-    train = rows[-1]
+    train = rows[-1] if rows[-1]["peak"] <= gib * GIB else min(rows, key=lambda r: r["peak"])
     sample = _one(config, layers, what=("sample",), opt_state_dtype="bfloat16", **common)
     tag = {"model": name, "target": label, "device_gib": gib, "tried": len(rows),
            "extrapolated_from": list(layers) if layers else None}
