@@ -1,4 +1,5 @@
-"""GPT-J throughput of the haiku_xmap backend (and, with --peer, of HF transformers).
+"""GPT-J (or, ``--arch llama``, Llama-style) throughput of the haiku_xmap backend
+(and, with --peer, of HF transformers: ``GPTJForCausalLM`` / ``LlamaForCausalLM``).
 
 Prints ONE JSON line: greedy generation and training tokens/s in steady state
 (compilation timed separately), model FLOP utilisation against a matmul peak
@@ -17,10 +18,12 @@ the default and the PASSIVE wait policy and keeps the faster per workload.
 Token counts: generation counts new tokens (batch x new tokens); training counts
 every input token (batch x sequence). FLOPs: 2 x matmul parameters per token
 forward (embedding lookup excluded, LM head included) plus attention
-4 x L x context x D forward; training is 3x forward.
+4 x L x context x H x K forward; training is 3x forward.
 
     python benchmarks/gptj_throughput.py --layers 4 --d-model 256 --heads 8 --rotary-dim 16 \\
         --vocab 512 --gen-batch 32 --prompt 64 --new-tokens 96 --train-batch 8 --train-seq 256 --peer
+    python benchmarks/gptj_throughput.py --arch llama --layers 4 --d-model 256 --heads 8 --kv-heads 4 \
+        --d-ff 768 --vocab 512 --peer                   # the tiny Llama-style shape of docs/models.md
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ from common import (MALLOC_HELP, MALLOC_MODES, Peer, apply_malloc, choose_peers,
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", choices=("gptj", "llama"), default="gptj",
+                    help="llama: RMSNorm, SwiGLU, grouped-query attention, rotate-half rope (llama.py)")
+    ap.add_argument("--kv-heads", type=int, default=None, help="--arch llama: key/value heads (default heads / 2)")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--heads", type=int, default=8)
@@ -65,16 +71,25 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "(torch's spinning threads collapse when other processes share the cores)")
     a = ap.parse_args(argv)
     a.d_ff = a.d_ff or 4 * a.d_model
+    a.kv_heads = (a.kv_heads or max(1, a.heads // 2)) if a.arch == "llama" else a.heads
     a.cpu_devices = a.cpu_devices or threads()
-    if a.d_model % a.heads or a.rotary_dim > a.d_model // a.heads:
+    if a.heads % a.kv_heads:
+        ap.error("kv-heads must divide heads")
+    if a.arch == "llama" and a.ceiling:
+        ap.error("--ceiling: GPT-J only (ceiling.py)")
+    if a.d_model % a.heads or (a.arch == "gptj" and a.rotary_dim > a.d_model // a.heads):
         ap.error("d-model must be a multiple of heads and rotary-dim <= d-model / heads")
     return a
 
 
 def flops_per_token(a, context: float, train: bool) -> float:
     D, F, L, V = a.d_model, a.d_ff, a.layers, a.vocab
-    matmul_params = L * (4 * D * D + 2 * D * F) + D * V
-    fwd = 2 * matmul_params + 4 * L * context * D
+    K = D // a.heads
+    if a.arch == "llama":  # q and out: H x K each side; k, v: G x K; gate, up, down
+        matmul_params = L * (2 * D * a.heads * K + 2 * D * a.kv_heads * K + 3 * D * F) + D * V
+    else:
+        matmul_params = L * (4 * D * D + 2 * D * F) + D * V
+    fwd = 2 * matmul_params + 4 * L * context * a.heads * K
     return 3 * fwd if train else fwd
 
 
@@ -117,14 +132,18 @@ def jax_workloads(a) -> tuple[dict, object, object]:
     import numpy as np
 
     from star_haiku_xmap import model, packing, sample, sharding, train
-    from star_haiku_xmap.config import GPTJConfig
+    from star_haiku_xmap.config import GPTJConfig, LlamaConfig
     from star_haiku_xmap.distributed import set_cpu_devices
 
     set_cpu_devices(a.cpu_devices)  # model.cpu_devices: before jax starts its backends
 
-    cfg = GPTJConfig(n_layer=a.layers, d_model=a.d_model, n_head=a.heads, d_head=a.d_model // a.heads,
-                     d_ff=a.d_ff, rotary_dim=a.rotary_dim, n_ctx=max(a.prompt + a.new_tokens, a.train_seq),
-                     vocab=a.vocab, dtype=a.dtype)
+    n_ctx = max(a.prompt + a.new_tokens, a.train_seq)
+    if a.arch == "llama":
+        cfg = LlamaConfig(n_layer=a.layers, d_model=a.d_model, n_head=a.heads, n_kv_head=a.kv_heads,
+                          d_head=a.d_model // a.heads, d_ff=a.d_ff, n_ctx=n_ctx, vocab=a.vocab, dtype=a.dtype)
+    else:
+        cfg = GPTJConfig(n_layer=a.layers, d_model=a.d_model, n_head=a.heads, d_head=a.d_model // a.heads,
+                         d_ff=a.d_ff, rotary_dim=a.rotary_dim, n_ctx=n_ctx, vocab=a.vocab, dtype=a.dtype)
     # The backend's own layout: params by the rule table, the batch split over "dp".
     mesh = sharding.make_mesh({"dp": -1, "mp": 1})
     params = sharding.shard_tree(model.init_params(cfg, 0), mesh)
@@ -201,8 +220,10 @@ def main(argv=None) -> None:
         print(json.dumps({**info, **summarise("hf_generate", tg, a.gen_batch * a.new_tokens),
                           **summarise("hf_train", tt, a.train_batch * a.train_seq)}))
         return
-    result = {"dtype": a.dtype, "threads": threads(), "malloc": a.malloc, "thp": thp_mode(), "loadavg_start": round(os.getloadavg()[0], 2),
-              "shape": {k: getattr(a, k) for k in ("layers", "d_model", "heads", "d_ff", "rotary_dim", "vocab",
+    result = {"arch": a.arch, "dtype": a.dtype, "threads": threads(), "malloc": a.malloc, "thp": thp_mode(), "loadavg_start": round(os.getloadavg()[0], 2),
+              "shape": {k: getattr(a, k) for k in ("layers", "d_model", "heads",
+                                                   *(("kv_heads",) if a.arch == "llama" else ("rotary_dim",)),
+                                                   "d_ff", "vocab",
                                                    "gen_batch", "prompt", "new_tokens", "train_batch", "train_seq")}}
     # The peers start first: their import and warm-up must not overlap the JAX timings.
     policies = {"auto": ("default", "passive")}.get(a.hf_omp_wait_policy, (a.hf_omp_wait_policy,))

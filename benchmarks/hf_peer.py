@@ -1,5 +1,5 @@
 """The HF transformers side of ``gptj_throughput.py --peer``: ``GPTJForCausalLM``
-(torch, CPU) at the benchmark's shapes, dtype and thread count, served from a
+(``LlamaForCausalLM`` for ``--arch llama``; torch, CPU) at the benchmark's shapes, dtype and thread count, served from a
 child process (``gptj_throughput.py --hf-serve``, so that it gets the same malloc
 settings) one timed call per request (``common.serve``), so the two runtimes'
 thread pools never compete and JAX and HF calls can alternate."""
@@ -11,14 +11,21 @@ from gptj_throughput import matmul_peak
 
 
 def hf_model(a, n_positions: int):
-    """A random ``GPTJForCausalLM`` of the benchmark's shape in eval mode (no
-    dropout), with torch set to the benchmark's thread count."""
+    """A random ``GPTJForCausalLM`` (``LlamaForCausalLM``) of the benchmark's shape
+    in eval mode (no dropout), with torch set to the benchmark's thread count."""
     import torch
     from transformers import GPTJConfig, GPTJForCausalLM
 
     torch.set_num_threads(threads())
     torch.manual_seed(0)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[a.dtype]
+    if getattr(a, "arch", "gptj") == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=a.d_model, intermediate_size=a.d_ff,
+                          num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
+                          max_position_embeddings=n_positions, attention_dropout=0.0, tie_word_embeddings=False)
+        return LlamaForCausalLM(cfg).to(dtype).eval()
     cfg = GPTJConfig(vocab_size=a.vocab, n_positions=n_positions, n_embd=a.d_model, n_layer=a.layers,
                      n_head=a.heads, rotary_dim=a.rotary_dim, n_inner=a.d_ff, resid_pdrop=0.0, embd_pdrop=0.0,
                      attn_pdrop=0.0, tie_word_embeddings=False)

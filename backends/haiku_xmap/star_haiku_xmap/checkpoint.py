@@ -125,10 +125,10 @@ def _exchange(a: Path, b: Path) -> bool:
 def _param_specs_cached(config_items: tuple) -> dict[tuple[str, ...], tuple[tuple[int, ...], str]]:
     import jax
 
-    from .config import GPTJConfig
+    from .config import config_from_dict
     from .model import init_params
 
-    config = GPTJConfig.from_dict(dict(config_items))
+    config = config_from_dict(dict(config_items))
     shapes = jax.eval_shape(lambda key: init_params(config, key), jax.random.key(0))
     return {path: (tuple(s.shape), np.dtype(s.dtype).name) for path, s in _flatten(shapes)}
 
@@ -138,12 +138,13 @@ MAX_LAYERS = 1024  # the abstract model is traced layer by layer: a forged count
 
 def param_specs(model_config: Mapping[str, Any]) -> dict[tuple[str, ...], tuple[tuple[int, ...], str]]:
     """{key path: (shape, dtype name)} the model defines for ``model_config`` (no memory used).
-    ValueError/TypeError for a config that is not a GPT-J's (or has more than MAX_LAYERS layers)."""
+    ValueError/TypeError for a config that is not a model's (or has more than MAX_LAYERS layers)."""
     layers = model_config.get("n_layer")
     if type(layers) is int and layers > MAX_LAYERS:
         raise ValueError(f"n_layer {layers} is more than {MAX_LAYERS}")
     try:
-        return _param_specs_cached(tuple(sorted(model_config.items())))
+        items = ((k, tuple(v) if isinstance(v, list) else v) for k, v in model_config.items())
+        return _param_specs_cached(tuple(sorted(items)))
     except (OverflowError, ArithmeticError) as exc:
         raise ValueError(f"shapes out of range ({exc})") from None
 

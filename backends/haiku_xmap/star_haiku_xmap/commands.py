@@ -31,18 +31,22 @@ def _tokenizer_dict(args: argparse.Namespace, default_file: Path | None, stored:
     if stored is not None:
         return stored
     if default_file is not None and default_file.is_file():
-        return HFTokenizer(default_file).to_dict()
+        from .hf_import import folder_tokenizer
+
+        return folder_tokenizer(default_file.parent, default_file).to_dict()  # eos from config.json
     raise UserError("--tokenizer-file: required (GPT-J's tokenizer.json; see docs/gptj6b.md), "
                     "or --byte-tokenizer for a byte-level model")
 
 
 class ConvertCommand:
-    help = "convert GPT-J weights (hf safetensors | mtj slim checkpoint | native) into a native or mtj checkpoint"
+    help = ("convert weights (hf safetensors: GPT-J or Llama/Qwen2/Mistral | mtj slim checkpoint | native) into "
+            "a native or mtj checkpoint")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.description = (
-            "Convert GPT-J weights, one tensor in memory at a time. Sources: --from hf (a folder with config.json "
-            "and model.safetensors or model.safetensors.index.json; .bin/.pt are refused), --from mtj (a "
+            "Convert model weights, one tensor in memory at a time. Sources: --from hf (a folder with config.json "
+            "and model.safetensors or model.safetensors.index.json; .bin/.pt are refused; GPT-J, or Llama / "
+            "Qwen2 / Mistral, detected from config.json's model_type), --from mtj (a "
             "mesh-transformer-jax slim checkpoint: shard_*/N.npz), --from native (a checkpoint of this backend). "
             "--to native (default) writes a native checkpoint; with --mp N > 1 its model-parallel leaves are "
             "stored as N parts so that each device of an mp=N mesh reads only its own slice. --to mtj writes "
@@ -78,13 +82,13 @@ class ConvertCommand:
             return self._to_mtj(args, mp or 8)
         mp = mp or 1
         if args.source == "hf":
-            from .hf_import import iter_hf_gptj
+            from .hf_import import iter_hf, source_name
 
             dtype = args.dtype or "bfloat16"
             folder = src if src.is_dir() else src.parent
             tok = _tokenizer_dict(args, folder / "tokenizer.json")
-            config, leaves = iter_hf_gptj(src, dtype=dtype)
-            extra = {"source": "hf_gptj"}
+            config, leaves = iter_hf(src, dtype=dtype)  # the architecture from config.json's model_type
+            extra = {"source": source_name(config)}
         elif args.source == "mtj":
             from .mtj_import import iter_mtj_gptj, resolve_config
 
@@ -94,13 +98,13 @@ class ConvertCommand:
             step, leaves = iter_mtj_gptj(src, config)
             extra = {"source": "mtj_slim", "mtj_step": step}
         else:
-            from .config import GPTJConfig
+            from .config import config_from_dict
             from .mtj_import import native_leaves
 
             if src.resolve() == dest.resolve():
                 raise UserError(f"{dest}: the destination must differ from the source")
             manifest, leaves = native_leaves(src, args.dtype)
-            config = GPTJConfig.from_dict(manifest["model_config"])
+            config = config_from_dict(manifest["model_config"])
             if args.dtype:
                 config = config.replace(dtype=args.dtype)
             tok = _tokenizer_dict(args, None, stored=manifest["tokenizer"])

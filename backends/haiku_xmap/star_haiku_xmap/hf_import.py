@@ -1,4 +1,6 @@
-"""Import a Hugging Face GPT-J checkpoint (safetensors only) into haiku params.
+"""Import a Hugging Face checkpoint (safetensors only) into haiku params: GPT-J,
+or the Llama family (``model_type`` llama, qwen2, mistral: ``hf_llama.py`` maps
+their config and names), picked by ``config.json``'s ``model_type``.
 
 A source folder holds ``config.json`` and either ``model.safetensors`` or shards
 listed in ``model.safetensors.index.json``. Pickle-based weights (``.bin``,
@@ -8,7 +10,7 @@ before ``safe_open`` touches the file; tensors are then read one at a time,
 transposed from PyTorch's (out, in) to haiku's (in, out) (all but the
 embedding) and cast to the requested dtype.
 
-Name mapping (HF -> haiku)::
+Name mapping for GPT-J (HF -> haiku)::
 
     transformer.wte.weight                  wte/embeddings
     transformer.h.{i}.ln_1.{weight,bias}    h_{i}/ln/{scale,offset}
@@ -37,7 +39,8 @@ import numpy as np
 from star_engine.errors import IntegrityError, UserError
 
 from .checkpoint import param_specs, write_checkpoint
-from .config import GPTJConfig
+from . import hf_llama
+from .config import GPTJConfig, ModelConfig, architecture
 from .safeio import TensorInfo, check_alloc, np_dtype, read_bounded, read_safetensors_header
 
 CONFIG_MAX = 1 << 20
@@ -142,7 +145,18 @@ def _tensor_files(src: Path) -> dict[str, tuple[Path, TensorInfo]]:
     return out
 
 
-def _plan(src: Path, dtype: str) -> tuple[GPTJConfig, list[tuple[tuple[str, ...], str, bool, Path, TensorInfo]]]:
+def _family(hf: dict, dtype: str, where: str):
+    """(config, haiku path -> HF name mapping, tensors to ignore, family name) for ``config.json``."""
+    if hf.get("model_type") in hf_llama.MODEL_TYPES:
+        config = hf_llama.config_from_hf(hf, dtype=dtype, where=where)
+        return config, hf_llama.hf_name, hf_llama.ignored(config), hf["model_type"]
+    if hf.get("model_type") != "gptj":
+        raise UserError(f"{where}: model_type is {hf.get('model_type')!r}, expected one of "
+                        f"gptj, {', '.join(hf_llama.MODEL_TYPES)}")
+    return hf_config_to_gptj(hf, dtype=dtype, where=where), _hf_name, _IGNORED, "GPT-J"
+
+
+def _plan(src: Path, dtype: str) -> tuple[ModelConfig, list[tuple[tuple[str, ...], str, bool, Path, TensorInfo]]]:
     """Validate everything (config, headers, names, shapes) before reading a tensor."""
     if src.is_file():
         if src.suffix in _PICKLE_SUFFIXES:
@@ -157,11 +171,11 @@ def _plan(src: Path, dtype: str) -> tuple[GPTJConfig, list[tuple[tuple[str, ...]
         raise UserError(f"{cfg_path}: not valid JSON ({type(exc).__name__}: {exc})") from None
     if not isinstance(hf, dict):
         raise UserError(f"{cfg_path}: not a JSON object")
-    config = hf_config_to_gptj(hf, dtype=dtype, where=str(cfg_path))
+    config, hf_name, ignore, family = _family(hf, dtype, str(cfg_path))
     tensors = _tensor_files(src)
     plan, used = [], set()
     for key_path, (shape, _) in sorted(param_specs(config.to_dict()).items()):
-        name, transpose = _hf_name(key_path)
+        name, transpose = hf_name(key_path)
         if name not in tensors:
             raise UserError(f"{src}: tensor {name!r} missing (needed for {'/'.join(key_path)})")
         path, info = tensors[name]
@@ -173,14 +187,14 @@ def _plan(src: Path, dtype: str) -> tuple[GPTJConfig, list[tuple[tuple[str, ...]
             raise UserError(f"{path}: tensor {name!r} has dtype {info.dtype}, expected a float type")
         plan.append((key_path, name, transpose, path, info))
         used.add(name)
-    extra = sorted(n for n in tensors if n not in used and not _IGNORED.match(n))
+    extra = sorted(n for n in tensors if n not in used and not ignore.match(n))
     if extra:
-        raise UserError(f"{src}: unexpected tensors for GPT-J: {extra[:5]}")
+        raise UserError(f"{src}: unexpected tensors for {family}: {extra[:5]}")
     return config, plan
 
 
-def iter_hf_gptj(src: str | os.PathLike, *, dtype: str = "float32"
-                 ) -> tuple[GPTJConfig, Iterator[tuple[tuple[str, ...], np.ndarray]]]:
+def iter_hf(src: str | os.PathLike, *, dtype: str = "float32"
+            ) -> tuple[ModelConfig, Iterator[tuple[tuple[str, ...], np.ndarray]]]:
     """(config, lazy iterator of (haiku key path, array)) in sorted key order;
     everything is validated before the iterator is returned."""
     from safetensors import SafetensorError, safe_open
@@ -213,26 +227,61 @@ def iter_hf_gptj(src: str | os.PathLike, *, dtype: str = "float32"
     return config, leaves()
 
 
-def import_hf_gptj(src: str | os.PathLike, *, dtype: str = "float32") -> tuple[GPTJConfig, dict]:
-    """(GPTJConfig, haiku params as numpy arrays) for an HF GPT-J safetensors folder."""
-    config, leaves = iter_hf_gptj(src, dtype=dtype)
+def import_hf(src: str | os.PathLike, *, dtype: str = "float32") -> tuple[ModelConfig, dict]:
+    """(config, haiku params as numpy arrays) for an HF safetensors folder (GPT-J or the Llama family)."""
+    config, leaves = iter_hf(src, dtype=dtype)
     params: dict = {}
     for key_path, arr in leaves:
         params.setdefault("/".join(key_path[:-1]), {})[key_path[-1]] = arr
     return config, params
 
 
-def convert_hf_gptj(src: str | os.PathLike, dest: str | os.PathLike, *, dtype: str = "float32",
-                    tokenizer: dict | None = None, extra: dict | None = None) -> dict:
-    """Convert an HF GPT-J folder into a native checkpoint at ``dest``, one tensor in
-    memory at a time. ``tokenizer`` defaults to the folder's ``tokenizer.json``."""
-    from .tokenizer import HFTokenizer
+def folder_tokenizer(folder: str | os.PathLike, tokenizer_file: str | os.PathLike | None = None):
+    """The HF tokenizer of a checkpoint folder (``tokenizer_file``, default the
+    folder's ``tokenizer.json``), its end-of-text token named by ``config.json``'s
+    ``eos_token_id`` when it has one (Llama 3: ``<|end_of_text|>``; Qwen2.5:
+    ``<|endoftext|>``), else ``<|endoftext|>`` (GPT-J)."""
+    from tokenizers import Tokenizer
 
+    from .tokenizer import EOT_TOKEN, TOKENIZER_FILE_MAX, HFTokenizer
+
+    folder = Path(folder)
+    path = Path(tokenizer_file) if tokenizer_file else folder / "tokenizer.json"
+    eos_token = EOT_TOKEN
+    cfg = folder / "config.json"
+    if cfg.is_file():
+        try:
+            eos_id = json.loads(read_bounded(cfg, CONFIG_MAX)).get("eos_token_id")
+        except (ValueError, RecursionError, AttributeError):
+            eos_id = None  # the importer reports a bad config.json by itself
+        eos_id = eos_id[0] if isinstance(eos_id, list) and eos_id else eos_id
+        if isinstance(eos_id, int) and not isinstance(eos_id, bool) and path.is_file():
+            try:
+                name = Tokenizer.from_str(read_bounded(path, TOKENIZER_FILE_MAX).decode("utf-8")).id_to_token(eos_id)
+            except Exception:  # noqa: BLE001 - HFTokenizer below reports a bad file with its own message
+                name = None
+            eos_token = name if name is not None else eos_token
+    return HFTokenizer(path, eos_token=eos_token)
+
+
+def convert_hf(src: str | os.PathLike, dest: str | os.PathLike, *, dtype: str = "float32",
+               tokenizer: dict | None = None, extra: dict | None = None) -> dict:
+    """Convert an HF folder (GPT-J or the Llama family) into a native checkpoint at ``dest``, one tensor in
+    memory at a time. ``tokenizer`` defaults to the folder's ``tokenizer.json``."""
     src = Path(src)
     if tokenizer is None:
         if not (src / "tokenizer.json").is_file():
             raise UserError(f"{src}: no tokenizer.json; pass tokenizer= (a tokenizer's to_dict())")
-        tokenizer = HFTokenizer(src / "tokenizer.json").to_dict()
-    config, leaves = iter_hf_gptj(src, dtype=dtype)
-    info = {"source": "hf_gptj", **(extra or {})}
+        tokenizer = folder_tokenizer(src).to_dict()
+    config, leaves = iter_hf(src, dtype=dtype)
+    info = {"source": source_name(config), **(extra or {})}
     return write_checkpoint(dest, leaves, model_config=config.to_dict(), tokenizer=tokenizer, extra=info)
+
+
+def source_name(config: ModelConfig) -> str:
+    """A converted checkpoint's ``extra.source``: hf_gptj or hf_llama."""
+    return f"hf_{architecture(config)}"
+
+
+# The names from before the Llama family, kept for callers.
+iter_hf_gptj, import_hf_gptj, convert_hf_gptj = iter_hf, import_hf, convert_hf

@@ -17,35 +17,35 @@ import numpy as np
 
 from star_engine.errors import UserError
 
-from .config import GPTJConfig
+from .config import ModelConfig, config_from_dict
 
-Loaded = tuple[GPTJConfig, dict, Any]
+Loaded = tuple[ModelConfig, dict, Any]
 
 
 def load_model(checkpoint_dir: str | os.PathLike, *, dtype: str = "float32", shardings: Any = None) -> Loaded:
     """(config, params, tokenizer) from a native checkpoint (a folder with
-    ``manifest.msgpack``, fully verified) or an HF GPT-J safetensors folder
+    ``manifest.msgpack``, fully verified) or an HF safetensors folder (GPT-J, Llama, Qwen2, Mistral)
     (converted to ``dtype``; its tokenizer is the folder's ``tokenizer.json``,
     or None when it has none). ``shardings`` applies to native checkpoints."""
     from .checkpoint import MANIFEST, load_checkpoint
-    from .tokenizer import HFTokenizer, tokenizer_from_dict
+    from .tokenizer import tokenizer_from_dict
 
     path = Path(checkpoint_dir).expanduser()
     if (path / MANIFEST).is_file():
         params, manifest = load_checkpoint(path, shardings)
-        return GPTJConfig.from_dict(manifest["model_config"]), params, tokenizer_from_dict(manifest["tokenizer"])
+        return config_from_dict(manifest["model_config"]), params, tokenizer_from_dict(manifest["tokenizer"])
     if (path / "config.json").is_file() or path.is_file():
-        from .hf_import import import_hf_gptj
+        from .hf_import import folder_tokenizer, import_hf
 
-        config, params = import_hf_gptj(path, dtype=dtype)
+        config, params = import_hf(path, dtype=dtype)
         folder = path if path.is_dir() else path.parent
-        tok = HFTokenizer(folder / "tokenizer.json") if (folder / "tokenizer.json").is_file() else None
+        tok = folder_tokenizer(folder) if (folder / "tokenizer.json").is_file() else None
         return config, params, tok
     raise UserError(f"{path}: neither a checkpoint (manifest.msgpack) nor an HF folder (config.json)")
 
 
 @functools.lru_cache(maxsize=8)
-def _jitted_forward(config: GPTJConfig):
+def _jitted_forward(config: ModelConfig):
     import jax
 
     from .model import forward

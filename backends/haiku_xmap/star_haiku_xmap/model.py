@@ -1,4 +1,6 @@
-"""GPT-J in dm-haiku (the architecture of HF ``GPTJForCausalLM``), mesh-agnostic.
+"""GPT-J in dm-haiku (the architecture of HF ``GPTJForCausalLM``), mesh-agnostic,
+and the public model API of every architecture: a ``LlamaConfig`` runs the
+Llama-style decoder of ``llama.py`` through the same functions (``_network``).
 
 Parameter tree (haiku names; the HF importer maps onto exactly these)::
 
@@ -27,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from .config import GPTJConfig
+from .config import GPTJConfig, architecture
 
 Params = Any  # haiku's nested dict {module_path: {name: array}}
 
@@ -39,7 +41,8 @@ LAYER_INPUT = "layer_input"  # checkpoint name of each block's input (the residu
 
 
 class KVCache(NamedTuple):
-    """Post-rotary keys and values, one (B, H, S, K) buffer per layer, ``S`` slots.
+    """Post-rotary keys and values, one (B, H, S, K) buffer per layer, ``S`` slots
+    (H: the key/value heads, fewer than the query heads under grouped-query attention).
 
     Per-layer buffers in head-major order let a decode step write its slot in
     place and feed attention without slicing or transposing a stacked cache."""
@@ -262,8 +265,21 @@ def _write(buf_BHSK, new_BHTK, start, per_row: bool) -> jax.Array:
     return jax.vmap(lambda b, n, s: jax.lax.dynamic_update_slice(b, n, (0, s, 0)))(buf_BHSK, new_BHTK, start)
 
 
+def _network(config):
+    """The forward pass of ``config``'s architecture (the one place that dispatches)."""
+    if architecture(config) == "llama":
+        from . import llama
+
+        return llama.network
+    return _gptj
+
+
 @functools.lru_cache(maxsize=None)
 def _transformed(config: GPTJConfig) -> hk.Transformed:
+    if architecture(config) == "llama":
+        from . import llama
+
+        return hk.without_apply_rng(hk.transform(functools.partial(llama.declare, config)))
     return hk.without_apply_rng(hk.transform(functools.partial(_declare, config)))
 
 
@@ -308,13 +324,13 @@ def forward(params: Params, tokens_BT: jax.Array, config: GPTJConfig,
     mask_BT = jnp.ones(tokens_BT.shape, bool) if mask is None else jnp.asarray(mask, bool)
     if positions_BT is None:
         positions_BT = default_positions(mask_BT)
-    logits_BTV, _ = _gptj(params, config, tokens_BT, positions_BT, mask_BT, None, 0, segments_BT=segments)
+    logits_BTV, _ = _network(config)(params, config, tokens_BT, positions_BT, mask_BT, None, 0, segments_BT=segments)
     return logits_BTV
 
 
 def init_cache(config: GPTJConfig, batch: int, max_len: int) -> KVCache:
     """An empty cache of ``max_len`` slots in the activation dtype."""
-    shape = (batch, config.n_head, max_len, config.d_head)
+    shape = (batch, getattr(config, "n_kv_head", config.n_head), max_len, config.d_head)
     zeros = tuple(jnp.zeros(shape, dtype_of(config)) for _ in range(config.n_layer))
     return KVCache(zeros, zeros)
 
@@ -333,8 +349,8 @@ def prefill(params: Params, tokens_BT: jax.Array, mask_BT: jax.Array, config: GP
     key_mask_BS = jnp.zeros((B, max_len), bool).at[:, :T].set(mask_BT)
     # The prompt attends to itself only (the empty slots after it are masked out
     # anyway), then its keys/values are padded to the cache length.
-    logits_B1V, kv = _gptj(params, config, jnp.asarray(tokens_BT, jnp.int32), default_positions(mask_BT),
-                           mask_BT, None, 0, last_only=True)
+    logits_B1V, kv = _network(config)(params, config, jnp.asarray(tokens_BT, jnp.int32),
+                                      default_positions(mask_BT), mask_BT, None, 0, last_only=True)
     pad = ((0, 0), (0, 0), (0, max_len - T), (0, 0))
     cache = KVCache(*(tuple(jnp.pad(x, pad) for x in xs) for xs in kv))
     return logits_B1V[:, 0], cache, key_mask_BS
@@ -359,8 +375,8 @@ def prefill_after(params: Params, prefix: KVCache, tokens_BT: jax.Array, mask_BT
                                       jnp.zeros((B, x.shape[1], T, x.shape[3]), x.dtype)], axis=2)
     cache = KVCache(tuple(map(grow, prefix.k)), tuple(map(grow, prefix.v)))
     key_mask_BS = jnp.concatenate([jnp.ones((B, P), bool), mask_BT], axis=1)
-    logits_B1V, cache = _gptj(params, config, jnp.asarray(tokens_BT, jnp.int32), P + default_positions(mask_BT),
-                              key_mask_BS, cache, P, last_only=True)
+    logits_B1V, cache = _network(config)(params, config, jnp.asarray(tokens_BT, jnp.int32),
+                                         P + default_positions(mask_BT), key_mask_BS, cache, P, last_only=True)
     return logits_B1V[:, 0], cache
 
 
@@ -369,7 +385,8 @@ def decode_step(params: Params, token_B: jax.Array, position_B: jax.Array, slot,
                 key_mask_BS: jax.Array, config: GPTJConfig) -> tuple[jax.Array, KVCache, jax.Array]:
     """One token per row written to cache slot ``slot``. Returns (logits (B, V), cache, key mask)."""
     key_mask_BS = key_mask_BS.at[:, slot].set(True)
-    logits_BTV, cache = _gptj(params, config, token_B[:, None], position_B[:, None], key_mask_BS, cache, slot)
+    logits_BTV, cache = _network(config)(params, config, token_B[:, None], position_B[:, None], key_mask_BS, cache,
+                                         slot)
     return logits_BTV[:, 0], cache, key_mask_BS
 
 
@@ -382,5 +399,6 @@ def decode_rows(params: Params, token_B: jax.Array, length_B: jax.Array, cache: 
     S = cache.k[0].shape[2]
     length_B = jnp.minimum(length_B, S - 1)  # a finished row may sit at the end; it is not read back
     key_mask_BS = jnp.arange(S)[None, :] <= length_B[:, None]
-    logits_BTV, cache = _gptj(params, config, token_B[:, None], length_B[:, None], key_mask_BS, cache, length_B)
+    logits_BTV, cache = _network(config)(params, config, token_B[:, None], length_B[:, None], key_mask_BS, cache,
+                                         length_B)
     return logits_BTV[:, 0], cache

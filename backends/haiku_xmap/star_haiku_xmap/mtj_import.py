@@ -492,6 +492,8 @@ def export_mtj(checkpoint: str | os.PathLike, dest: str | os.PathLike, *, shards
     src = Path(checkpoint)
     m = read_manifest(src)
     _check_against_config(m, str(src))
+    if m["model_config"].get("architecture", "gptj") != "gptj":
+        raise UserError(f"{src}: --to mtj writes GPT-J only; this checkpoint is {m['model_config']['architecture']!r}")
     config = GPTJConfig.from_dict(m["model_config"])
     if dtype is not None:
         config = config.replace(dtype=dtype)

@@ -16,6 +16,7 @@ re-run on the target (``--platform default``) to confirm.
     python -m star_haiku_xmap.plan --mesh 8x1 --zero 1 --device-gib 80
     python -m star_haiku_xmap.plan --mesh 1x1 --device-gib 80 --opt-state-dtype bfloat16
     star-engine plan --standard                                     # the table of docs/gptj6b.md
+    star-engine plan --models all                                   # the table of docs/models.md (Llama family)
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the table of docs/gptj6b.md (the paper's step on 1x8 / 16 GiB with master, moment and "
                              "accumulator dtypes and remat varied; 8x1 with ZeRO-1 and 1x1 on 80 GiB)")
     parser.add_argument("--json", action="store_true", help="one JSON object per compiled program")
+    from .plan_models import add_arguments as add_model_arguments
+
+    add_model_arguments(parser)
 
 
 MAX_DEVICES = 4096  # simulated CPU devices a plan may ask for
@@ -169,6 +173,7 @@ def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch
 
     from . import distributed, model, packing, sample, sharding
     from . import train as tr
+    from .config import architecture as arch
 
     mesh = sharding.make_mesh({"dp": dp, "mp": mp}, devices=jax.devices()[:dp * mp])
     params_abs = jax.eval_shape(lambda k: model.init_params(config, k), jax.random.key(0))
@@ -205,7 +210,7 @@ def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch
         t0 = time.perf_counter()
         lowered = sample.generate.lower(_abstract(params_abs, params_sh), tokens, mask, keys, 0.0, 1.0,
                                         config=config, max_new_tokens=new_tokens, eos_id=50256,
-                                        valid_vocab=min(50257, config.vocab))
+                                        valid_vocab=min(50257, config.vocab) if arch(config) == "gptj" else None)
         t1 = time.perf_counter()
         compiled = lowered.compile()
         t2 = time.perf_counter()
@@ -240,6 +245,10 @@ HEADER = ("| mesh dp x mp | program | ZeRO | master | moments | grad accum | rem
 
 def run(args: argparse.Namespace) -> int:
     config, what = _check_args(args)
+    if getattr(args, "models", None):
+        from .plan_models import run_models
+
+        return run_models(args)
     if args.standard:
         jobs = [(_parse_mesh(m), *rest) for m, *rest in STANDARD]
     else:

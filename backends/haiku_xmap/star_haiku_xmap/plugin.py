@@ -17,16 +17,19 @@ from star_engine import hookimpl
 from star_engine.api import GenRequest, GenSpec, Progress, TrainExample, TrainResult, TrainSpec
 from star_engine.errors import UserError
 
-from .config import DTYPES, PRESETS, GPTJConfig
+from .config import ARCHITECTURES, DTYPES, PRESETS, architecture as arch_of, config_from_dict
 
 BACKEND = "haiku_xmap"
 BASE_DIR = "base_init"
 
 
 def _config_error(exc: Exception) -> str:
-    """A GPTJConfig refusal as the ``[model]`` key it is about: ``model.n_layer: must be ...``."""
-    m = re.match(r"GPTJConfig\.(\w+) (.*)$", str(exc), re.DOTALL)
-    return f"model.{m.group(1)}: {m.group(2)}" if m else f"model: {exc}"
+    """A config refusal as the ``[model]`` key it is about: ``model.n_layer: must be ...``."""
+    m = re.match(r"(?:GPTJ|Llama)Config\.(\w+) (.*)$", str(exc), re.DOTALL)
+    if m:
+        return f"model.{m.group(1)}: {m.group(2)}"
+    m = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+    return f"model.{m.group(1)}: not an option of this architecture" if m else f"model: {exc}"
 
 
 def _cut_at_stop(text: str, stops: Sequence[str]) -> str:
@@ -90,7 +93,9 @@ def use_compile_cache() -> None:
 
 
 class HaikuXmapBackend:
-    """``[model]`` options: a preset with field overrides (ignored when
+    """``[model]`` options: ``architecture`` ("gptj" or "llama"; default: the
+    checkpoint's, else the preset's), a preset (default "tiny", or "llama-tiny"
+    for architecture "llama"; docs/models.md) with field overrides (ignored when
     ``checkpoint_path`` is set: the checkpoint carries its config, and an override
     that disagrees with it is an error), the tokenizer, the mesh and the maximum
     training length ``seq_len`` (default n_ctx); ``zero = 1`` partitions the
@@ -112,9 +117,10 @@ class HaikuXmapBackend:
 
     GENERATION = ("continuous", "static")
 
-    def __init__(self, preset: str = "tiny", dtype: str | None = None, n_layer: int | None = None,
+    def __init__(self, preset: str | None = None, dtype: str | None = None, n_layer: int | None = None,
                  d_model: int | None = None, n_head: int | None = None, d_head: int | None = None,
                  d_ff: int | None = None, rotary_dim: int | None = None, n_ctx: int | None = None,
+                 n_kv_head: int | None = None, architecture: str | None = None,
                  vocab: int | None = None, tokenizer: str = "byte", tokenizer_file: str = "",
                  checkpoint_path: str = "", mesh: Mapping[str, Any] | None = None,
                  seq_len: int | None = None, zero: int = 0, opt_state_dtype: str = "float32",
@@ -165,23 +171,33 @@ class HaikuXmapBackend:
 
         if dtype is not None and dtype not in DTYPES:
             raise UserError(f"model.dtype: must be one of {list(DTYPES)}, got {dtype!r}")
+        if architecture is not None and architecture not in ARCHITECTURES:
+            raise UserError(f"model.architecture: must be one of {list(ARCHITECTURES)}, got {architecture!r}")
         overrides = dict(n_layer=n_layer, d_model=d_model, n_head=n_head, d_head=d_head, d_ff=d_ff,
-                         rotary_dim=rotary_dim, n_ctx=n_ctx, vocab=vocab)
+                         rotary_dim=rotary_dim, n_ctx=n_ctx, vocab=vocab, n_kv_head=n_kv_head)
         self._checkpoint_path = str(checkpoint_path) if checkpoint_path else ""
         stored_tok = None
         if self._checkpoint_path:
             manifest = ckpt.read_manifest(self._checkpoint_path)
-            base = GPTJConfig.from_dict(manifest["model_config"])
+            base = config_from_dict(manifest["model_config"])
+            if architecture is not None and architecture != arch_of(base):
+                raise UserError(f"model.architecture: {architecture!r} disagrees with the checkpoint's "
+                                f"{arch_of(base)!r} ({self._checkpoint_path})")
             for key, value in overrides.items():
-                if value is not None and value != getattr(base, key):
+                if value is not None and value != getattr(base, key, None):
                     raise UserError(f"model.{key}: {value} disagrees with the checkpoint's {getattr(base, key)} "
                                     f"({self._checkpoint_path})")
             stored_tok = manifest["tokenizer"]
             self._ckpt_dtype = base.dtype
         else:
+            if preset is None:
+                preset = "llama-tiny" if architecture == "llama" else "tiny"
             if preset not in PRESETS:
                 raise UserError(f"model.preset: unknown preset {preset!r}; known: {sorted(PRESETS)}")
             base = PRESETS[preset]
+            if architecture is not None and architecture != arch_of(base):
+                raise UserError(f"model.architecture: {architecture!r} disagrees with preset {preset!r} "
+                                f"({arch_of(base)!r})")
             self._ckpt_dtype = None
         try:
             self.config = base.replace(**{k: v for k, v in overrides.items() if v is not None},
@@ -270,7 +286,7 @@ class HaikuXmapBackend:
 
         dtype = dtype or self.config.dtype
         key = (str(Path(checkpoint).resolve()), self.checkpoint_id(checkpoint))
-        stored = GPTJConfig.from_dict(read_manifest(checkpoint)["model_config"])
+        stored = config_from_dict(read_manifest(checkpoint)["model_config"])
         cache, self._cache = self._cache, (self._cache if keep else None)
         if cache is not None and cache[0] == key and cache[1] in (dtype, stored.dtype):
             return jax.tree.map(lambda p: p.astype(jnp.dtype(dtype)), cache[2])

@@ -4,11 +4,15 @@ The model knows nothing of the mesh: parameters are placed with ``NamedSharding`
 from a rule table and XLA's SPMD partitioner inserts the collectives. Rules map a
 parameter's path (``"h_3/attn/q/w"``) to a ``PartitionSpec``:
 
-- column-parallel (q, k, v, fc_in): output dim over "mp" (fc_in's bias too);
-- row-parallel (out, fc_out): input dim over "mp", their outputs are summed over
-  "mp", so fc_out's bias stays replicated (added once, after the sum);
+- column-parallel (q, k, v, fc_in; the Llama family's gate, up): output dim over
+  "mp" (their biases too: fc_in's, Qwen2's q/k/v biases);
+- row-parallel (out, fc_out, down): input dim over "mp", their outputs are summed
+  over "mp", so fc_out's bias stays replicated (added once, after the sum);
 - embedding and LM head: vocabulary over "mp";
-- LayerNorms: replicated.
+- LayerNorms and RMSNorms: replicated.
+
+Under grouped-query attention k and v have G * K outputs, split over "mp" like
+q's when mp divides G * K (replicated otherwise, by ``spec_for``).
 
 A parameter no rule matches is an error: silently replicating a new 6B-sized
 weight would only show up as an out-of-memory much later.
@@ -28,12 +32,16 @@ AXES = ("dp", "mp")
 RULES: tuple[tuple[str, P], ...] = (
     (r"^wte/embeddings$", P("mp", None)),
     (r"^h_\d+/attn/(q|k|v)/w$", P(None, "mp")),
+    (r"^h_\d+/attn/(q|k|v)/b$", P("mp")),
     (r"^h_\d+/attn/out/w$", P("mp", None)),
     (r"^h_\d+/mlp/fc_in/w$", P(None, "mp")),
     (r"^h_\d+/mlp/fc_in/b$", P("mp")),
     (r"^h_\d+/mlp/fc_out/w$", P("mp", None)),
     (r"^h_\d+/mlp/fc_out/b$", P()),
+    (r"^h_\d+/mlp/(gate|up)/w$", P(None, "mp")),
+    (r"^h_\d+/mlp/down/w$", P("mp", None)),
     (r"^(h_\d+/ln|ln_f)/(scale|offset)$", P()),
+    (r"^h_\d+/ln_(attn|mlp)/scale$", P()),
     (r"^lm_head/w$", P(None, "mp")),
     (r"^lm_head/b$", P("mp")),
 )

@@ -39,6 +39,18 @@ def test_benchmark_prints_one_json_line_with_throughputs_and_mfu():
     assert "generate_ratio_jax_over_hf" not in result  # only with --peer
 
 
+def test_benchmark_runs_the_llama_family():
+    args = ["--arch", "llama", "--layers", "1", "--d-model", "32", "--heads", "4", "--kv-heads", "2", "--d-ff", "48",
+            "--vocab", "64", "--gen-batch", "2", "--prompt", "8", "--new-tokens", "4", "--train-batch", "2",
+            "--train-seq", "16", "--repeats", "1", "--train-steps", "1", "--cpu-devices", "1"]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["arch"] == "llama" and result["shape"]["kv_heads"] == 2 and "rotary_dim" not in result["shape"]
+    assert result["generate_tokens_per_s"] > 0 and result["train_tokens_per_s"] > 0 and "mfu" in result
+
+
 def test_ceiling_decode_starts_from_the_real_prefill_and_runs_every_step():
     """The attention-free decode's first token is the real model's (same prefill);
     later ones differ (no attention), and every row gets max_new_tokens tokens."""

@@ -1,0 +1,187 @@
+"""Llama-style decoders in dm-haiku (HF ``LlamaForCausalLM``, ``Qwen2ForCausalLM``,
+``MistralForCausalLM``), behind the same public API as GPT-J (``model.py``
+dispatches here on ``config.architecture``).
+
+Parameter tree (haiku names; ``hf_llama.py`` maps the HF tensors onto them)::
+
+    wte/embeddings (V, D)
+    h_{i}/ln_attn/scale (D,)              h_{i}/ln_mlp/scale (D,)        RMSNorm weights
+    h_{i}/attn/q/w (D, H*K)               h_{i}/attn/{k, v}/w (D, G*K)
+    h_{i}/attn/{q, k, v}/b                (qkv_bias: Qwen2)
+    h_{i}/attn/out/w (H*K, D)
+    h_{i}/mlp/{gate, up}/w (D, F)         h_{i}/mlp/down/w (F, D)
+    ln_f/scale (D,)                       lm_head/w (D, V)  (absent when tie_embeddings)
+
+Each block is ``x + attn(rms(x))`` then ``x + down(silu(gate(h)) * up(h))`` with
+``h = rms(x)`` (sequential residual, unlike GPT-J's parallel one). Query head
+``j`` reads key/value head ``j // (H / G)``, as HF's ``repeat_kv``; the cache holds
+the G key/value heads only, (B, G, S, K) per layer. Rotary embeddings rotate the
+two halves of each head (HF's ``rotate_half``), with HF's inverse frequencies:
+``rope_theta`` as base and, with ``rope_scaling``, Llama 3's smoothed scaling.
+
+The sliding window (Mistral) is measured in real tokens: a key's position is the
+count of real keys before it in its row, which is what positions are everywhere
+in this backend (left padding, a shared prefix, decode slots), so the window is
+right wherever a row's slots have gaps.
+"""
+
+from __future__ import annotations
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.ad_checkpoint import checkpoint_name
+
+from .config import LlamaConfig
+from .model import _CAUSAL_BLOCK, LAYER_INPUT, KVCache, Params, _masked_softmax, _write, dtype_of
+
+
+def declare(config: LlamaConfig) -> None:
+    """Every parameter, with hk.Linear's initialisers (RMSNorm scales start at 1)."""
+    c = config
+    dtype = dtype_of(c)
+
+    def linear(name, n_in, n_out, bias=False):
+        with hk.name_scope(name):
+            hk.get_parameter("w", [n_in, n_out], dtype, init=hk.initializers.TruncatedNormal(1.0 / np.sqrt(n_in)))
+            if bias:
+                hk.get_parameter("b", [n_out], dtype, init=jnp.zeros)
+
+    def rms_norm(name):
+        with hk.name_scope(name):
+            hk.get_parameter("scale", [c.d_model], jnp.float32, init=jnp.ones)
+
+    with hk.name_scope("wte"):
+        hk.get_parameter("embeddings", [c.vocab, c.d_model], jnp.float32, init=hk.initializers.TruncatedNormal(0.02))
+    for i in range(c.n_layer):
+        with hk.name_scope(f"h_{i}"):
+            rms_norm("ln_attn")
+            with hk.name_scope("attn"):
+                linear("q", c.d_model, c.n_head * c.d_head, c.qkv_bias)
+                linear("k", c.d_model, c.n_kv_head * c.d_head, c.qkv_bias)
+                linear("v", c.d_model, c.n_kv_head * c.d_head, c.qkv_bias)
+                linear("out", c.n_head * c.d_head, c.d_model)
+            rms_norm("ln_mlp")
+            with hk.name_scope("mlp"):
+                linear("gate", c.d_model, c.d_ff)
+                linear("up", c.d_model, c.d_ff)
+                linear("down", c.d_ff, c.d_model)
+    rms_norm("ln_f")
+    if not c.tie_embeddings:
+        linear("lm_head", c.d_model, c.vocab)
+
+
+def inv_freq(config: LlamaConfig) -> np.ndarray:
+    """HF's rotary inverse frequencies (fp32, K/2): ``rope_theta ** -(2i / K)``, then
+    (``rope_scaling``, rope_type "llama3") long wavelengths divided by ``factor``,
+    short ones kept, and those between interpolated smoothly."""
+    K = config.d_head
+    base = np.float32(1.0) / (np.float32(config.rope_theta) ** (np.arange(0, K, 2).astype(np.float32) / np.float32(K)))
+    if config.rope_scaling is None:
+        return base.astype(np.float32)
+    factor, low, high, old_ctx = (np.float32(x) for x in config.rope_scaling)
+    wavelen = np.float32(2 * np.pi) / base
+    low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+    scaled = np.where(wavelen > low_wavelen, base / factor, base)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def _rotary(x_BHTK: jax.Array, sin_B1TK: jax.Array, cos_B1TK: jax.Array) -> jax.Array:
+    """HF's ``x * cos + rotate_half(x) * sin`` with rotate_half(x) = (-x2, x1) over
+    the two halves of the head; the tables are cast to the activation dtype, as HF."""
+    half = x_BHTK.shape[-1] // 2
+    rotated = jnp.concatenate([-x_BHTK[..., half:], x_BHTK[..., :half]], axis=-1)
+    return x_BHTK * cos_B1TK.astype(x_BHTK.dtype) + rotated * sin_B1TK.astype(x_BHTK.dtype)
+
+
+def _rms_norm(x_ND: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """HF's RMSNorm: normalised in fp32, cast back, then scaled."""
+    xf = x_ND.astype(jnp.float32)
+    normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + jnp.float32(eps))
+    return scale.astype(x_ND.dtype) * normed.astype(x_ND.dtype)
+
+
+def _gqa_attention(q_BGRTK, k_BGSK, v_BGSK, allowed_BTS, d_head: int, block: int = 0) -> jax.Array:
+    """Attention of R = H / G query heads per key/value head, fp32 scores and softmax;
+    ``block`` > 0: causal query blocks as ``model._attention``."""
+    T = q_BGRTK.shape[3]
+    if 0 < block < T:
+        ctx = [_gqa_attention(q_BGRTK[:, :, :, a:a + block], k_BGSK[:, :, :a + block], v_BGSK[:, :, :a + block],
+                              allowed_BTS[:, a:a + block, :a + block], d_head) for a in range(0, T, block)]
+        return jnp.concatenate(ctx, axis=3)
+    scale = np.sqrt(d_head).astype(np.float32)
+    scores = jnp.einsum("bgrtk,bgsk->bgrts", q_BGRTK.astype(jnp.float32), k_BGSK.astype(jnp.float32))
+    probs = _masked_softmax(scores, allowed_BTS[:, None, None], scale).astype(v_BGSK.dtype)
+    return jnp.einsum("bgrts,bgsk->bgrtk", probs, v_BGSK)
+
+
+def network(p: Params, config: LlamaConfig, tokens_BT, positions_BT, key_mask_BS, cache: KVCache | None,
+            start, last_only: bool = False, segments_BT=None):
+    """``model._gptj``'s contract (same arguments, same results) for a Llama-style model."""
+    c = config
+    B, T = tokens_BT.shape
+    H, G, K = c.n_head, c.n_kv_head, c.d_head
+    R = H // G
+    dtype = dtype_of(c)
+    N = B * T
+    x_ND = jnp.asarray(p["wte"]["embeddings"])[(tokens_BT.reshape(N),)].astype(dtype)
+    angle_BTR = positions_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq(c))
+    angle_B1TK = jnp.concatenate([angle_BTR, angle_BTR], axis=-1)[:, None]
+    sin, cos = jnp.sin(angle_B1TK), jnp.cos(angle_B1TK)
+
+    per_row = cache is not None and jnp.ndim(start) == 1
+    if cache is None:
+        q_slot_T, S = jnp.arange(T), T
+    else:
+        q_slot_T, S = jnp.asarray(start)[..., None] + jnp.arange(T), cache.k[0].shape[2]
+    causal_TS = jnp.arange(S) <= q_slot_T[..., None]
+    key_mask_BS = key_mask_BS.astype(bool)
+    allowed_BTS = (causal_TS if per_row else causal_TS[None]) & key_mask_BS[:, None, :]
+    if segments_BT is not None:
+        allowed_BTS = allowed_BTS & (segments_BT[:, :, None] == segments_BT[:, None, :])
+    if c.sliding_window is not None:
+        kpos_BS = jnp.cumsum(key_mask_BS.astype(jnp.int32), axis=1)  # real keys up to each slot
+        q_slot_BT = jnp.broadcast_to(q_slot_T, (B, T))
+        qpos_BT = jnp.take_along_axis(kpos_BS, q_slot_BT, axis=1)
+        allowed_BTS = allowed_BTS & (qpos_BT[:, :, None] - kpos_BS[:, None, :] < c.sliding_window)
+
+    block = _CAUSAL_BLOCK if cache is None and T >= 2 * _CAUSAL_BLOCK else 0
+    new_k, new_v = [], []
+    for i in range(c.n_layer):
+        x_ND = checkpoint_name(x_ND, LAYER_INPUT)
+        h_ND = _rms_norm(x_ND, p[f"h_{i}/ln_attn"]["scale"], c.rms_eps)
+
+        def proj(name, heads):
+            w = p[f"h_{i}/attn/{name}"]
+            y_ND = h_ND @ w["w"] + w["b"] if c.qkv_bias else h_ND @ w["w"]
+            return y_ND.reshape(B, T, heads, K).transpose(0, 2, 1, 3)
+
+        q_BHTK = _rotary(proj("q", H), sin, cos)
+        k_BGTK = _rotary(proj("k", G), sin, cos)
+        v_BGTK = proj("v", G)
+        if cache is None:
+            k_BGSK, v_BGSK = k_BGTK, v_BGTK
+        else:
+            k_BGSK = _write(cache.k[i], k_BGTK, start, per_row)
+            v_BGSK = _write(cache.v[i], v_BGTK, start, per_row)
+        new_k.append(k_BGSK)
+        new_v.append(v_BGSK)
+        ctx_BGRTK = _gqa_attention(q_BHTK.reshape(B, G, R, T, K), k_BGSK, v_BGSK, allowed_BTS, K, block)
+        ctx_ND = ctx_BGRTK.reshape(B, H, T, K).transpose(0, 2, 1, 3).reshape(N, H * K).astype(dtype)
+        x_ND = x_ND + ctx_ND @ p[f"h_{i}/attn/out"]["w"]
+        h_ND = _rms_norm(x_ND, p[f"h_{i}/ln_mlp"]["scale"], c.rms_eps)
+        ff_NF = jax.nn.silu(h_ND @ p[f"h_{i}/mlp/gate"]["w"]) * (h_ND @ p[f"h_{i}/mlp/up"]["w"])
+        x_ND = x_ND + ff_NF @ p[f"h_{i}/mlp/down"]["w"]
+
+    if last_only:
+        x_ND = x_ND.reshape(B, T, c.d_model)[:, -1]
+    x_ND = _rms_norm(x_ND, p["ln_f"]["scale"], c.rms_eps)
+    if c.tie_embeddings:
+        logits_NV = jnp.einsum("nd,vd->nv", x_ND, jnp.asarray(p["wte"]["embeddings"]).astype(dtype))
+    else:
+        logits_NV = x_ND @ p["lm_head"]["w"]
+    return logits_NV.astype(jnp.float32).reshape(B, -1, c.vocab), KVCache(tuple(new_k), tuple(new_v))
