@@ -1,5 +1,5 @@
 """benchmarks/gptj_throughput.py runs end to end at a tiny shape and prints the
-JSON line the README's speed table comes from (no --peer: torch is optional)."""
+JSON line docs/performance.md's speed tables come from (no --peer: torch is optional)."""
 
 from __future__ import annotations
 
