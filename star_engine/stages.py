@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
 
-from . import ui
+from . import procs, ui
 from .api import Candidate, Example, GenRequest, GenSpec, TrainExample, TrainSpec, Verdict
 from .errors import PluginError, UserError
 from .experiment import Experiment, prompt_kinds
@@ -72,6 +72,14 @@ class Stages:
         # Optional Task method: the part of a generation that is checked and stored.
         self.trim = getattr(self.task, "trim", None) or (lambda text: text)
         self.timings: dict[str, float] = {}
+        # questions.parquet is rewritten as the loop goes, so whether to rewrite it is decided
+        # from its row count read here, before any process can change it, and from the counts
+        # written since: every process decides alike (star_engine.procs).
+        self._ledger_on_disk = -1
+        if store is not None:
+            if store.done("questions.parquet"):
+                self._ledger_on_disk = pq.ParquetFile(store.root / "questions.parquet").metadata.num_rows
+            procs.CURRENT.sync("ledger counted")
 
     # -- references to checkpoints (relative inside the run directory) -------------
     def _ref(self, path: str | Path) -> str:
@@ -162,10 +170,11 @@ class Stages:
 
     def save_ledger(self, rows: Sequence[dict]) -> None:
         """The run's ledger so far, ``questions.parquet``: written when it holds fewer rows (a
-        resumed run replaying finished iterations leaves the whole file alone)."""
-        rel = "questions.parquet"
-        if not self.store.done(rel) or pq.ParquetFile(self.store.root / rel).metadata.num_rows < len(rows):
-            self.store.write_table(rel, list(rows), LEDGER_SCHEMA)
+        resumed run replaying finished iterations leaves the whole file alone). The count is
+        this object's, not the file's: another process may be rewriting the file meanwhile."""
+        if len(rows) > self._ledger_on_disk:
+            self.store.write_table("questions.parquet", list(rows), LEDGER_SCHEMA)
+            self._ledger_on_disk = len(rows)
 
     def _stored_prompt(self, context: str, kind: str) -> str:
         return (self.task.prompt(kind) + context) if self.cfg["task"]["few_shot_train"] else context

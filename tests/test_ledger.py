@@ -119,3 +119,31 @@ def test_a_resumed_run_rewrites_the_ledger_byte_for_byte(scripted, toy_toml):
     (run / "questions.parquet").unlink()
     assert main(["run", str(run.parent / "toy.toml"), "--quiet"]) == 0
     assert {p: sha(run / p) for p in before} == before
+
+
+def test_a_second_process_decides_the_ledger_write_as_process_0_does(scripted, toy_toml, monkeypatch):
+    """Process 0 may rewrite questions.parquet before a slower process 1 reaches the same
+    ``save_ledger``: process 1 must still take the same path (a write, whose barrier it
+    joins), from the row count it read before any process could change the file, not
+    read the rewritten file and skip (or call it damaged), which diverged a 2-process run."""
+    import star_engine.procs as procs
+    from star_engine import registry
+    from star_engine.experiment import build
+    from star_engine.stages import Stages
+    from star_engine.store import RunStore
+
+    run = run_toy(toy_toml)
+    cfg = json.loads((run / "config.json").read_text())
+    exp = build(cfg, registry.Registry())
+    names: list[str] = []
+    monkeypatch.setattr(procs, "CURRENT", procs.Processes(index=1, count=2, barrier=names.append))
+    stages = Stages(exp, RunStore(run, {}))
+    rows = pq.read_table(run / "questions.parquet").to_pylist()
+    grown = rows + rows[:3]
+    # process 0, ahead, has already written the grown ledger
+    pq.write_table(pq.read_table(run / "questions.parquet").from_pylist(grown, schema=LEDGER_SCHEMA),
+                   run / "questions.parquet")
+    stages.save_ledger(grown)
+    assert [n.split(": ", 1)[1] for n in names] == ["ledger counted", "write questions.parquet", "write manifest.json"]
+    stages.save_ledger(grown)  # nothing new: no write, no barrier, in every process alike
+    assert len(names) == 3
