@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import io
 import json
 import os
@@ -27,26 +26,11 @@ import structlog
 
 from . import procs
 from .errors import IntegrityError, UserError
+from .fsio import fsync_dir, sha256_file
 
 TMP_PREFIX = ".tmp-"
 MANIFEST = "manifest.json"
 log = structlog.get_logger("star_engine.store")
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -64,7 +48,7 @@ def _write(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except OSError as e:
         with contextlib.suppress(OSError):
             tmp.unlink()

@@ -45,6 +45,7 @@ import msgpack
 import numpy as np
 
 from star_engine.errors import IntegrityError, UserError
+from star_engine.fsio import fsync_dir
 
 from .safeio import (check_alloc, make_parents, np_dtype, read_bounded, read_zstd_part, remove_created,
                      unpack_msgpack, write_zstd_part)
@@ -99,14 +100,6 @@ def _dtype_name(dtype: np.dtype) -> str:
     if name not in DTYPES:
         raise TypeError(f"dtype {name} cannot be stored (allowed: {DTYPES})")
     return name
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -274,7 +267,7 @@ def write_checkpoint(path: str | os.PathLike, leaves: Iterable[tuple[tuple[str, 
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         manifest = unpack_msgpack(data, what=str(dest / MANIFEST))  # the exact form a load returns
         _publish(tmp, dest, data, entries)
         published = True
@@ -299,7 +292,7 @@ def _publish(tmp: Path, dest: Path, data: bytes, entries: list[dict]) -> None:
         os.rename(dest, old)
         os.rename(tmp, dest)
         os.rename(old, tmp)
-    _fsync_dir(dest.parent)
+    fsync_dir(dest.parent)
 
 
 def _same_checkpoint(dest: Path, tmp: Path, data: bytes, entries: list[dict]) -> bool:

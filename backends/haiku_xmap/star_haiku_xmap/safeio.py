@@ -129,14 +129,6 @@ def read_bounded(path: str | os.PathLike, max_bytes: int) -> bytes:
     return data
 
 
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 # ----------------------------------------------------------------------------- msgpack
 
 
