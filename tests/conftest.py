@@ -29,3 +29,20 @@ def scripted(monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
     monkeypatch.delenv("SCRIPTED_KILL", raising=False)
     monkeypatch.delenv("SCRIPTED_SLEEP", raising=False)
+
+
+@pytest.fixture
+def generate_calls(scripted, monkeypatch) -> list:
+    """Every call the scripted backend's ``generate`` gets, in order, as ``(requests, spec)``;
+    the calls still generate as before."""
+    import scripted_plugin
+
+    calls: list = []
+    real = scripted_plugin.ScriptedBackend.generate
+
+    def spy(self, checkpoint, requests, spec, progress=None):
+        calls.append((list(requests), spec))
+        return real(self, checkpoint, requests, spec, progress)
+
+    monkeypatch.setattr(scripted_plugin.ScriptedBackend, "generate", spy)
+    return calls

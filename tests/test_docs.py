@@ -239,29 +239,15 @@ def test_the_joining_of_texts_and_the_stop_strings_are_documented():
     assert "End it with one of the task's stop strings" in stop and "no stop string before its end" in stop
 
 
-def test_a_run_asks_its_backend_what_the_docs_say(tmp_path, monkeypatch):
+def test_a_run_asks_its_backend_what_the_docs_say(tmp_path, monkeypatch, scripted, toy_toml, generate_calls):
     """``prompt(kind) + context(example)`` and ``prompt("hint") + hint.context(task, example)``,
     nothing in between; a kept rationale is stored with the bare context (the scripted toy run)."""
-    from helpers import TESTS, TOY_TOML
-
-    monkeypatch.setenv("STAR_ENGINE_DISABLE_AUTOLOAD", "1")
-    monkeypatch.setenv("STAR_ENGINE_PLUGINS", "scripted_plugin")
-    monkeypatch.syspath_prepend(str(TESTS))
     import scripted_plugin
     from star_engine.cli import main
 
-    asked: list[str] = []
-    real = scripted_plugin.ScriptedBackend.generate
-
-    def spy(self, checkpoint, requests, spec, progress=None):
-        asked.extend(r.prompt for r in requests)
-        return real(self, checkpoint, requests, spec, progress)
-
-    monkeypatch.setattr(scripted_plugin.ScriptedBackend, "generate", spy)
     monkeypatch.setattr(scripted_plugin.ToyTask, "prompt", lambda self, kind: f"<{kind} shots>\n")
-    path = tmp_path / "toy.toml"
-    path.write_text(TOY_TOML.format(out=(tmp_path / "run").as_posix()).replace("iterations = 3", "iterations = 1"))
-    assert main(["run", str(path), "--quiet"]) == 0
+    assert main(["run", str(toy_toml()), "--quiet", "--set", "experiment.iterations=1"]) == 0
+    asked = [r.prompt for reqs, _ in generate_calls for r in reqs]
     task, hint = scripted_plugin.ToyTask(), scripted_plugin.ToyHint()
     train = {e.id: e for e in task.load("train", None)}
     plain = {task.prompt("rationale") + task.context(e) for e in [*train.values(), *task.load("dev", None)]}

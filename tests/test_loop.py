@@ -256,26 +256,19 @@ def test_iteration_events_give_each_stages_seconds(scripted, toy_toml):
         assert all(v >= 0 for v in e["stage_seconds"].values())
 
 
-def test_evaluation_samples_with_its_own_temperature_and_top_p(scripted, toy_toml, monkeypatch):
-    import scripted_plugin
+def test_evaluation_samples_with_its_own_temperature_and_top_p(scripted, toy_toml, generate_calls):
+    def seen() -> list[tuple[float, float, int]]:
+        return [(spec.temperature, spec.top_p, len(reqs)) for reqs, spec in generate_calls]
 
-    seen: list[tuple[float, float, int]] = []
-    generate = scripted_plugin.ScriptedBackend.generate
-
-    def spy(self, checkpoint, requests, spec, progress=None):
-        seen.append((spec.temperature, spec.top_p, len(requests)))
-        return generate(self, checkpoint, requests, spec, progress)
-
-    monkeypatch.setattr(scripted_plugin.ScriptedBackend, "generate", spy)
     _run(toy_toml(), "experiment.iterations=1", "generation.temperature=0.7", "generation.top_p=0.95")
-    assert {(t, p) for t, p, _ in seen} == {(0.7, 0.95), (0.0, 1.0)}  # evaluation: greedy by default
-    assert sum(n for t, p, n in seen if t == 0.0) == 2 * 12  # dev at iterations 0 and 1
-    seen.clear()
+    assert {(t, p) for t, p, _ in seen()} == {(0.7, 0.95), (0.0, 1.0)}  # evaluation: greedy by default
+    assert sum(n for t, p, n in seen() if t == 0.0) == 2 * 12  # dev at iterations 0 and 1
+    generate_calls.clear()
     path = toy_toml("run2", name="toy2.toml")
     assert main(["run", str(path), "--quiet", "--set", "experiment.iterations=1", "--set", "evaluation.temperature=0.01",
                  "--set", "evaluation.top_p=0.9"]) == 0
-    assert {(t, p) for t, p, _ in seen} == {(0.0, 1.0), (0.01, 0.9)}
-    assert sum(n for t, p, n in seen if t == 0.01) == 2 * 12
+    assert {(t, p) for t, p, _ in seen()} == {(0.0, 1.0), (0.01, 0.9)}
+    assert sum(n for t, p, n in seen() if t == 0.01) == 2 * 12
 
 
 def test_task_trim_is_applied_before_checking_and_storing(scripted, toy_toml):
@@ -298,18 +291,9 @@ def test_task_trim_is_applied_before_checking_and_storing(scripted, toy_toml):
     assert evals and all("." not in r["generation"] and not r["correct"] for r in evals)
 
 
-def test_direct_rationalization_uses_the_direct_hint_prompt(scripted, toy_toml, monkeypatch):
-    import scripted_plugin
-
-    prompts: list[str] = []
-    generate = scripted_plugin.ScriptedBackend.generate
-
-    def spy(self, checkpoint, requests, spec, progress=None):
-        prompts.extend(r.prompt for r in requests)
-        return generate(self, checkpoint, requests, spec, progress)
-
-    monkeypatch.setattr(scripted_plugin.ScriptedBackend, "generate", spy)
+def test_direct_rationalization_uses_the_direct_hint_prompt(scripted, toy_toml, generate_calls):
     run = _run(toy_toml(), "experiment.iterations=1", "task.direct=true")
+    prompts = [r.prompt for reqs, _ in generate_calls for r in reqs]
     hinted = [p for p in prompts if "(hint: " in p.split("\n\n")[-1]]
     assert hinted and all(p.startswith("Q: 1+1 (hint: 2)\nA: The answer is 2.\n\n") for p in hinted)
     assert all(p.startswith("Q: 1+1\nA: The answer is 2.\n\n") for p in prompts if p not in hinted)
