@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import IntegrityError, UserError
-from .store import atomic_write_bytes, read_manifest, sha256_file
+from .fsio import sha256_file
+from .store import atomic_write_bytes, read_manifest
 
 PAIR_FIELDS = ("question_id", "class", "prompt", "gold", "chosen", "rejected", "chosen_iteration",
                "chosen_sample", "chosen_hinted", "rejected_iteration", "rejected_sample", "rejected_hinted",

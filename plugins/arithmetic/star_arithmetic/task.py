@@ -9,6 +9,7 @@ Formats are in :mod:`star_arithmetic.formats`.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from functools import cached_property
 from typing import Any
 
@@ -218,9 +219,7 @@ class AdditionTask:
         if not isinstance(self.seed_hint_fraction, list):
             return seed[:round(self.seed_hint_fraction * len(seed))]
         shares = self.seed_hint_fraction
-        count: dict[int, int] = {}
-        for p in seed:
-            count[n_digits(p)] = count.get(n_digits(p), 0) + 1
+        count = Counter(n_digits(p) for p in seed)
         quota = {d: round(shares[min(d - self.min_digits, len(shares) - 1)] * k) for d, k in count.items()}
         out = []
         for p in seed:
