@@ -4,8 +4,13 @@ Every artifact is written to a temporary file in its final folder, fsynced and
 renamed into place, then recorded with its sha256 in ``manifest.json`` (itself
 written the same way). An artifact counts as done only when the file's sha256
 equals the manifest's record, so a crash between the two writes, a truncated
-file or a flipped bit all make the stage that produced it run again. A checkpoint
-is recorded with its id and the sha256 of every file in it, and checked the same way.
+file or a flipped bit all make the stage that produced it run again.
+
+A checkpoint is recorded with its id and the sha256, size and modification time of every
+file in it. Resuming checks its files' sizes and modification times against the record (a
+checkpoint of a 6B model is ~12 GB: no re-hash); a file whose time differs (rewritten,
+or copied without its times) is hashed and compared. Its contents are verified once, when
+the backend loads it (the haiku_xmap backend checks a sha256 per leaf).
 """
 
 from __future__ import annotations
@@ -132,7 +137,8 @@ def _relpath(rel: Any) -> bool:
 
 def _file_record(rec: Any) -> bool:
     return (isinstance(rec, dict) and isinstance(rec.get("sha256"), str) and bool(_SHA256.match(rec["sha256"]))
-            and type(rec.get("bytes")) is int and rec["bytes"] >= 0)
+            and type(rec.get("bytes")) is int and rec["bytes"] >= 0
+            and ("mtime_ns" not in rec or type(rec["mtime_ns"]) is int))
 
 
 def check_manifest(m: Any, path: Path) -> dict:
@@ -248,18 +254,16 @@ class RunStore:
         self._save_manifest()
 
     def checkpoint_done(self, rel: str, current_id: Callable[[str], str]) -> bool:
-        """True when the checkpoint exists, every file recorded for it is intact and it
-        still has its recorded id. A damaged checkpoint is removed (its stage runs again)
-        and the damaged files are named in the log."""
+        """True when the checkpoint exists, every file recorded for it is intact (``_intact``:
+        metadata reads unless a file's time changed) and it still has its recorded id. A
+        damaged checkpoint is removed (its stage runs again) and the damaged files are named
+        in the log."""
         rec = self.manifest["checkpoints"].get(rel)
         path = self.root / rel
         if rec is None or not path.exists():
             return False
-        damaged = []
-        for name, want in sorted(rec["files"].items()):
-            f = path if name == "." else path / name
-            if not f.is_file() or f.stat().st_size != want["bytes"] or sha256_file(f) != want["sha256"]:
-                damaged.append(str(f))
+        damaged = [str(f) for name, want in sorted(rec["files"].items())
+                   if not _intact(f := path if name == "." else path / name, want)]
         if not damaged:
             try:
                 if current_id(str(path)) != rec["id"]:
@@ -276,7 +280,24 @@ class RunStore:
 
 
 def _digest(path: Path) -> dict[str, dict[str, Any]]:
-    """{name relative to ``path`` ("." for a file checkpoint): sha256 and size} of its files."""
+    """{name relative to ``path`` ("." for a file checkpoint): sha256, size and modification
+    time} of its files."""
     files = [path] if path.is_file() else sorted(q for q in path.rglob("*") if q.is_file())
-    return {("." if q == path else q.relative_to(path).as_posix()):
-            {"sha256": sha256_file(q), "bytes": q.stat().st_size} for q in files}
+    out = {}
+    for q in files:
+        st = q.stat()
+        out["." if q == path else q.relative_to(path).as_posix()] = {
+            "sha256": sha256_file(q), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return out
+
+
+def _intact(f: Path, want: Mapping[str, Any]) -> bool:
+    """A checkpoint file still as recorded: same size, and the same modification time, or
+    (time changed or not recorded: rewritten, copied, or an older manifest) the same sha256."""
+    try:
+        st = f.stat()
+    except OSError:
+        return False
+    if not f.is_file() or st.st_size != want["bytes"]:
+        return False
+    return st.st_mtime_ns == want.get("mtime_ns") or sha256_file(f) == want["sha256"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -27,6 +28,41 @@ def test_write_records_checksum_and_detects_damage(tmp_path):
     reopened = RunStore(tmp_path, {})
     assert not reopened.done("a/t.parquet") and not path.exists()  # removed, to be redone
     assert "a/t.parquet" not in json.loads((tmp_path / "manifest.json").read_text())["artifacts"]
+
+
+def test_resuming_a_checkpoint_reads_metadata_not_contents(tmp_path, monkeypatch):
+    """A recorded checkpoint is accepted on resume from its files' sizes and times alone (the
+    backend verifies the contents when it loads them); a file rewritten in place is hashed,
+    and a changed byte is still caught."""
+    import os
+
+    from star_engine import store as store_mod
+
+    ckpt = tmp_path / "iterations/001/model"
+    ckpt.mkdir(parents=True)
+    for name, size in (("manifest.msgpack", 40), ("p0.zst", 5000), ("p1.zst", 3000)):
+        (ckpt / name).write_bytes(bytes(range(256)) * (size // 256) + b"x" * (size % 256))
+    RunStore(tmp_path, {}).record_checkpoint("iterations/001/model", "id-1")
+    rec = json.loads((tmp_path / "manifest.json").read_text())["checkpoints"]["iterations/001/model"]
+    assert {f["mtime_ns"] for f in rec["files"].values()} and all(len(f["sha256"]) == 64 for f in rec["files"].values())
+
+    hashed: list[str] = []
+    real = store_mod.sha256_file
+    monkeypatch.setattr(store_mod, "sha256_file", lambda p, *a: hashed.append(Path(p).name) or real(p, *a))
+    assert RunStore(tmp_path, {}).checkpoint_done("iterations/001/model", lambda _: "id-1")
+    assert hashed == []  # metadata reads only
+
+    part = ckpt / "p1.zst"
+    st = part.stat()
+    os.utime(part, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # touched: same bytes
+    assert RunStore(tmp_path, {}).checkpoint_done("iterations/001/model", lambda _: "id-1")
+    assert hashed == ["p1.zst"]  # only the file whose time changed
+
+    data = bytearray(part.read_bytes())
+    data[100] ^= 1
+    part.write_bytes(bytes(data))  # same size, new contents
+    assert not RunStore(tmp_path, {}).checkpoint_done("iterations/001/model", lambda _: "id-1")
+    assert not ckpt.exists()  # damaged: removed, its stage runs again
 
 
 def test_unrecorded_file_is_not_done(tmp_path):
