@@ -58,6 +58,35 @@ def timings(fn, n: int) -> tuple[float, float]:
     return min(walls), statistics.median(walls)
 
 
+def matmul_peak(dtype: str, libraries=("xla", "numpy")) -> dict[str, float]:
+    """Best FLOP/s of square matmuls per library (numpy only for fp32)."""
+    import numpy as np
+
+    peaks: dict[str, float] = {}
+    for n in (1024, 2048):
+        x = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
+        if "xla" in libraries:
+            import jax
+            import jax.numpy as jnp
+
+            xj = jnp.asarray(x, dtype)
+            f = jax.jit(lambda a: a @ a)
+            f(xj).block_until_ready()
+            t, _ = timings(lambda: f(xj).block_until_ready(), 5)
+            peaks["xla"] = max(peaks.get("xla", 0.0), 2 * n ** 3 / t)
+        if "numpy" in libraries and dtype == "float32":
+            t, _ = timings(lambda: x @ x, 5)
+            peaks["numpy"] = max(peaks.get("numpy", 0.0), 2 * n ** 3 / t)
+        if "torch" in libraries:
+            import torch
+
+            xt = torch.from_numpy(x).to(getattr(torch, dtype))
+            xt @ xt
+            t, _ = timings(lambda: xt @ xt, 5)
+            peaks["torch"] = max(peaks.get("torch", 0.0), 2 * n ** 3 / t)
+    return peaks
+
+
 def rotate(sides: Sequence[Callable[[], tuple[float, float]]], rounds: int) -> list[list[tuple[float, float]]]:
     """(wall, CPU) of each side's calls, one call per side per round; the order
     rotates and reverses from round to round (ABBA for two sides), so that slow

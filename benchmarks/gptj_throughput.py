@@ -34,7 +34,7 @@ import os
 import sys
 
 from common import (MALLOC_HELP, MALLOC_MODES, Peer, apply_malloc, choose_peers, cpu_name, first_call,
-                    interleave, paired_ratio, summarise, thp_mode, threads, timed, timings)
+                    interleave, matmul_peak, paired_ratio, summarise, thp_mode, threads, timed)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -94,35 +94,6 @@ def flops_per_token(a, context: float, train: bool) -> float:
 
 
 # ----------------------------------------------------------------------------- jax
-
-
-def matmul_peak(dtype: str, libraries=("xla", "numpy")) -> dict[str, float]:
-    """Best FLOP/s of square matmuls per library (numpy only for fp32)."""
-    import numpy as np
-
-    peaks: dict[str, float] = {}
-    for n in (1024, 2048):
-        x = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
-        if "xla" in libraries:
-            import jax
-            import jax.numpy as jnp
-
-            xj = jnp.asarray(x, dtype)
-            f = jax.jit(lambda a: a @ a)
-            f(xj).block_until_ready()
-            t, _ = timings(lambda: f(xj).block_until_ready(), 5)
-            peaks["xla"] = max(peaks.get("xla", 0.0), 2 * n ** 3 / t)
-        if "numpy" in libraries and dtype == "float32":
-            t, _ = timings(lambda: x @ x, 5)
-            peaks["numpy"] = max(peaks.get("numpy", 0.0), 2 * n ** 3 / t)
-        if "torch" in libraries:
-            import torch
-
-            xt = torch.from_numpy(x).to(getattr(torch, dtype))
-            xt @ xt
-            t, _ = timings(lambda: xt @ xt, 5)
-            peaks["torch"] = max(peaks.get("torch", 0.0), 2 * n ** 3 / t)
-    return peaks
 
 
 def jax_workloads(a) -> tuple[dict, object, object]:

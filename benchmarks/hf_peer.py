@@ -6,8 +6,7 @@ thread pools never compete and JAX and HF calls can alternate."""
 
 from __future__ import annotations
 
-from common import first_call, serve, threads, timed_reply
-from gptj_throughput import matmul_peak
+from common import first_call, matmul_peak, serve, threads, timed_reply
 
 
 def hf_model(a, n_positions: int):
