@@ -104,7 +104,7 @@ def jax_workloads(a) -> tuple[dict, object, object]:
 
     from star_haiku_xmap import model, packing, sample, sharding, train
     from star_haiku_xmap.config import GPTJConfig, LlamaConfig
-    from star_haiku_xmap.distributed import set_cpu_devices
+    from star_haiku_xmap.machine import set_cpu_devices
 
     set_cpu_devices(a.cpu_devices)  # model.cpu_devices: before jax starts its backends
 

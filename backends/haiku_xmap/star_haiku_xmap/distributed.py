@@ -123,26 +123,6 @@ def initialize(option: Any = None, environ: Mapping[str, str] | None = None) -> 
     return args
 
 
-def set_cpu_devices(n: Any) -> None:
-    """Expose ``n`` XLA:CPU devices in this process (``[model] cpu_devices``), so
-    that a dp mesh splits the batch over the cores. XLA:CPU runs the small
-    matmuls and the one-query attention of decoding on about one core per
-    device (its intra-op threads barely help at these sizes), so on 2 cores a
-    2-device mesh decodes ~1.6x faster than one device. Must run before jax
-    starts its backends; later, the process must already have ``n`` CPU devices."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise UserError(f"model.cpu_devices: must be an int >= 1, got {n!r}")
-    import jax
-
-    try:
-        jax.config.update("jax_num_cpu_devices", n)
-    except RuntimeError:  # backends already started (e.g. a second backend in one process)
-        have = len(jax.devices("cpu"))
-        if have != n:
-            raise UserError(f"model.cpu_devices: jax already started in this process with {have} CPU "
-                            f"device(s), not {n}; set it before anything uses jax") from None
-
-
 def is_primary() -> bool:
     """True on process 0 (the one that writes files in a multi-process run)."""
     import jax

@@ -8,7 +8,6 @@ is built, not when the plugin is discovered.
 from __future__ import annotations
 
 import functools
-import os
 import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -18,6 +17,8 @@ from star_engine.api import GenRequest, GenSpec, Progress, TrainExample, TrainRe
 from star_engine.errors import UserError
 
 from .config import ARCHITECTURES, DTYPES, PRESETS, architecture as arch_of, config_from_dict
+from .machine import set_cpu_devices, use_compile_cache, use_every_core
+from .text import generate_text
 
 BACKEND = "haiku_xmap"
 BASE_DIR = "base_init"
@@ -30,66 +31,6 @@ def _config_error(exc: Exception) -> str:
         return f"model.{m.group(1)}: {m.group(2)}"
     m = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
     return f"model.{m.group(1)}: not an option of this architecture" if m else f"model: {exc}"
-
-
-def _cut_at_stop(text: str, stops: Sequence[str]) -> str:
-    """``text`` before the earliest occurrence of any stop string."""
-    cut = len(text)
-    for s in stops:
-        if s:
-            i = text.find(s)
-            if 0 <= i < cut:
-                cut = i
-    return text[:cut]
-
-
-def default_cpu_devices() -> int:
-    """The cores this process may run on (its CPU affinity), at least 1."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def use_every_core(mesh: Mapping[str, Any] | None = None) -> None:
-    """``model.cpu_devices`` left unset: one XLA:CPU device per core
-    (``default_cpu_devices``), unless jax has already started its backends or the
-    count is set elsewhere (``XLA_FLAGS=--xla_force_host_platform_device_count``,
-    ``JAX_NUM_CPU_DEVICES``). A mesh with both sizes given (``{dp = 1, mp = 1}``)
-    asks for exactly dp x mp devices instead. The same machine and setting give the
-    same mesh."""
-    import jax
-    from jax._src import xla_bridge
-
-    if ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
-            or jax.config.jax_num_cpu_devices != -1 or xla_bridge.backends_are_initialized()):
-        return
-    sizes = [mesh.get(a) for a in ("dp", "mp")] if isinstance(mesh, Mapping) else []
-    if len(sizes) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
-        jax.config.update("jax_num_cpu_devices", sizes[0] * sizes[1])
-    else:
-        jax.config.update("jax_num_cpu_devices", default_cpu_devices())
-
-
-def use_compile_cache() -> None:
-    """JAX's persistent compilation cache, so that a second run (or the ablation run
-    after the main one) loads the compiled steps instead of compiling them again:
-    ``STAR_HAIKU_XMAP_COMPILE_CACHE`` names the folder (default
-    ``$XDG_CACHE_HOME/star-engine/jax``, i.e. ``~/.cache/star-engine/jax``); ``0`` or
-    an empty value turns it off. A loaded executable is the one that was compiled,
-    so results do not change. A cache folder already configured is kept."""
-    import jax
-
-    folder = os.environ.get("STAR_HAIKU_XMAP_COMPILE_CACHE")
-    if folder is None:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        folder = os.path.join(base, "star-engine", "jax")
-    if folder in ("", "0") or jax.config.jax_compilation_cache_dir:
-        return
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError:  # an unwritable home: run without the cache
-        return
-    jax.config.update("jax_compilation_cache_dir", folder)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 class HaikuXmapBackend:
@@ -105,7 +46,7 @@ class HaikuXmapBackend:
     the gradient accumulator's, ``remat`` recomputes each block in the backward
     pass instead of keeping its activations, ``distributed`` starts multi-process JAX and
     ``cpu_devices`` sets how many XLA:CPU devices (cores) the mesh spans
-    (``distributed.py``; default: one per core, ``use_every_core``). ``generation``: "continuous" (default: a slot whose row
+    (``machine.py``; default: one per core, ``use_every_core``). ``generation``: "continuous" (default: a slot whose row
     has ended takes the next prompt, ``continuous.py``) or "static" (length-sorted
     batches, each until its last row ends); ``generation_chunk``: decode steps
     between the host's stop-string checks and refills; ``share_prefix``: the
@@ -145,7 +86,7 @@ class HaikuXmapBackend:
 
         # Before anything starts jax's backends (make_mesh below lists the devices).
         if cpu_devices is not None:
-            dist.set_cpu_devices(cpu_devices)
+            set_cpu_devices(cpu_devices)
         elif dist.resolve_options(distributed) is None:
             use_every_core(mesh)
         self._distributed = dist.initialize(distributed)
@@ -399,8 +340,6 @@ class HaikuXmapBackend:
 
     def generate(self, checkpoint: str, requests: Sequence[GenRequest], spec: GenSpec,
                  progress: Progress | None = None) -> list[str]:
-        from . import continuous, sample
-
         if not isinstance(spec.max_new_tokens, int) or spec.max_new_tokens < 0:
             raise UserError(f"generation.max_new_tokens: must be an int >= 0, got {spec.max_new_tokens!r}")
         if not spec.temperature >= 0:
@@ -419,23 +358,9 @@ class HaikuXmapBackend:
         if max_prompt < 1:
             raise UserError(f"generation.max_new_tokens: {spec.max_new_tokens} leaves no room for a prompt "
                             f"in n_ctx={self.config.n_ctx}")
-        params = self._load(checkpoint)
-        tok = self.tokenizer
-        # Prompts longer than the context keep their end; an empty one starts from end-of-text.
-        prompts = [(tok.encode(r.prompt) or [tok.eos_id])[-max_prompt:] for r in requests]
-        stops = tuple(s for s in spec.stop if s)
-        # Continuous batching checks the stop strings after each chunk of decode steps and frees the slot.
-        stop = (lambda i, ids: _cut_at_stop(tok.decode(ids), stops) != tok.decode(ids)) if stops else None
-        if self.generation == "continuous":
-            run = functools.partial(continuous.generate, chunk=self.generation_chunk, stop=stop,
-                                    share_prefix=self.share_prefix)
-        else:  # the static path: length-sorted batches, each until its last row ends
-            run = functools.partial(sample.generate_batches, max_new_tokens=spec.max_new_tokens)
-        out = run(params, prompts, [r.seed for r in requests], [spec.max_new_tokens] * len(requests),
-                  config=self.config, temperature=float(spec.temperature), top_p=float(spec.top_p),
-                  eos_id=tok.eos_id, pad_id=tok.pad_id, valid_vocab=tok.vocab_size, mesh=self.mesh,
-                  slots=spec.batch_size, progress=progress)
-        return [_cut_at_stop(tok.decode(ids), stops) for ids in out]
+        return generate_text(self._load(checkpoint), requests, spec, tokenizer=self.tokenizer, config=self.config,
+                             mesh=self.mesh, generation=self.generation, chunk=self.generation_chunk,
+                             share_prefix=self.share_prefix, progress=progress)
 
     # ------------------------------------------------------------------ processes
     # Multi-process JAX: the core writes the run directory from process 0 and
