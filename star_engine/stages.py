@@ -28,7 +28,7 @@ from .experiment import Experiment, prompt_kinds
 from .ledger import LEDGER_SCHEMA, ledger_rows
 from .questions import draw
 from .seeds import coin, derive_seed
-from .store import RunStore, remove
+from .store import RunStore, loading_checkpoint, remove
 
 log = structlog.get_logger("star_engine")
 
@@ -114,7 +114,8 @@ class Stages:
                 rel = f"{rel_dir}/chunk-{i:05d}.parquet"
                 if not self.store.done(rel):
                     reqs = [GenRequest(p, s) for p, s in zip(prompts[start:start + size], seeds[start:start + size])]
-                    out = self.backend.generate(self.path(model), reqs, spec, progress=advance)
+                    with loading_checkpoint(Path(self.path(model)), not Path(model).is_absolute()):
+                        out = self.backend.generate(self.path(model), reqs, spec, progress=advance)
                     if len(out) != len(reqs):
                         raise RuntimeError(f"backend returned {len(out)} texts for {len(reqs)} requests")
                     self.store.write_table(rel, [{"index": start + j, "text": t} for j, t in enumerate(out)],
@@ -301,7 +302,8 @@ class Stages:
             remove(self.store.root / model_rel, model_rel)  # a stale, unrecorded attempt
             spec = TrainSpec(steps, section["batch_size"], section["grad_accum"], seed, section["optimizer"],
                              packing=section["packing"], loss=section["loss"])
-            with ui.progress(f"{rel_dir}: train", steps) as advance, _disk_full(self.store.root / model_rel):
+            with ui.progress(f"{rel_dir}: train", steps) as advance, _disk_full(self.store.root / model_rel), \
+                    loading_checkpoint(Path(self.path(init)), not Path(init).is_absolute()):
                 res = self.backend.train(self.path(init), self.store.root / model_rel, examples, spec,
                                          progress=advance)
             self.store.record_checkpoint(model_rel, res.checkpoint_id)

@@ -23,7 +23,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -277,6 +277,20 @@ class RunStore:
         del self.manifest["checkpoints"][rel]
         self._save_manifest()
         return False
+
+
+@contextlib.contextmanager
+def loading_checkpoint(path: Path, inside_run: bool) -> Iterator[None]:
+    """Around a backend call that loads the checkpoint at ``path``: a damaged file it finds
+    (resuming trusts a file whose size and time are as recorded; the backend verifies the
+    contents as it loads them) is named with what to do, when the run wrote the checkpoint."""
+    try:
+        yield
+    except IntegrityError as e:
+        if not inside_run:
+            raise
+        raise IntegrityError(f"{e}; the checkpoint {path} is damaged: move it away and run again to "
+                             "redo the stage that wrote it") from None
 
 
 def _digest(path: Path) -> dict[str, dict[str, Any]]:

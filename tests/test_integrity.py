@@ -183,6 +183,29 @@ def test_flipped_bits_are_named_and_only_their_stages_redone(shared, run):
     assert km.differences(ref, run) == []
 
 
+def test_a_checkpoint_damaged_in_place_is_caught_when_loaded(shared, run):
+    """Resuming trusts a checkpoint file whose size and time are as recorded (no re-hash); a byte
+    changed under an unchanged time (bit rot) is caught when the backend loads the checkpoint:
+    one line naming the file, exit 2, the checkpoint left for the user to move away."""
+    import os
+
+    matrix, ref = shared
+    part = largest_part(run / "iterations/001/model")
+    st = part.stat()
+    flip(part)
+    os.utime(part, ns=(st.st_atime_ns, st.st_mtime_ns))
+    flip(run / "iterations/002/generated.parquet")  # iteration 2's generation loads model 1 again
+    res, _ = rerun(matrix, run)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
+    assert str(part) in res.stderr and f"{run / 'iterations/001/model'} is damaged: move it away" in res.stderr
+    assert part.exists()
+    shutil.rmtree(run / "iterations/001/model")  # what the line tells the user: move it away, rerun
+    res, _ = rerun(matrix, run)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert km.differences(ref, run) == []
+
+
 def test_truncated_files_are_named_and_only_their_stages_redone(shared, run):
     matrix, ref = shared
     table = run / "iterations/001/rationales.parquet"
