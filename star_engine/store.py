@@ -287,7 +287,7 @@ def loading_checkpoint(path: Path, inside_run: bool) -> Iterator[None]:
     try:
         yield
     except IntegrityError as e:
-        if not inside_run:
+        if not inside_run or str(path) not in str(e):  # not this checkpoint's file, or not the run's
             raise
         raise IntegrityError(f"{e}; the checkpoint {path} is damaged: move it away and run again to "
                              "redo the stage that wrote it") from None

@@ -136,3 +136,19 @@ def test_run_outputs_read_by_pandas_polars_duckdb(scripted, toy_toml):
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["requirements"] == (run / "requirements.txt").read_text().split()
     assert json.loads((run / "config.json").read_text())["experiment"]["name"] == "toy"
+
+
+def test_a_damaged_checkpoint_found_while_loading_says_what_to_do(tmp_path):
+    from star_engine.errors import IntegrityError
+    from star_engine.store import loading_checkpoint
+
+    ckpt = tmp_path / "iterations/001/model"
+    part = f"{ckpt}/p0.zst: sha256 0 does not match the manifest's 1"
+    with pytest.raises(IntegrityError, match="is damaged: move it away and run again"):
+        with loading_checkpoint(ckpt, inside_run=True):
+            raise IntegrityError(part)
+    for inside, message in ((False, part), (True, "/elsewhere/tokenizer.json: unreadable")):
+        with pytest.raises(IntegrityError) as e:  # a file of the user's, or not this checkpoint's
+            with loading_checkpoint(ckpt, inside_run=inside):
+                raise IntegrityError(message)
+        assert str(e.value) == message
