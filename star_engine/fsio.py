@@ -1,11 +1,16 @@
-"""File helpers the core and the backends share: a file's sha256 and a durable directory
-entry. Standard library only, so that a backend's checkpoint reader imports it under a
-tight memory cap (no pyarrow)."""
+"""File helpers the core and the backends share: a file's sha256, a durable directory
+entry, and the one naming rule for temporaries (a writer's file or folder that a run killed
+mid-write leaves behind, removed when the run restarts). Standard library only, so that a
+backend's checkpoint reader imports it under a tight memory cap (no pyarrow)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import uuid
+from pathlib import Path
+
+TMP_MARK = ".tmp-"
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
@@ -24,3 +29,17 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def temporary_sibling(dest: str | os.PathLike, tag: str = "") -> Path:
+    """A fresh name beside ``dest`` to build it under before renaming it into place:
+    ``.<name>.tmp-[<tag>-]<random>``. Hidden, and a temporary by ``is_temporary``, so a run
+    killed mid-write has it removed on restart (``star_engine.store.clean_temporaries``).
+    Backends writing inside the run directory name their temporaries with it."""
+    dest = Path(dest)
+    return dest.with_name(f".{dest.name}{TMP_MARK}{tag + '-' if tag else ''}{uuid.uuid4().hex[:12]}")
+
+
+def is_temporary(name: str) -> bool:
+    """A temporary's name: the run store's (``.tmp-<name>.<pid>``) or ``temporary_sibling``'s."""
+    return name.startswith(TMP_MARK) or (name.startswith(".") and TMP_MARK in name)

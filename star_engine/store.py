@@ -31,9 +31,9 @@ import structlog
 
 from . import procs
 from .errors import IntegrityError, UserError
-from .fsio import fsync_dir, sha256_file
+from .fsio import TMP_MARK, fsync_dir, is_temporary, sha256_file
 
-TMP_PREFIX = ".tmp-"
+TMP_PREFIX = TMP_MARK  # the store's own temporaries: .tmp-<name>.<pid>
 MANIFEST = "manifest.json"
 log = structlog.get_logger("star_engine.store")
 
@@ -80,11 +80,6 @@ def remove(path: Path, what: str) -> None:
     """Remove a file or a folder tree (process 0 only, then every process waits)."""
     procs.primary_does(f"remove {what}", lambda: shutil.rmtree(path, ignore_errors=True) if path.is_dir()
                        else path.unlink(missing_ok=True))
-
-
-def is_temporary(name: str) -> bool:
-    """A writer's temporary: ``.tmp-<name>...`` (this module's) or ``.<name>.tmp-...`` (a backend's)."""
-    return name.startswith(TMP_PREFIX) or (name.startswith(".") and TMP_PREFIX in name)
 
 
 def clean_temporaries(root: Path) -> int:

@@ -37,7 +37,6 @@ import math
 import os
 import re
 import shutil
-import uuid
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -45,7 +44,7 @@ import msgpack
 import numpy as np
 
 from star_engine.errors import IntegrityError, UserError
-from star_engine.fsio import fsync_dir
+from star_engine.fsio import fsync_dir, temporary_sibling
 
 from .safeio import (check_alloc, make_parents, np_dtype, read_bounded, read_zstd_part, remove_created,
                      unpack_msgpack, write_zstd_part)
@@ -213,7 +212,7 @@ def write_checkpoint(path: str | os.PathLike, leaves: Iterable[tuple[tuple[str, 
     except (TypeError, ValueError) as exc:
         raise UserError(f"{dest}: model_config is not a valid GPT-J config ({exc})") from None
     created = make_parents(dest)  # taken away again if the write fails
-    tmp = dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex[:12]}"
+    tmp = temporary_sibling(dest)
     tmp.mkdir()
     published = False
     try:
@@ -286,9 +285,9 @@ def _publish(tmp: Path, dest: Path, data: bytes, entries: list[dict]) -> None:
         return  # identical: leave it alone
     elif not _exchange(tmp, dest):  # the swap leaves the old checkpoint at tmp
         # Fallback: a short window where dest is absent, never a torn one. The name is a
-        # temporary's (".<name>.tmp-..."), so a run killed inside the window has it cleaned
+        # temporary's (fsio.temporary_sibling), so a run killed inside the window has it cleaned
         # away on restart (star_engine.store.clean_temporaries) and redoes the stage.
-        old = dest.parent / f".{dest.name}.tmp-old-{uuid.uuid4().hex[:12]}"
+        old = temporary_sibling(dest, "old")
         os.rename(dest, old)
         os.rename(tmp, dest)
         os.rename(old, tmp)

@@ -51,7 +51,6 @@ import os
 import re
 import shutil
 import struct
-import uuid
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -64,6 +63,7 @@ import numpy as np
 from numpy.lib import format as npy_format
 
 from star_engine.errors import IntegrityError, UserError
+from star_engine.fsio import temporary_sibling
 
 from .config import PRESETS, GPTJConfig
 from .safeio import check_alloc, make_parents, np_dtype, read_bounded, remove_created
@@ -503,7 +503,7 @@ def export_mtj(checkpoint: str | os.PathLike, dest: str | os.PathLike, *, shards
     if dest.exists():
         raise UserError(f"{dest}: exists; refusing to overwrite")
     created = make_parents(dest)  # taken away again if the export fails
-    tmp = dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex[:12]}"
+    tmp = temporary_sibling(dest)
     tmp.mkdir()
     target = np_dtype(config.dtype)
     try:

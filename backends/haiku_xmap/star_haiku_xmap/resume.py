@@ -32,13 +32,13 @@ import math
 import os
 import shutil
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
 from star_engine.errors import IntegrityError, UserError
+from star_engine.fsio import temporary_sibling
 
 SUFFIX = ".partial"
 FORMAT = "star-haiku-xmap-train-snapshot"
@@ -242,7 +242,7 @@ class Snapshots:
         from . import distributed as dist
 
         if dist.is_primary() and self.path.exists():
-            doomed = self.path.with_name(f".{self.path.name}.tmp-discard-{uuid.uuid4().hex[:12]}")
+            doomed = temporary_sibling(self.path, "discard")
             os.rename(self.path, doomed)
             shutil.rmtree(doomed, ignore_errors=True)
         dist.barrier(f"discard {self.path}")
