@@ -4,9 +4,6 @@ Every component a plugin registers is a *factory*: a callable taking the keyword
 options from its TOML table and returning an object of one of the protocols
 below. The core only ever talks to these protocols; it knows no task, checker or
 model.
-
-Shape glossary used across the project: B batch, T time (tokens), D d_model,
-H heads, K head dim, V vocabulary, F d_ff, L layers.
 """
 
 from __future__ import annotations
@@ -232,15 +229,10 @@ class QuestionSampler(Protocol):
 class Backend(Protocol):
     """A model family. Checkpoints are directories the backend writes atomically.
 
-    A backend that runs as several processes (one per host) also has
-    ``process_index() -> int``, ``process_count() -> int`` and
-    ``barrier(name: str) -> None``, and may have ``abort(message: str) -> None``;
-    the core then writes the run directory from process 0 only
-    (``star_engine.procs``). ``barrier`` must end with
-    ``star_engine.errors.ProcessLost`` within a bounded time when another process
-    failed (called ``abort``) or died. Checkpoint writes are the backend's: it too
-    must write them once, and return from ``train`` only when they are visible to
-    every process."""
+    A backend that runs as several processes (one per host) is also a
+    ``MultiProcess``; the core then writes the run directory from process 0 only
+    (``star_engine.procs``). Checkpoint writes are the backend's: it too must write
+    them once, and return from ``train`` only when they are visible to every process."""
 
     def validate_run(self, generation: Mapping[str, GenSpec], training: Mapping[str, TrainSpec]) -> None:
         """Optional. Check, before the run writes anything, everything ``generate`` and
@@ -275,6 +267,26 @@ class Backend(Protocol):
         """Optional. The number of tokens of each text in the backend's tokenizer (the
         per-question ledger's ``tokens``, the kept set's lengths); without it the core
         counts UTF-8 bytes."""
+
+
+@runtime_checkable
+class MultiProcess(Protocol):
+    """What a backend that runs as several processes (one per host, e.g. multi-process
+    JAX) adds to ``Backend``. Every process runs the whole loop; the core writes the run
+    directory from process 0 and has all meet at a barrier after each change
+    (``star_engine.procs``). A backend may also have ``abort(message: str) -> None``: a
+    failing process calls it so that the others stop at their next barrier."""
+
+    def process_index(self) -> int:
+        """This process's index, in [0, process_count())."""
+
+    def process_count(self) -> int:
+        """How many processes run the loop (1: this protocol changes nothing)."""
+
+    def barrier(self, name: str) -> None:
+        """Return when every process has called it with ``name``; end with
+        ``star_engine.errors.ProcessLost`` within a bounded time when another process
+        failed (called ``abort``) or died."""
 
 
 ComponentFactory = Callable[..., Any]

@@ -30,6 +30,8 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .api import MultiProcess
+
 
 @dataclass
 class Processes:
@@ -58,13 +60,16 @@ CURRENT = Processes()
 
 
 def configure(backend: Any) -> Processes:
-    """Take the process layout from ``backend`` (see the module docstring)."""
+    """Take the process layout from ``backend``: an ``api.MultiProcess`` (see the module
+    docstring), or one process."""
     global CURRENT
-    count = int(getattr(backend, "process_count", lambda: 1)())
-    index = int(getattr(backend, "process_index", lambda: 0)())
-    barrier = getattr(backend, "barrier", None)
-    if count > 1 and barrier is None:
-        raise TypeError(f"{type(backend).__name__}: {count} processes but no barrier(name) method")
+    if isinstance(backend, MultiProcess):
+        count, index, barrier = int(backend.process_count()), int(backend.process_index()), backend.barrier
+    else:
+        count, index, barrier = int(getattr(backend, "process_count", lambda: 1)()), 0, None
+        if count > 1:
+            raise TypeError(f"{type(backend).__name__}: {count} processes but not every method of "
+                            "star_engine.api.MultiProcess (process_index, process_count, barrier)")
     if not 0 <= index < max(count, 1):
         raise ValueError(f"{type(backend).__name__}: process_index {index} outside [0, {count})")
     CURRENT = Processes(index=index, count=count, barrier=barrier, abort=getattr(backend, "abort", None))
