@@ -165,8 +165,7 @@ def useful_train_tokens(mix: dict, plan: str) -> int:
 
 def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
     """({(mix, side): fn}, info) for this engine, every fn compiled by a first call."""
-    from star_haiku_xmap.machine import set_cpu_devices
-    from star_haiku_xmap.machine import default_cpu_devices
+    from star_haiku_xmap.machine import default_cpu_devices, set_cpu_devices
 
     n = a.cpu_devices or default_cpu_devices()
     set_cpu_devices(n)  # before jax starts its backends

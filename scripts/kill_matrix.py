@@ -68,6 +68,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from star_engine.fsio import is_temporary  # the one rule the store cleans by
+
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = REPO / "experiments" / "addition.toml"
 LIMIT = 12
@@ -131,12 +133,6 @@ def sources() -> dict[str, str]:
             for p in sorted(Path(folder).rglob("*.py")):
                 out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
-
-
-def is_temporary(name: str) -> bool:
-    """A temporary file or folder of an interrupted writer: the core's ``.tmp-*`` and
-    the backend's ``.<name>.tmp-*`` / ``.<name>.old-*`` checkpoint folders."""
-    return name.startswith(".") and (".tmp-" in name or ".old-" in name)
 
 
 def temporaries(root: Path) -> list[str]:

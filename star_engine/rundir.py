@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import UserError
-from .store import TMP_PREFIX, read_json_file, read_manifest
+from .fsio import is_temporary
+from .store import read_json_file, read_manifest
 
 LOCK = ".lock"
 CONFIG_MAX = 64 << 20
@@ -62,7 +63,7 @@ def _names(root: Path) -> set[str]:
 def killed_at_start(root: Path) -> bool:
     """A run directory whose first start died before writing config.json: it holds only
     the files a start writes first (events.jsonl, experiment.toml) and temporaries."""
-    names = {n for n in _names(root) if not n.startswith(TMP_PREFIX)}
+    names = {n for n in _names(root) if not is_temporary(n)}
     return "events.jsonl" in names and names <= {"events.jsonl", "experiment.toml"}
 
 

@@ -33,7 +33,6 @@ from . import procs
 from .errors import IntegrityError, UserError
 from .fsio import TMP_MARK, fsync_dir, is_temporary, sha256_file
 
-TMP_PREFIX = TMP_MARK  # the store's own temporaries: .tmp-<name>.<pid>
 MANIFEST = "manifest.json"
 log = structlog.get_logger("star_engine.store")
 
@@ -46,7 +45,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def _write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
+    tmp = path.with_name(f"{TMP_MARK}{path.name}.{os.getpid()}")  # a temporary by fsio.is_temporary
     try:
         with open(tmp, "wb") as f:
             f.write(data)
