@@ -1,4 +1,4 @@
-"""Multi-process JAX, ZeRO-1 training and host <-> global array helpers.
+"""Multi-process JAX: start-up, and host <-> global array helpers.
 
 **Initialisation.** ``initialize(option)`` calls ``jax.distributed.initialize``
 once, before jax starts its backends, from (in this order of precedence):
@@ -13,13 +13,10 @@ once, before jax starts its backends, from (in this order of precedence):
 Without either nothing happens (one process). On CPU the cross-process
 collectives use gloo (``jax_cpu_collectives_implementation``).
 
-**ZeRO-1.** ``train`` is ``train.train`` with the optimizer state partitioned
-over "dp" on top of the rule table's "mp" split (``sharding.train_state_shardings``),
-optionally kept in bf16 (``opt_state_dtype``); fp32 master weights of a bf16 model
-are optimizer state too and are split the same way (``state_shardings``). The
-state is built directly in its shardings (never replicated first), and batches are
-built as global arrays from each process's addressable slices, so it runs
-unchanged on several processes.
+**Arrays across processes.** ``global_array`` / ``place`` build global arrays
+from what every process holds; ``to_host`` / ``host_leaves`` bring them back
+(collective where an array spans processes). Training with ZeRO-1 on a mesh is
+``train.train``'s.
 """
 
 from __future__ import annotations
@@ -35,7 +32,6 @@ ENV_COORDINATOR = "STAR_ENGINE_COORDINATOR"
 ENV_NUM_PROCESSES = "STAR_ENGINE_NUM_PROCESSES"
 ENV_PROCESS_ID = "STAR_ENGINE_PROCESS_ID"
 ENV_LOCAL_DEVICE_IDS = "STAR_ENGINE_LOCAL_DEVICE_IDS"
-OPT_STATE_DTYPES = ("float32", "bfloat16")
 
 _initialized: dict | None = None
 
@@ -188,115 +184,3 @@ def host_leaves(params: Any) -> Any:
 
     for key_path, value in _flatten(params):
         yield key_path, to_host(value)
-
-
-# ----------------------------------------------------------------------------- optimizer state dtype
-
-
-def with_state_dtype(tx, dtype: str):
-    """``tx`` whose floating state is stored in ``dtype`` and computed in fp32
-    (bf16 moments halve the optimizer memory; the update itself stays fp32)."""
-    import jax
-    import jax.numpy as jnp
-    import optax
-
-    if dtype == "float32":
-        return tx
-    if dtype not in OPT_STATE_DTYPES:
-        raise ValueError(f"opt_state_dtype must be one of {OPT_STATE_DTYPES}, got {dtype!r}")
-    store = jnp.bfloat16
-
-    def cast(tree, to):
-        return jax.tree.map(lambda x: x.astype(to) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
-
-    def init(params):
-        return cast(tx.init(params), store)
-
-    def update(updates, state, params=None):
-        new_updates, new_state = tx.update(updates, cast(state, jnp.float32), params)
-        return new_updates, cast(new_state, store)
-
-    return optax.GradientTransformation(init, update)
-
-
-# ----------------------------------------------------------------------------- training
-
-
-def state_shardings(state: Any, mesh, zero: int, compute_dtype: Any) -> Any:
-    """Shardings of a (possibly abstract) ``train.TrainState``: the rule table, the
-    optimizer state also over dp with ``zero = 1`` (``sharding.train_state_shardings``).
-    Master weights kept in another dtype than the compute one (fp32 under bf16) are
-    optimizer state as well: with ZeRO-1 they are split over dp like the moments, and
-    each step all-gathers their compute-dtype cast (``train.make_update``)."""
-    import jax
-
-    from . import sharding
-
-    state_sh = sharding.train_state_shardings(state, mesh, zero)
-    if zero and any(x.dtype != compute_dtype for x in jax.tree.leaves(state.params)):
-        specs = sharding.zero_tree_specs(state.params, mesh)
-        state_sh = state_sh._replace(params=jax.tree.map(
-            lambda spec: jax.sharding.NamedSharding(mesh, spec), specs,
-            is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
-    return state_sh
-
-
-def init_train_state(params: Any, tx, mesh, *, zero: int = 0, compute_dtype: Any = None) -> tuple[Any, Any]:
-    """(state, state shardings): the optimizer state is created by a jit whose
-    outputs already have their final (ZeRO) shardings (``state_shardings``), so no
-    replicated copy of the moments ever exists. ``compute_dtype``: the model's
-    (default: the params' own, i.e. no separate master weights). ``params`` is
-    donated (pass a copy to keep yours)."""
-    import jax
-
-    from . import train as tr
-
-    abstract = jax.eval_shape(lambda p: tr.init_state(p, tx), params)
-    compute = jax.tree.leaves(params)[0].dtype if compute_dtype is None else compute_dtype
-    state_sh = state_shardings(abstract, mesh, zero, compute)
-    build = jax.jit(lambda p: tr.init_state(p, tx), out_shardings=state_sh, donate_argnums=0)
-    return build(params), state_sh
-
-
-def train(params: Any, config, encoded: Sequence[Any], *, steps: int, batch_size: int, grad_accum: int, seed: int,
-          optimizer: Mapping[str, Any], seq_len: int, pad_id: int, mesh, zero: int = 0,
-          opt_state_dtype: str = "float32", progress: Callable[[int], None] | None = None,
-          packing: str = "segments", loss: str = "completion", master_dtype: str = "float32",
-          accum_dtype: str = "float32", remat: bool = False, snapshots: Any = None) -> tuple[Any, list[float], int]:
-    """``train.train`` (same batches, same loss, same optimizer) with ZeRO-1 and the
-    optimizer-state dtype as options, multi-process safe. Returns (master params,
-    losses, tokens); with ZeRO-1 fp32 masters come back split over dp."""
-    import jax
-
-    from . import model, sharding
-    from . import train as tr
-
-    if steps < 0 or batch_size < 1 or grad_accum < 1:
-        raise ValueError(f"bad training shape: steps={steps} batch_size={batch_size} grad_accum={grad_accum}")
-    tr.check_dtypes(config, master_dtype, accum_dtype)
-    if steps == 0:
-        return params, [], 0
-    batches = tr.packing_batches(encoded, steps=steps, batch_size=batch_size, grad_accum=grad_accum, seed=seed,
-                                 seq_len=seq_len, pad_id=pad_id, dp=sharding.dp_size(mesh), packing=packing,
-                                 loss=loss, config=config)
-    tx = with_state_dtype(tr.make_optimizer(optimizer, steps), opt_state_dtype)
-    params = place(params, mesh)
-    # A copy in the master dtype (the update donates its state; the caller's arrays must survive).
-    params = jax.jit(lambda p: tr.master_params(p, master_dtype),
-                     out_shardings=sharding.tree_shardings(params, mesh))(params)
-    restored = None
-    if snapshots is not None:  # ``resume.py``: the stage's saved state, laid out as a fresh one would be
-        abstract = jax.eval_shape(lambda p: tr.init_state(p, tx), params)
-        restored = snapshots.restore(abstract, state_shardings(abstract, mesh, zero, model.dtype_of(config)))
-    if restored:
-        state, state_sh = restored.state, jax.tree.map(lambda x: x.sharding, restored.state)
-        del params
-    else:
-        state, state_sh = init_train_state(params, tx, mesh, zero=zero, compute_dtype=model.dtype_of(config))
-    update = tr.make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=accum_dtype, remat=remat)
-    batch_sh = sharding.batch_sharding(mesh, batch_axis=1, ndim=3)
-    state, metrics, n_tokens = tr.run_steps(update, state, batches, mesh=mesh, progress=progress,
-                                            put=lambda batch: {k: global_array(v, batch_sh) for k, v in batch.items()},
-                                            snapshots=snapshots, restored=restored)
-    losses = [float(to_host(x)) for x in metrics]
-    return state.params, losses, n_tokens

@@ -171,7 +171,7 @@ def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from . import distributed, model, packing, sample, sharding
+    from . import model, packing, sample, sharding
     from . import train as tr
     from .config import architecture as arch
 
@@ -181,10 +181,10 @@ def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch
     results = []
     base = {"mesh": f"{dp}x{mp}", "layers": config.n_layer, "dtype": config.dtype}
     if "train" in what:
-        tx = distributed.with_state_dtype(tr.make_optimizer({"lr": 1e-6, "clip_norm": 1.0}, 1000), opt_state_dtype)
+        tx = tr.with_state_dtype(tr.make_optimizer({"lr": 1e-6, "clip_norm": 1.0}, 1000), opt_state_dtype)
         master_abs = jax.eval_shape(lambda p: tr.master_params(p, master_dtype), params_abs)
         state_abs = jax.eval_shape(lambda p: tr.init_state(p, tx), master_abs)
-        state_sh = distributed.state_shardings(state_abs, mesh, zero, model.dtype_of(config))
+        state_sh = tr.state_shardings(state_abs, mesh, zero, model.dtype_of(config))
         update = tr.make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=accum_dtype, remat=remat)
         bsh = sharding.batch_sharding(mesh, batch_axis=1, ndim=3)
         rows = -(-batch // dp) * dp

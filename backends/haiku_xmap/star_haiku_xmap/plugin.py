@@ -7,7 +7,6 @@ is built, not when the plugin is discovered.
 
 from __future__ import annotations
 
-import functools
 import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -97,8 +96,10 @@ class HaikuXmapBackend:
             start_heartbeat()
         if isinstance(zero, bool) or zero not in (0, 1):
             raise UserError(f"model.zero: must be 0 (off) or 1 (ZeRO-1: optimizer state split over dp), got {zero!r}")
-        if opt_state_dtype not in dist.OPT_STATE_DTYPES:
-            raise UserError(f"model.opt_state_dtype: must be one of {list(dist.OPT_STATE_DTYPES)}, "
+        from .train import OPT_STATE_DTYPES
+
+        if opt_state_dtype not in OPT_STATE_DTYPES:
+            raise UserError(f"model.opt_state_dtype: must be one of {list(OPT_STATE_DTYPES)}, "
                             f"got {opt_state_dtype!r}")
         self.zero, self.opt_state_dtype = zero, opt_state_dtype
         self.master_dtype, self.grad_accum_dtype = master_dtype, grad_accum_dtype
@@ -274,7 +275,6 @@ class HaikuXmapBackend:
         import jax
         import jax.numpy as jnp
 
-        from . import distributed as dist
         from . import packing as pk
         from . import sharding
         from . import train as tr
@@ -305,15 +305,13 @@ class HaikuXmapBackend:
         from .resume import stage_snapshots
 
         snapshots = stage_snapshots(self, init, out, spec, encoded, self._train_checkpoint_minutes)
-        run = tr.train
-        if self.zero or self.opt_state_dtype != "float32" or jax.process_count() > 1:
-            run = functools.partial(dist.train, zero=self.zero, opt_state_dtype=self.opt_state_dtype)
         try:
             # No local reference to the loaded weights: the trainer's master copy replaces them.
-            params, losses, tokens = run(
+            params, losses, tokens = tr.train(
                 self._load(init, self.master_dtype, keep=False), self.config, encoded, steps=spec.steps,
                 batch_size=spec.batch_size, grad_accum=spec.grad_accum, seed=spec.seed, optimizer=spec.optimizer,
-                seq_len=self.seq_len, pad_id=self.tokenizer.pad_id, mesh=self.mesh, progress=progress,
+                seq_len=self.seq_len, pad_id=self.tokenizer.pad_id, mesh=self.mesh, zero=self.zero,
+                opt_state_dtype=self.opt_state_dtype, progress=progress,
                 packing=packing, loss=loss, master_dtype=self.master_dtype, accum_dtype=self.grad_accum_dtype,
                 remat=self.remat, snapshots=snapshots)
         except pk.PackingError as exc:

@@ -124,8 +124,8 @@ class Restored(NamedTuple):
 
 
 class Snapshots:
-    """The snapshots of one training stage (``train.train`` / ``distributed.train``
-    call ``restore`` before the first step and ``step_done`` after each)."""
+    """The snapshots of one training stage (``train.train`` calls
+    ``restore`` before the first step and ``step_done`` after each)."""
 
     def __init__(self, path: str | Path, key: Mapping[str, Any], *, steps: int, every_steps: int,
                  every_minutes: float, model_config: dict, tokenizer: dict, mp_split: int = 1) -> None:

@@ -26,6 +26,7 @@ import numpy as np
 import optax
 
 from . import model, packing, sharding
+from .distributed import global_array, place, to_host
 from .config import GPTJConfig
 from .packing import Encoded, bucket_lengths, encode_example, plan_steps  # noqa: F401  (the backend's API)
 
@@ -36,6 +37,7 @@ OPTIMIZER_DEFAULTS: dict[str, Any] = {
 SCHEDULES = ("constant", "linear", "cosine")
 MASTER_DTYPES = ("float32", "bfloat16")
 ACCUM_DTYPES = ("float32", "bfloat16")
+OPT_STATE_DTYPES = ("float32", "bfloat16")
 
 
 class TrainState(NamedTuple):
@@ -124,6 +126,53 @@ def init_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
                       jnp.zeros((), jnp.int32))
 
 
+def with_state_dtype(tx: optax.GradientTransformation, dtype: str) -> optax.GradientTransformation:
+    """``tx`` whose floating state is stored in ``dtype`` and computed in fp32
+    (bf16 moments halve the optimizer memory; the update itself stays fp32)."""
+    if dtype == "float32":
+        return tx
+    if dtype not in OPT_STATE_DTYPES:
+        raise ValueError(f"opt_state_dtype must be one of {OPT_STATE_DTYPES}, got {dtype!r}")
+
+    def cast(tree, to):
+        return jax.tree.map(lambda x: x.astype(to) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+    def update(updates, state, params=None):
+        new_updates, new_state = tx.update(updates, cast(state, jnp.float32), params)
+        return new_updates, cast(new_state, jnp.bfloat16)
+
+    return optax.GradientTransformation(lambda params: cast(tx.init(params), jnp.bfloat16), update)
+
+
+def state_shardings(state: Any, mesh, zero: int, compute_dtype: Any) -> Any:
+    """Shardings of a (possibly abstract) ``TrainState``: the rule table, the
+    optimizer state also over dp with ``zero = 1`` (``sharding.train_state_shardings``).
+    Master weights kept in another dtype than the compute one (fp32 under bf16) are
+    optimizer state as well: with ZeRO-1 they are split over dp like the moments, and
+    each step all-gathers their compute-dtype cast (``make_update``)."""
+    state_sh = sharding.train_state_shardings(state, mesh, zero)
+    if zero and any(x.dtype != compute_dtype for x in jax.tree.leaves(state.params)):
+        specs = sharding.zero_tree_specs(state.params, mesh)
+        state_sh = state_sh._replace(params=jax.tree.map(
+            lambda spec: jax.sharding.NamedSharding(mesh, spec), specs,
+            is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
+    return state_sh
+
+
+def init_train_state(params: Any, tx: optax.GradientTransformation, mesh, *, zero: int = 0,
+                     compute_dtype: Any = None) -> tuple[TrainState, Any]:
+    """(state, state shardings) on ``mesh``: the optimizer state is created by a jit
+    whose outputs already have their final (ZeRO) shardings (``state_shardings``), so
+    no replicated copy of the moments ever exists. ``compute_dtype``: the model's
+    (default: the params' own, i.e. no separate master weights). ``params`` is
+    donated (pass a copy to keep yours)."""
+    abstract = jax.eval_shape(lambda p: init_state(p, tx), params)
+    compute = jax.tree.leaves(params)[0].dtype if compute_dtype is None else compute_dtype
+    state_sh = state_shardings(abstract, mesh, zero, compute)
+    build = jax.jit(lambda p: init_state(p, tx), out_shardings=state_sh, donate_argnums=0)
+    return build(params), state_sh
+
+
 # ----------------------------------------------------------------------------- loss / step
 
 
@@ -209,35 +258,55 @@ def dims(config: GPTJConfig) -> tuple[int, int, int, int]:
 
 def train(params: Any, config: GPTJConfig, encoded: Sequence[Encoded], *, steps: int, batch_size: int,
           grad_accum: int, seed: int, optimizer: Mapping[str, Any], seq_len: int, pad_id: int,
-          mesh=None, progress: Callable[[int], None] | None = None, packing: str = "segments",
-          loss: str = "completion", master_dtype: str = "float32", accum_dtype: str = "float32",
-          remat: bool = False, snapshots: Any = None) -> tuple[Any, list[float], int]:
+          mesh=None, zero: int = 0, opt_state_dtype: str = "float32", progress: Callable[[int], None] | None = None,
+          packing: str = "segments", loss: str = "completion", master_dtype: str = "float32",
+          accum_dtype: str = "float32", remat: bool = False, snapshots: Any = None) -> tuple[Any, list[float], int]:
     """Run ``steps`` optimizer steps from ``params`` (left intact). Returns (master
     params in ``master_dtype``, per-step losses, number of loss tokens). Each step
-    takes batch_size x grad_accum examples (``packing = "stream"``: chunks); with a
-    mesh the state is sharded by the rule table. ``snapshots`` (``resume.Snapshots``):
+    takes batch_size x grad_accum examples (``packing = "stream"``: chunks).
+
+    With a ``mesh`` the state is laid out by the rule table and built directly in
+    its shardings (never replicated first); ``zero = 1`` also splits the optimizer
+    state over "dp" (ZeRO-1: ``state_shardings``), so fp32 masters come back split
+    over dp. Batches become global arrays from each process's addressable slices,
+    so the same call runs on several processes. ``opt_state_dtype``: the moments'
+    storage dtype (``with_state_dtype``). ``snapshots`` (``resume.Snapshots``):
     continue from the stage's saved state if there is one, and save it as it goes."""
     if steps < 0 or batch_size < 1 or grad_accum < 1:
         raise ValueError(f"bad training shape: steps={steps} batch_size={batch_size} grad_accum={grad_accum}")
     check_dtypes(config, master_dtype, accum_dtype)
+    if zero and mesh is None:
+        raise ValueError("zero = 1 splits the optimizer state over a mesh's dp axis: it needs a mesh")
     if steps == 0:
         return params, [], 0
     rows = 1 if mesh is None else sharding.dp_size(mesh)
     batches = packing_batches(encoded, steps=steps, batch_size=batch_size, grad_accum=grad_accum, seed=seed,
                               seq_len=seq_len, pad_id=pad_id, dp=rows, packing=packing, loss=loss, config=config)
-    tx = make_optimizer(optimizer, steps)
-    if mesh is not None:
-        params = sharding.shard_tree(params, mesh)
+    tx = with_state_dtype(make_optimizer(optimizer, steps), opt_state_dtype)
+    compute = model.dtype_of(config)
+    if mesh is None:
+        # A copy in the master dtype: the update donates its state; the caller's arrays must survive.
+        params, put, state_sh = master_params(params, master_dtype), (lambda batch: batch), None
+    else:
+        params = jax.jit(lambda p: master_params(p, master_dtype),
+                         out_shardings=sharding.tree_shardings(params, mesh))(place(params, mesh))
+        batch_sh = sharding.batch_sharding(mesh, batch_axis=1, ndim=3)
+        put = lambda batch: {k: global_array(v, batch_sh) for k, v in batch.items()}  # noqa: E731
+        state_sh = state_shardings(jax.eval_shape(lambda p: init_state(p, tx), params), mesh, zero, compute)
     restored = None
-    if snapshots is not None:
-        abstract = jax.eval_shape(lambda p: init_state(master_params(p, master_dtype), tx), params)
-        restored = snapshots.restore(abstract, None if mesh is None else sharding.tree_shardings(abstract, mesh))
-    state = restored.state if restored else init_state(master_params(params, master_dtype), tx)
+    if snapshots is not None:  # ``resume.py``: the stage's saved state, laid out as a fresh one would be
+        restored = snapshots.restore(jax.eval_shape(lambda p: init_state(p, tx), params), state_sh)
+    if restored:
+        state = restored.state
+    elif mesh is None:
+        state = init_state(params, tx)
+    else:
+        state, state_sh = init_train_state(params, tx, mesh, zero=zero, compute_dtype=compute)
     del params  # the state holds the (master) copy
-    update = make_update(config, tx, mesh, state, accum_dtype=accum_dtype, remat=remat)
-    state, metrics, n_tokens = run_steps(update, state, batches, mesh=mesh, progress=progress,
+    update = make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=accum_dtype, remat=remat)
+    state, metrics, n_tokens = run_steps(update, state, batches, mesh=mesh, put=put, progress=progress,
                                          snapshots=snapshots, restored=restored)
-    losses = [float(x) for x in jax.device_get(metrics)]
+    losses = [float(to_host(x)) for x in metrics]
     return state.params, losses, n_tokens
 
 
@@ -250,7 +319,7 @@ def run_steps(update: Callable, state: TrainState, batches: Iterable[Mapping[str
               put: Callable[[dict], dict] = lambda batch: batch,
               progress: Callable[[int], None] | None = None, snapshots: Any = None,
               restored: Any = None) -> tuple[TrainState, list, int]:
-    """The step loop of ``train`` and ``distributed.train``: one update per host batch.
+    """The step loop of ``train``: one update per host batch.
 
     ``put`` places a host batch on the devices (multi-process runs build global
     arrays). ``restored`` (``resume.Restored``): the state is a snapshot's, whose

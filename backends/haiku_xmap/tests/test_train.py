@@ -135,6 +135,18 @@ def test_training_is_bit_identical_and_leaves_inputs_alone():
     assert not np.array_equal(p1["lm_head"]["w"], params["lm_head"]["w"])
 
 
+def test_one_train_takes_the_optimizer_state_options_without_a_mesh():
+    """``train`` is the one entry point: bf16 optimizer state works on one device
+    too (close to fp32), and ZeRO-1, which splits over a mesh's dp axis, asks for one."""
+    enc = [train.encode_example(TOK, f"{i}+{i}=", str(2 * i), 32) for i in range(20)]
+    kw = dict(steps=3, batch_size=4, grad_accum=1, seed=5, optimizer={"lr": 1e-3}, seq_len=32, pad_id=TOK.pad_id)
+    _, l32, _ = train.train(model.init_params(CFG, 2), CFG, enc, **kw)
+    _, l16, _ = train.train(model.init_params(CFG, 2), CFG, enc, opt_state_dtype="bfloat16", **kw)
+    assert l16[0] == l32[0] and l16 != l32 and np.allclose(l16, l32, rtol=1e-2)
+    with pytest.raises(ValueError, match="needs a mesh"):
+        train.train(model.init_params(CFG, 2), CFG, enc, zero=1, **kw)
+
+
 def test_tiny_model_learns_to_reverse_unseen_strings():
     cfg = PRESETS["tiny"].replace(n_ctx=32)
     words = ["".join(w) for w in itertools.product("abcdefgh", repeat=3)]

@@ -38,7 +38,7 @@ SCRIPT = textwrap.dedent("""
             "plain": (cfg, 0, "float32"), "zero1_bf16": (cfg, 1, "bfloat16")}
     for name, (c, zero, dt) in runs.items():
         params = model.init_params(c, 0)
-        p, losses, n = D.train(params, c, enc, steps=4, batch_size=8, grad_accum=2, seed=0,
+        p, losses, n = tr.train(params, c, enc, steps=4, batch_size=8, grad_accum=2, seed=0,
                                optimizer={"lr": 1e-2, "warmup_steps": 1}, seq_len=64, pad_id=0, mesh=mesh,
                                zero=zero, opt_state_dtype=dt)
         out[name] = {"losses": losses, "params": {"/".join(k): v.astype(np.float32).ravel()[:256].tolist()
@@ -47,14 +47,14 @@ SCRIPT = textwrap.dedent("""
     # the state itself: where the moments live
     params = model.init_params(cfg, 0)
     tx = tr.make_optimizer({"lr": 1e-2}, 4)
-    state, _ = D.init_train_state(D.place(params, mesh), tx, mesh, zero=1)
+    state, _ = tr.init_train_state(D.place(params, mesh), tx, mesh, zero=1)
     adam = state.opt_state[1][0]
     specs = {k: str(getattr(adam.mu[k.rsplit("/", 1)[0]][k.rsplit("/", 1)[1]], "sharding").spec)
              for k in ("h_0/attn/q/w", "h_0/attn/out/w", "h_0/mlp/fc_in/b", "h_0/mlp/fc_out/b", "h_0/ln/scale",
                        "wte/embeddings", "lm_head/b")}
     shard = adam.mu["h_0/attn/q"]["w"].addressable_shards[0].data.shape
     nu_dtype = str(adam.nu["h_0/attn/q"]["w"].dtype)
-    st16, _ = D.init_train_state(D.place(params, mesh), D.with_state_dtype(tx, "bfloat16"), mesh, zero=1)
+    st16, _ = tr.init_train_state(D.place(params, mesh), tr.with_state_dtype(tx, "bfloat16"), mesh, zero=1)
     out["state"] = {"mu_specs": specs, "mu_shard_shape": list(shard), "fp32_nu": nu_dtype,
                     "bf16_nu": str(st16.opt_state[1][0].nu["h_0/attn/q"]["w"].dtype),
                     "param_spec": str(state.params["h_0/attn/q"]["w"].sharding.spec)}
@@ -83,7 +83,7 @@ PACKED_SCRIPT = textwrap.dedent("""
         out[f"{name}/1x1"] = {"losses": losses, "tokens": n, "params": leaves(p)}
         for dp, mp, zero in ((2, 4, 0), (4, 2, 1), (8, 1, 1))[:3 if name == "fp32" else 2]:
             mesh = sharding.make_mesh({"dp": dp, "mp": mp})
-            p, losses, n = D.train(params, c, enc, mesh=mesh, zero=zero, **kw)
+            p, losses, n = tr.train(params, c, enc, mesh=mesh, zero=zero, **kw)
             shapes = [b["tokens"].shape for b in packing.step_batches(enc, dp=dp, dims=tr.dims(c), **{
                 k: v for k, v in kw.items() if k not in ("optimizer",)})]
             out[f"{name}/{dp}x{mp}/zero{zero}"] = {
