@@ -23,7 +23,7 @@ A message is always one line (line breaks inside it are shown as ``\\n``). A run
 directory already belongs to it (its event log is open: after the run directory was
 checked and locked) also gets the failure as a ``fatal`` event in ``events.jsonl``:
 kind, message, exit code and, for a bug, the traceback. In a multi-process run the
-other processes are told to stop (``procs.abort``).
+other processes are told to stop, with the same line (``procs.Processes.stopping_others_on_failure``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import traceback
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from . import procs, ui
+from . import ui
 from .errors import ProcessLost, StarEngineError
 
 # errno values that say the filesystem or the machine refused something, not that the code is wrong
@@ -84,10 +84,8 @@ def _culprit(tb) -> str:
     return f"star-engine {__version__}"
 
 
-def report(e: BaseException) -> int:
-    """Print what ``e`` means for the user, record it in the run's event log when the run owns
-    its directory, tell the other processes; returns the exit code."""
-    tb_text = None
+def classify(e: BaseException) -> tuple[str, int, str]:
+    """(kind, exit code, one-line message) of a command's failure (the module docstring's table)."""
     if isinstance(e, StarEngineError):
         kind, code, message = type(e).__name__, e.exit_code, str(e)
     elif isinstance(e, OSError) and e.errno in ENVIRONMENT_ERRNOS:
@@ -101,16 +99,25 @@ def report(e: BaseException) -> int:
         message = "interrupted; rerun the same command to resume"
     else:
         kind, code = "bug", 1
-        tb_text = "".join(traceback.format_exception(e))
         message = (f"{type(e).__name__}: {e} -- this is a bug in {_culprit(e.__traceback__)}, not a problem with "
                    f"your input; please report it with the traceback above")
-    message = one_line(message)
+    return kind, code, one_line(message)
+
+
+def failure_message(e: BaseException) -> str:
+    """The one line a failure is shown as."""
+    return classify(e)[2]
+
+
+def report(e: BaseException) -> int:
+    """Print what ``e`` means for the user and record it in the run's event log when the run
+    owns its directory; returns the exit code."""
+    kind, code, message = classify(e)
+    tb_text = "".join(traceback.format_exception(e)) if kind == "bug" else None
     if tb_text is not None:
         sys.stderr.write(tb_text)
     print(f"{'' if code >= 130 else 'error: '}{message}", file=sys.stderr, flush=True)
     ui.log_fatal(kind=kind, message=message, exit_code=code, traceback=tb_text)
-    if procs.CURRENT.count > 1 and not isinstance(e, ProcessLost):
-        procs.abort(f"process {procs.CURRENT.index}: {message}")
     return code
 
 

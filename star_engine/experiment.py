@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import procs
 from .api import Example
 from .errors import UserError
 from .registry import Registry
@@ -35,10 +36,18 @@ class Experiment:
     """``{"checker": {"name": ...}, "hint": ...}``: what ``task.checker`` and ``task.hint``
     resolve to when left empty (the task's defaults); ``rundir.inspect`` reads a run directory
     written before they were recorded (``config.json`` with ``{}``) through it."""
+    processes: procs.Processes = field(default_factory=procs.Processes)
+    """The backend's process layout (``procs.configure``): who writes the run directory."""
 
     @property
     def run_dir(self) -> Path:
         return Path(self.cfg["experiment"]["output_dir"])
+
+    def notify(self, hook: str, **kwargs: Any) -> None:
+        """Call an observer hook of every plugin (``Registry.notify``); in a multi-process
+        run only process 0 does (observers write files)."""
+        if self.processes.primary:
+            self.registry.notify(hook, **kwargs)
 
 
 def _options(ref: dict[str, Any]) -> dict[str, Any]:
@@ -74,7 +83,7 @@ def build(cfg: dict[str, Any], registry: Registry, load_data: bool = True) -> Ex
     if hint is not None:
         task.prompt(hinted)
     exp = Experiment(cfg, registry, task, checker, t["checker"]["name"], hint, filters, schedule, sampler, backend,
-                     {}, defaults)
+                     {}, defaults, procs.configure(backend))
     if load_data:
         exp.splits = load_splits(cfg, task)
     return exp

@@ -52,7 +52,7 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
             store.write_table(rel, rows, METRICS_SCHEMA)
         all_rows.extend(rows)
         store.write_table("metrics.parquet", all_rows, METRICS_SCHEMA)
-        exp.registry.notify("on_iteration_end", run_dir=store.root, iteration=n, metrics=rows,
+        exp.notify("on_iteration_end", run_dir=store.root, iteration=n, metrics=rows,
                             losses=train.get("losses", []))
         log.info("iteration_done", iteration=n, stage_seconds=stages.pop_timings(),
                  **{f"{r['split']}_accuracy": round(r["accuracy"], 4) for r in rows if r["class"] == "all"})
@@ -62,14 +62,14 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
     M = M0
     if ev["at_start"]:
         t0 = time.perf_counter()
-        exp.registry.notify("on_iteration_start", run_dir=store.root, iteration=0)
+        exp.notify("on_iteration_start", run_dir=store.root, iteration=0)
         record(0, [], [], {}, stages.evaluate_all(0, M0), set(), t0)
 
     solved: set[str] = set()  # train questions answered correctly without a hint, so far
     best, stale = -math.inf, 0
     for n in range(1, N + 1):
         t0 = time.perf_counter()
-        exp.registry.notify("on_iteration_start", run_dir=store.root, iteration=n)
+        exp.notify("on_iteration_start", run_dir=store.root, iteration=n)
         D = stages.train_questions(n, ledger)                                 # question sampler
         if tr["source"] == "gold":
             rationales = stages.gold(n, D)

@@ -15,20 +15,25 @@ call it with the same name; it returns when every one has). With one process
 (every backend without them) nothing here does anything.
 
 A fourth, ``abort(message: str) -> None``, is optional too: a process that fails
-calls it (``star_engine.boundary``) so that the others, waiting at a barrier or
+calls it (``Processes.stopping_others_on_failure``, around a run) so that the others, waiting at a barrier or
 arriving at the next, stop at once with ``ProcessLost`` naming it, instead of
 waiting for it. The backend's barrier must also end (``ProcessLost``) within a
 bounded time when a process dies without a word (killed, its machine lost).
 
 The run directory's lock (``star_engine.rundir``) is process 0's: it takes it
 before the first barrier and holds it for all; the other processes do not lock.
+
+The layout is a value, never a global: ``configure`` returns a ``Processes`` that
+the experiment holds (``Experiment.processes``) and passes to what writes the run
+directory (the ``RunStore``, the runner). Code without one (reports, exports,
+observer plugins, which only process 0 calls) writes plainly.
 """
 
 from __future__ import annotations
 
-import contextlib
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .api import MultiProcess
 
@@ -40,7 +45,6 @@ class Processes:
     barrier: Callable[[str], None] | None = None
     abort: Callable[[str], None] | None = None
     _synced: int = 0
-    _alone: int = 0  # > 0 inside ``alone()``
 
     @property
     def primary(self) -> bool:
@@ -51,18 +55,45 @@ class Processes:
         """Wait until every process is here. Called after each change to the run
         directory; the numbered name makes a process that took another path fail
         at the barrier (when the backend checks names) instead of reading stale files."""
-        if self.count > 1 and not self._alone:
+        if self.count > 1:
             self._synced += 1
             self.barrier(f"star-engine {self._synced}: {what}")
 
+    def primary_does(self, what: str, action: Callable[[], Any]) -> Any:
+        """Run ``action`` (a change to the run directory) in process 0 only, then wait for
+        all. Returns what ``action`` returned (None in the other processes)."""
+        try:
+            return action() if self.primary else None
+        finally:  # process 0 failing still releases the others (who then fail on what is missing)
+            self.sync(what)
 
-CURRENT = Processes()
+    def stop_others(self, message: str) -> None:
+        """Tell the other processes that this one is stopping (best effort: it is already
+        failing); they stop at their next barrier with ``ProcessLost``."""
+        if self.count > 1 and self.abort is not None:
+            try:
+                self.abort(message)
+            except Exception:  # noqa: BLE001 -- the runtime may already be gone; the error being reported matters
+                pass
+
+    @contextmanager
+    def stopping_others_on_failure(self) -> Iterator[None]:
+        """A failure inside (but another process's loss) tells the others at once, with the
+        line the user sees (``boundary``), then goes on up."""
+        try:
+            yield
+        except BaseException as e:
+            from .boundary import failure_message
+            from .errors import ProcessLost
+
+            if not isinstance(e, ProcessLost):
+                self.stop_others(f"process {self.index}: {failure_message(e)}")
+            raise
 
 
 def configure(backend: Any) -> Processes:
-    """Take the process layout from ``backend``: an ``api.MultiProcess`` (see the module
+    """The process layout of ``backend``: an ``api.MultiProcess`` (see the module
     docstring), or one process."""
-    global CURRENT
     if isinstance(backend, MultiProcess):
         count, index, barrier = int(backend.process_count()), int(backend.process_index()), backend.barrier
     else:
@@ -72,33 +103,4 @@ def configure(backend: Any) -> Processes:
                             "star_engine.api.MultiProcess (process_index, process_count, barrier)")
     if not 0 <= index < max(count, 1):
         raise ValueError(f"{type(backend).__name__}: process_index {index} outside [0, {count})")
-    CURRENT = Processes(index=index, count=count, barrier=barrier, abort=getattr(backend, "abort", None))
-    return CURRENT
-
-
-def abort(message: str) -> None:
-    """Tell the other processes that this one is stopping (best effort: it is already failing)."""
-    if CURRENT.count > 1 and CURRENT.abort is not None:
-        try:
-            CURRENT.abort(message)
-        except Exception:  # noqa: BLE001 -- the runtime may already be gone; the error being reported matters
-            pass
-
-
-@contextlib.contextmanager
-def alone():
-    """Code that only process 0 runs (observer hooks): its writes wait for no one."""
-    CURRENT._alone += 1
-    try:
-        yield
-    finally:
-        CURRENT._alone -= 1
-
-
-def primary_does(what: str, action: Callable[[], Any]) -> Any:
-    """Run ``action`` (a change to the run directory) in process 0 only, then wait for
-    all. Returns what ``action`` returned (None in the other processes)."""
-    try:
-        return action() if CURRENT.primary else None
-    finally:  # process 0 failing still releases the others (who then fail on what is missing)
-        CURRENT.sync(what)
+    return Processes(index=index, count=count, barrier=barrier, abort=getattr(backend, "abort", None))

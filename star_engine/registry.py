@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping
 
 import pluggy
 
-from . import hooks, procs
+from . import hooks
 from .errors import PluginError, StarEngineError, UserError
 
 GROUP = "star_engine"
@@ -212,15 +212,9 @@ class Registry:
 
     # -- observers ----------------------------------------------------------------
     def notify(self, hook: str, **kwargs: Any) -> None:
-        """Call an observer hook on every plugin, naming the plugin if one fails.
-        In a multi-process run only process 0 calls them (observers write files)."""
+        """Call an observer hook on every plugin, naming the plugin if one fails
+        (a run's process 0 only: ``Experiment.notify``)."""
         assert hook in OBSERVER_HOOKS
-        if not procs.CURRENT.primary:
-            return
-        with procs.alone():
-            self._notify(hook, kwargs)
-
-    def _notify(self, hook: str, kwargs: dict[str, Any]) -> None:
         for impl in getattr(self.pm.hook, hook).get_hookimpls():
             info = self.plugins.get(self.pm.get_name(impl.plugin) or "")
             try:

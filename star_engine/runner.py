@@ -16,12 +16,12 @@ from pathlib import Path
 
 import structlog
 
-from . import __version__, procs, rundir, ui
+from . import __version__, rundir, ui
 from .api import TrainSpec
 from .experiment import Experiment, config_hash
 from .loop import run_star
 from .stages import Stages, derive_seed
-from .store import RunStore, atomic_write_bytes, atomic_write_json, clean_temporaries
+from .store import RunStore, clean_temporaries, json_bytes
 
 log = structlog.get_logger("star_engine")
 
@@ -56,55 +56,59 @@ def preflight(exp: Experiment) -> rundir.RunDir:
 
 def open_run_dir(exp: Experiment, state: rundir.RunDir, toml_path: Path) -> RunStore:
     """Write the run directory's self-description (``state`` was checked under the lock)."""
-    root = state.root
-    event_dir = root if procs.CURRENT.primary else None  # one event log, process 0's
+    root, p = state.root, exp.processes
+    event_dir = root if p.primary else None  # one event log, process 0's
     describe = {"config_sha256": config_hash(exp.cfg), "star_engine": __version__,
                 "plugins": exp.registry.requirements()}
+    # a first start killed before config.json may have left some too
+    removed = p.primary_does("clean temporaries", lambda: clean_temporaries(root)) or 0
+    store = RunStore(root, describe, manifest=state.manifest, processes=p)
+    ui.configure_logging(event_dir)
     if state.resume:
-        removed = clean_temporaries(root)
-        ui.configure_logging(event_dir)
         log.info("resume", run_dir=str(root), temporaries_removed=removed)
     else:
-        clean_temporaries(root)  # a first start killed before config.json may have left some
-        ui.configure_logging(event_dir)
-        atomic_write_bytes(root / "experiment.toml", toml_path.read_bytes())
+        store.write_bytes(root / "experiment.toml", toml_path.read_bytes())
         log.info("start", run_dir=str(root))
     # The resolved config is rewritten on resume so a raised iteration count is recorded.
-    atomic_write_json(root / "config.json", exp.cfg)
-    store = RunStore(root, describe, manifest=state.manifest)
+    store.write_bytes(root / "config.json", json_bytes(exp.cfg))
     store.set_header(star_engine_version=__version__, config_sha256=describe["config_sha256"],
                      experiment=exp.cfg["experiment"]["name"], python=sys.version.split()[0],
                      platform=platform.platform(), plugins=exp.registry.describe(),
                      requirements=exp.registry.requirements(), backend=exp.backend.describe(),
                      finished=False)
-    atomic_write_bytes(root / "requirements.txt", ("\n".join(exp.registry.requirements()) + "\n").encode())
+    store.write_bytes(root / "requirements.txt", ("\n".join(exp.registry.requirements()) + "\n").encode())
     return store
 
 
 def prepare_run_dir(exp: Experiment, toml_path: Path) -> RunStore:
     """Lock the run directory (process 0, for all), check it again under the lock (another run
     may have changed it since ``preflight``), then open it."""
-    if procs.CURRENT.primary:
+    p = exp.processes
+    if p.primary:
         rundir.lock(exp.run_dir)  # before the first write; refused at once when another run holds it
-    procs.CURRENT.sync("run directory locked")
+    p.sync("run directory locked")
     state = rundir.inspect(exp.cfg, exp.defaults)
     # Several processes: all of them look at the folder before process 0 changes it.
-    procs.CURRENT.sync("start")
+    p.sync("start")
     return open_run_dir(exp, state, toml_path)
 
 
 def run(exp: Experiment, toml_path: Path) -> list[dict]:
-    procs.configure(exp.backend)
+    with exp.processes.stopping_others_on_failure():  # the others stop at once, not at a timeout
+        return _run(exp, toml_path)
+
+
+def _run(exp: Experiment, toml_path: Path) -> list[dict]:
     preflight(exp)
     store = prepare_run_dir(exp, toml_path)
-    exp.registry.notify("on_run_start", run_dir=store.root, config=exp.cfg)
+    exp.notify("on_run_start", run_dir=store.root, config=exp.cfg)
     t0 = time.perf_counter()
     rows = run_star(exp, store)
     store.set_header(finished=True)
     log.info("run_finished", run_dir=str(store.root), seconds=round(time.perf_counter() - t0, 1))
     from .report import write_report  # matplotlib is imported only when a report is made
 
-    write_report(store.root)
-    exp.registry.notify("on_run_end", run_dir=store.root, metrics=rows)
+    exp.processes.primary_does("write report", lambda: write_report(store.root))
+    exp.notify("on_run_end", run_dir=store.root, metrics=rows)
     ui.console.print(ui.summary_table(rows))
     return rows

@@ -21,14 +21,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
 
-from . import procs, ui
+from . import ui
 from .api import Candidate, Example, GenRequest, GenSpec, TrainExample, TrainSpec, Verdict
 from .errors import PluginError, UserError
 from .experiment import Experiment, prompt_kinds
 from .ledger import LEDGER_SCHEMA, ledger_rows
 from .questions import draw
 from .seeds import coin, derive_seed
-from .store import RunStore, loading_checkpoint, remove
+from .store import RunStore, loading_checkpoint
 
 log = structlog.get_logger("star_engine")
 
@@ -79,7 +79,7 @@ class Stages:
         if store is not None:
             if store.done("questions.parquet"):
                 self._ledger_on_disk = pq.ParquetFile(store.root / "questions.parquet").metadata.num_rows
-            procs.CURRENT.sync("ledger counted")
+            store.processes.sync("ledger counted")
 
     # -- references to checkpoints (relative inside the run directory) -------------
     def _ref(self, path: str | Path) -> str:
@@ -140,7 +140,7 @@ class Stages:
 
     def _drop_chunks(self, chunk_dir: str) -> None:
         self.store.forget(chunk_dir + "/")  # the chunks are inside the stage's file
-        remove(self.store.root / chunk_dir, chunk_dir)
+        self.store.remove(chunk_dir)
 
     # -- the train questions of an iteration ----------------------------------------
     def train_questions(self, n: int, ledger: Sequence[dict]) -> list[Example]:
@@ -299,7 +299,7 @@ class Stages:
             info = {"checkpoint": init, "checkpoint_id": self.checkpoint_id(init), "steps": 0, "tokens": 0,
                     "losses": [], "examples": len(examples)}
         else:
-            remove(self.store.root / model_rel, model_rel)  # a stale, unrecorded attempt
+            self.store.remove(model_rel)  # a stale, unrecorded attempt
             spec = TrainSpec(steps, section["batch_size"], section["grad_accum"], seed, section["optimizer"],
                              packing=section["packing"], loss=section["loss"])
             with ui.progress(f"{rel_dir}: train", steps) as advance, _disk_full(self.store.root / model_rel), \

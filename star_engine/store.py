@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
 
-from . import procs
+from .procs import Processes
 from .errors import IntegrityError, UserError
 from .fsio import TMP_MARK, fsync_dir, is_temporary, sha256_file
 
@@ -39,11 +39,7 @@ log = structlog.get_logger("star_engine.store")
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the new one, never a mix.
-    In a multi-process run process 0 writes and every process waits for it (``procs``)."""
-    procs.primary_does(f"write {path.name}", lambda: _write(path, data))
-
-
-def _write(path: Path, data: bytes) -> None:
+    (In a run directory of several processes, through ``RunStore`` or ``Processes.primary_does``.)"""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{TMP_MARK}{path.name}.{os.getpid()}")  # a temporary by fsio.is_temporary
     try:
@@ -61,8 +57,13 @@ def _write(path: Path, data: bytes) -> None:
         raise
 
 
+def json_bytes(obj: Any) -> bytes:
+    """How the run directory's JSON files are written (indented, keys sorted)."""
+    return (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()
+
+
 def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode())
+    atomic_write_bytes(path, json_bytes(obj))
 
 
 def parquet_bytes(table: pa.Table, metadata: Mapping[str, str] | None = None) -> bytes:
@@ -75,19 +76,16 @@ def parquet_bytes(table: pa.Table, metadata: Mapping[str, str] | None = None) ->
     return buf.getvalue()
 
 
-def remove(path: Path, what: str) -> None:
-    """Remove a file or a folder tree (process 0 only, then every process waits)."""
-    procs.primary_does(f"remove {what}", lambda: shutil.rmtree(path, ignore_errors=True) if path.is_dir()
-                       else path.unlink(missing_ok=True))
+def remove(path: Path) -> None:
+    """Remove a file or a folder tree, if there is one."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def clean_temporaries(root: Path) -> int:
-    """Remove temporary files and folders left by a killed writer. Returns how many
-    (0 in the processes that do not write)."""
-    return procs.primary_does("clean temporaries", lambda: _clean_temporaries(root)) or 0
-
-
-def _clean_temporaries(root: Path) -> int:
+    """Remove temporary files and folders left by a killed writer. Returns how many."""
     n = 0
     if not root.exists():
         return 0
@@ -169,18 +167,30 @@ def read_manifest(root: Path) -> dict | None:
 
 
 class RunStore:
-    """Files of one run, addressed by paths relative to the run directory."""
+    """Files of one run, addressed by paths relative to the run directory. With several
+    ``processes`` process 0 makes every change and each one ends at a barrier (``procs``)."""
 
-    def __init__(self, root: Path, describe: Mapping[str, Any], manifest: dict | None = None):
+    def __init__(self, root: Path, describe: Mapping[str, Any], manifest: dict | None = None,
+                 processes: Processes | None = None):
         self.root = root
+        self.processes = processes if processes is not None else Processes()
         self._describe = dict(describe)  # resolved config, plugin versions: stamped into Parquet
         if manifest is None:
             manifest = read_manifest(root)
         self.manifest = manifest if manifest is not None else {"artifacts": {}, "checkpoints": {}}
 
+    # -- changes (process 0's) ------------------------------------------------------
+    def write_bytes(self, path: Path, data: bytes) -> None:
+        """``atomic_write_bytes`` by process 0, every process waiting for it."""
+        self.processes.primary_does(f"write {path.name}", lambda: atomic_write_bytes(path, data))
+
+    def remove(self, rel: str) -> None:
+        """Remove the file or folder ``rel`` (process 0, every process waiting for it)."""
+        self.processes.primary_does(f"remove {rel}", lambda: remove(self.root / rel))
+
     # -- manifest ------------------------------------------------------------------
     def _save_manifest(self) -> None:
-        atomic_write_json(self.root / MANIFEST, self.manifest)
+        self.write_bytes(self.root / MANIFEST, json_bytes(self.manifest))
 
     def set_header(self, **fields: Any) -> None:
         self.manifest.update(fields)
@@ -203,7 +213,7 @@ class RunStore:
         if path.stat().st_size == rec["bytes"] and sha256_file(path) == rec["sha256"]:
             return True
         log.warning("damaged_artifact", path=str(path), expected_sha256=rec["sha256"])
-        remove(path, rel)
+        self.remove(rel)
         del self.manifest["artifacts"][rel]
         self._save_manifest()
         return False
@@ -218,7 +228,7 @@ class RunStore:
     # -- artifacts -----------------------------------------------------------------
     def write_json(self, rel: str, obj: Any) -> None:
         path = self.root / rel
-        atomic_write_json(path, obj)
+        self.write_bytes(path, json_bytes(obj))
         self._record(rel, path)
 
     def read_json(self, rel: str) -> Any:
@@ -228,7 +238,7 @@ class RunStore:
         table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(rows, schema=schema)
         meta = {"star_engine": json.dumps(self._describe, sort_keys=True, default=str)}
         path = self.root / rel
-        atomic_write_bytes(path, parquet_bytes(table, meta))
+        self.write_bytes(path, parquet_bytes(table, meta))
         self._record(rel, path)
 
     def read_table(self, rel: str) -> pa.Table:
@@ -267,7 +277,7 @@ class RunStore:
         if not damaged:
             return True
         log.warning("damaged_checkpoint", path=str(path), damaged=damaged)
-        remove(path, rel)
+        self.remove(rel)
         del self.manifest["checkpoints"][rel]
         self._save_manifest()
         return False

@@ -122,7 +122,7 @@ def test_a_resumed_run_rewrites_the_ledger_byte_for_byte(scripted, toy_toml):
     assert {p: sha(run / p) for p in before} == before
 
 
-def test_a_second_process_decides_the_ledger_write_as_process_0_does(scripted, toy_toml, monkeypatch):
+def test_a_second_process_decides_the_ledger_write_as_process_0_does(scripted, toy_toml):
     """Process 0 may rewrite questions.parquet before a slower process 1 reaches the same
     ``save_ledger``: process 1 must still take the same path (a write, whose barrier it
     joins), from the row count it read before any process could change the file, not
@@ -137,8 +137,7 @@ def test_a_second_process_decides_the_ledger_write_as_process_0_does(scripted, t
     cfg = json.loads((run / "config.json").read_text())
     exp = build(cfg, registry.Registry())
     names: list[str] = []
-    monkeypatch.setattr(procs, "CURRENT", procs.Processes(index=1, count=2, barrier=names.append))
-    stages = Stages(exp, RunStore(run, {}))
+    stages = Stages(exp, RunStore(run, {}, processes=procs.Processes(index=1, count=2, barrier=names.append)))
     rows = pq.read_table(run / "questions.parquet").to_pylist()
     grown = rows + rows[:3]
     # process 0, ahead, has already written the grown ledger

@@ -32,13 +32,6 @@ class CountOnly:
         return 2
 
 
-@pytest.fixture(autouse=True)
-def restore():
-    saved = procs.CURRENT
-    yield
-    procs.CURRENT = saved
-
-
 def test_a_backend_without_the_protocol_is_one_process():
     assert not isinstance(Single(), MultiProcess)
     p = procs.configure(Single())
@@ -59,3 +52,17 @@ def test_a_multiprocess_backend_gives_the_layout_and_its_barrier():
 def test_an_incomplete_or_inconsistent_layout_is_refused(backend, error):
     with pytest.raises(error, match="MultiProcess|outside"):
         procs.configure(backend)
+
+
+def test_the_layout_is_a_value_each_store_holds(tmp_path):
+    """No module-wide process context: a store given process 1 of 2 writes nothing and
+    waits at the named barrier, while a one-process store beside it writes at once."""
+    from star_engine.store import RunStore
+
+    met: list[str] = []
+    follower = RunStore(tmp_path / "a", {}, processes=procs.Processes(index=1, count=2, barrier=met.append))
+    alone = RunStore(tmp_path / "b", {})
+    follower.write_bytes(tmp_path / "a" / "x.json", b"{}")
+    alone.write_bytes(tmp_path / "b" / "x.json", b"{}")
+    assert not (tmp_path / "a" / "x.json").exists() and (tmp_path / "b" / "x.json").read_bytes() == b"{}"
+    assert met == ["star-engine 1: write x.json"]

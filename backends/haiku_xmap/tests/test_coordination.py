@@ -33,16 +33,20 @@ WORKER = textwrap.dedent("""
         barrier, abort = staticmethod(B.barrier), staticmethod(B.abort)
 
     def work():
-        procs.configure(Backend())
+        p = procs.configure(Backend())
+        with p.stopping_others_on_failure():
+            return steps(p)
+
+    def steps(p):
         for i in range(20):
-            procs.CURRENT.sync(f"step {i}")
+            p.sync(f"step {i}")
         print("READY", flush=True)
         if pid == 1 and mode == "fail":
             time.sleep(1)
             raise UserError("data.jsonl:3: a bad row")
         if mode.startswith("hang") and pid == int(mode.split("-")[-1]):
             time.sleep(3600)  # killed by the test
-        procs.CURRENT.sync("after")
+        p.sync("after")
         return 0
 
     sys.exit(run_command(work))
