@@ -51,7 +51,9 @@ class TrainExample:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A generated rationale on its way to the training set (one Parquet row)."""
+    """A generated rationale on its way to the training set, as a filter sees it: the fields of
+    its row in ``rationales.parquet`` (``star_engine.records.Rationale``, whose ``candidate()``
+    builds this view) that a filter reads."""
 
     question_id: str
     iteration: int

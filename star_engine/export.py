@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from .errors import IntegrityError, UserError
 from .fsio import sha256_file
+from .records import Rationale, read
 from .store import atomic_write_bytes, read_manifest
 
 PAIR_FIELDS = ("question_id", "class", "prompt", "gold", "chosen", "rejected", "chosen_iteration",
@@ -41,14 +42,12 @@ def _rationale_files(root: Path) -> list[str]:
     return rels
 
 
-def _rows(path: Path) -> list[dict]:
+def _rows(path: Path) -> list[Rationale]:
     try:
         if pq.ParquetFile(path).metadata.num_rows > MAX_ROWS:
             raise IntegrityError(f"{path}: more than {MAX_ROWS} rows")
-        return pq.read_table(path, columns=["question_id", "class", "iteration", "sample", "prompt", "rationale",
-                                            "predicted", "gold", "correct", "was_hinted", "kept",
-                                            "checker"]).to_pylist()
-    except (pa.ArrowException, OSError, KeyError) as e:
+        return read(pq.read_table(path), Rationale, str(path))
+    except (pa.ArrowException, OSError, TypeError) as e:
         raise IntegrityError(f"{path}: unreadable rationales file ({e})") from None
 
 
@@ -57,34 +56,34 @@ def pairs(root: Path, max_per_question: int = 0) -> Iterator[dict[str, Any]]:
     wrong one (rejected), both stored with the same prompt (the hint-free context unless
     ``p_show_hint_save`` stored a hinted one, which pairs only with its like), each text once;
     at most ``max_per_question`` pairs per question (0: all), the earliest first."""
-    by_q: dict[str, list[dict]] = {}
+    by_q: dict[str, list[Rationale]] = {}
     for rel in _rationale_files(root):
         for r in _rows(root / rel):
-            if r["checker"] != "gold":  # gold completions are not the model's
-                by_q.setdefault(r["question_id"], []).append(r)
+            if r.checker != "gold":  # gold completions are not the model's
+                by_q.setdefault(r.question_id, []).append(r)
     for rows in by_q.values():
-        rows.sort(key=lambda r: (r["iteration"], r["was_hinted"], r["sample"]))
-        chosen = _unique(r for r in rows if r["kept"])
-        rejected = _unique(r for r in rows if not r["correct"])
+        rows.sort(key=lambda r: (r.iteration, r.was_hinted, r.sample))
+        chosen = _unique(r for r in rows if r.kept)
+        rejected = _unique(r for r in rows if not r.correct)
         out = 0
         for c in chosen:
             for w in rejected:
-                if c["prompt"] != w["prompt"] or (max_per_question and out >= max_per_question):
+                if c.prompt != w.prompt or (max_per_question and out >= max_per_question):
                     continue
                 out += 1
-                yield {"question_id": c["question_id"], "class": c["class"], "prompt": c["prompt"], "gold": c["gold"],
-                       "chosen": c["rationale"], "rejected": w["rationale"], "chosen_iteration": c["iteration"],
-                       "chosen_sample": c["sample"], "chosen_hinted": c["was_hinted"],
-                       "rejected_iteration": w["iteration"], "rejected_sample": w["sample"],
-                       "rejected_hinted": w["was_hinted"], "rejected_predicted": w["predicted"]}
+                yield {"question_id": c.question_id, "class": c.cls, "prompt": c.prompt, "gold": c.gold,
+                       "chosen": c.rationale, "rejected": w.rationale, "chosen_iteration": c.iteration,
+                       "chosen_sample": c.sample, "chosen_hinted": c.was_hinted,
+                       "rejected_iteration": w.iteration, "rejected_sample": w.sample,
+                       "rejected_hinted": w.was_hinted, "rejected_predicted": w.predicted}
 
 
-def _unique(rows: Any) -> list[dict]:
+def _unique(rows: Any) -> list[Rationale]:
     seen: set[tuple[str, str]] = set()
     out = []
     for r in rows:
-        if (r["prompt"], r["rationale"]) not in seen:
-            seen.add((r["prompt"], r["rationale"]))
+        if (r.prompt, r.rationale) not in seen:
+            seen.add((r.prompt, r.rationale))
             out.append(r)
     return out
 

@@ -12,28 +12,10 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Callable, Mapping, Sequence
 
-import pyarrow as pa
-
 from .api import Example
+from .records import Question, Rationale, row, schema
 
-LEDGER_SCHEMA = pa.schema([
-    ("iteration", pa.int32()),        # the STaR iteration (1-based)
-    ("question_id", pa.string()),
-    ("class", pa.string()),
-    ("samples", pa.int32()),          # rationales drawn without a hint
-    ("correct", pa.int32()),          # ... of which the checker accepted
-    ("hinted_samples", pa.int32()),   # rationales drawn with the answer as a hint (rationalization)
-    ("hinted_correct", pa.int32()),   # ... of which the checker accepted
-    ("solved", pa.bool_()),           # at least one correct rationale without a hint
-    ("solved_with_hint", pa.bool_()),  # not solved, but a correct one with the hint
-    ("kept", pa.int32()),             # rationales kept for fine-tuning (after the filters)
-    ("distinct_correct", pa.int32()),  # distinct texts among the correct hint-free rationales
-    ("tokens", pa.int64()),           # tokens generated for it (hint-free and hinted rationales)
-    ("times_seen", pa.int32()),       # iterations it was drawn in, up to this one
-    ("times_solved", pa.int32()),     # ... solved without a hint in
-    ("first_solved", pa.int32()),     # first iteration solved without a hint (null: not yet)
-    ("last_solved", pa.int32()),      # latest such iteration (null: not yet)
-])
+LEDGER_SCHEMA = schema(Question)  # its columns: star_engine.records.Question
 
 
 def latest(ledger: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
@@ -46,35 +28,35 @@ def latest(ledger: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
     return out
 
 
-def ledger_rows(n: int, questions: Sequence[Example], rationales: Sequence[dict], before: Sequence[Mapping[str, Any]],
-                count_tokens: Callable[[Sequence[str]], list[int]]) -> list[dict]:
+def ledger_rows(n: int, questions: Sequence[Example], rationales: Sequence[Rationale],
+                before: Sequence[Mapping[str, Any]], count_tokens: Callable[[Sequence[str]], list[int]]) -> list[dict]:
     """Iteration ``n``'s rows: one per question drawn (``questions``, in their order), from the
     iteration's candidates (``rationales.parquet``: every rationale, kept or not) and the rows
     of the iterations ``before``. Gold rows (``training.source = "gold"``) count as kept only."""
-    by_q: dict[str, list[dict]] = defaultdict(list)
+    by_q: dict[str, list[Rationale]] = defaultdict(list)
     for r in rationales:
-        by_q[r["question_id"]].append(r)
-    tokens = dict(zip(map(id, rationales), count_tokens([r["rationale"] for r in rationales])))
+        by_q[r.question_id].append(r)
+    tokens = dict(zip(map(id, rationales), count_tokens([r.rationale for r in rationales])))
     history = latest(before)
     rows = []
     for ex in questions:
         rs = by_q.get(ex.id, [])
-        drawn = [r for r in rs if r["checker"] != "gold"]
-        plain = [r for r in drawn if not r["was_hinted"]]
-        hinted = [r for r in drawn if r["was_hinted"]]
-        right = [r for r in plain if r["correct"]]
+        drawn = [r for r in rs if r.checker != "gold"]
+        plain = [r for r in drawn if not r.was_hinted]
+        hinted = [r for r in drawn if r.was_hinted]
+        right = [r for r in plain if r.correct]
         solved = bool(right)
         h = history.get(ex.id, {})
         times_solved = (h.get("times_solved") or 0) + solved
         first = h.get("first_solved")
-        rows.append({
-            "iteration": n, "question_id": ex.id, "class": ex.cls, "samples": len(plain), "correct": len(right),
-            "hinted_samples": len(hinted), "hinted_correct": sum(bool(r["correct"]) for r in hinted),
-            "solved": solved, "solved_with_hint": not solved and any(r["correct"] for r in hinted),
-            "kept": sum(bool(r["kept"]) for r in rs), "distinct_correct": len({r["rationale"] for r in right}),
-            "tokens": sum(tokens[id(r)] for r in drawn), "times_seen": (h.get("times_seen") or 0) + 1,
-            "times_solved": times_solved, "first_solved": first if first is not None else (n if solved else None),
-            "last_solved": n if solved else h.get("last_solved")})
+        rows.append(row(Question(
+            iteration=n, question_id=ex.id, cls=ex.cls, samples=len(plain), correct=len(right),
+            hinted_samples=len(hinted), hinted_correct=sum(r.correct for r in hinted),
+            solved=solved, solved_with_hint=not solved and any(r.correct for r in hinted),
+            kept=sum(r.kept for r in rs), distinct_correct=len({r.rationale for r in right}),
+            tokens=sum(tokens[id(r)] for r in drawn), times_seen=(h.get("times_seen") or 0) + 1,
+            times_solved=times_solved, first_solved=first if first is not None else (n if solved else None),
+            last_solved=n if solved else h.get("last_solved"))))
     return rows
 
 

@@ -24,6 +24,7 @@ import structlog
 
 from .experiment import Experiment
 from .metrics import METRICS_SCHEMA, coverage, dev_accuracy, iteration_rows
+from .records import Rationale
 from .stages import Stages, derive_seed, it_dir, training_examples
 from .store import RunStore
 
@@ -37,7 +38,7 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
     all_rows: list[dict] = []
     ledger: list[dict] = []  # the per-question ledger so far (questions.parquet)
 
-    def record(n: int, D: list, rationales: list[dict], train: dict, evals: tuple[dict, dict], solved: set[str],
+    def record(n: int, D: list, rationales: list[Rationale], train: dict, evals: tuple[dict, dict], solved: set[str],
                t0: float) -> list[dict]:
         if rationales:
             ledger.extend(stages.ledger(n, D, rationales, ledger))
@@ -48,7 +49,7 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
         else:
             rows = iteration_rows(n, rationales, evals[0], train, coverage(solved, exp.splits["train"]),
                                   time.perf_counter() - t0, evals[1], ev["pass_k"],
-                                  stages.count_tokens([r["rationale"] for r in rationales]))
+                                  stages.count_tokens([r.rationale for r in rationales]))
             store.write_table(rel, rows, METRICS_SCHEMA)
         all_rows.extend(rows)
         store.write_table("metrics.parquet", all_rows, METRICS_SCHEMA)
@@ -75,7 +76,7 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
             rationales = stages.gold(n, D)
         else:
             R = stages.generate(n, M, D)                                      # rationale generation
-            right = {r["question_id"] for r in R if r["correct"]}
+            right = {r.question_id for r in R if r.correct}
             solved |= right
             wrong = [x for x in D if x.id not in right]                       # answer filter
             Rr = stages.rationalize(n, M, wrong) if rat["enabled"] else []    # rationalization

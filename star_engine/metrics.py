@@ -1,4 +1,5 @@
-"""Rows of ``metrics.parquet``: one per iteration × split × class (null where a value does not apply)."""
+"""Rows of ``metrics.parquet`` (``records.Metrics``): one per iteration × split × class (null where a value
+does not apply), from an iteration's ``records.Rationale`` and ``records.Evaluation`` rows."""
 
 from __future__ import annotations
 
@@ -8,29 +9,22 @@ from collections import Counter, defaultdict
 from fractions import Fraction
 from typing import Any, Iterable, Sequence
 
-import pyarrow as pa
-
 from .api import Example
+from .records import Evaluation, Metrics, Rationale, row, schema
 
-METRICS_SCHEMA = pa.schema([
-    ("iteration", pa.int32()), ("split", pa.string()), ("class", pa.string()), ("accuracy", pa.float64()),
-    ("n", pa.int64()), ("generated", pa.int64()), ("correct", pa.int64()), ("rationalized", pa.int64()),
-    ("kept", pa.int64()), ("train_steps", pa.int64()), ("train_tokens", pa.int64()), ("train_loss", pa.float64()),
-    ("wall_seconds", pa.float64()), ("coverage", pa.float64()),
-    # Sampling (null where it does not apply). Eval splits: over evaluation.samples_per_question
-    # samples per question; train: over the hint-free rationales (generation.samples_per_question).
-    ("pass_k", pa.int64()), ("pass_at_k", pa.float64()), ("pass_at_1", pa.float64()), ("majority", pa.float64()),
-    # Exploration and exploitation (train rows): distinct correct rationales per solved question,
-    # the kept set's lengths in tokens.
-    ("distinct_correct", pa.float64()), ("kept_len_mean", pa.float64()), ("kept_len_std", pa.float64()),
-])
+METRICS_SCHEMA = schema(Metrics)
 SAMPLING_COLUMNS = ("pass_k", "pass_at_k", "pass_at_1", "majority", "distinct_correct", "kept_len_mean",
                     "kept_len_std")
+Answer = Rationale | Evaluation  # what pass@k and the majority vote read
 
 
-def _classes(items: Iterable[Any], key: str) -> list[str]:
-    return ["all", *sorted({getattr(i, key) if not isinstance(i, dict) else i[key] for i in items} - {"all"},
-                           key=natural)]
+def _classes(items: Iterable[Example | Answer]) -> list[str]:
+    return ["all", *sorted({i.cls for i in items} - {"all"}, key=natural)]
+
+
+def _metrics(common: dict[str, Any], **columns: Any) -> dict:
+    """A row of ``metrics.parquet``: ``common`` updated with ``columns`` (``records.Metrics``, its names)."""
+    return row(Metrics(**{**common, **columns}))
 
 
 def natural(s: str) -> tuple:
@@ -41,7 +35,7 @@ def natural(s: str) -> tuple:
 def coverage(solved: set[str], train: Sequence[Example]) -> dict[str, float]:
     """Share of train questions (per class) solved without a hint at least once so far."""
     out: dict[str, float] = {}
-    for c in _classes(train, "cls"):
+    for c in _classes(train):
         qs = [e.id for e in train if c == "all" or e.cls == c]
         out[c] = sum(q in solved for q in qs) / len(qs) if qs else 0.0
     return out
@@ -56,96 +50,95 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1 - Fraction(math.comb(n - c, k), math.comb(n, k)))
 
 
-def majority_correct(samples: Sequence[dict]) -> bool:
+def majority_correct(samples: Sequence[Answer]) -> bool:
     """Majority vote over one question's samples (``predicted``, ``correct``, ``sample``): the
     answer given most often (no answer does not vote; a tie goes to the answer reached first,
     in sample order) is right."""
-    ordered = sorted(samples, key=lambda r: r["sample"])
-    votes = Counter(r["predicted"] for r in ordered if r["predicted"] is not None)
+    ordered = sorted(samples, key=lambda r: r.sample)
+    votes = Counter(r.predicted for r in ordered if r.predicted is not None)
     if not votes:
         return False
     winner = votes.most_common(1)[0][0]  # Counter keeps first-seen order among equal counts
-    return any(r["correct"] for r in ordered if r["predicted"] == winner)
+    return any(r.correct for r in ordered if r.predicted == winner)
 
 
-def sampling_columns(samples: Sequence[dict], k: int) -> dict[str, Any]:
+def sampling_columns(samples: Sequence[Answer], k: int) -> dict[str, Any]:
     """pass@k, pass@1 (both unbiased) and majority-vote accuracy over the questions of
     ``samples`` (rows with ``question_id``, ``sample``, ``predicted``, ``correct``)."""
-    by_q: dict[str, list[dict]] = defaultdict(list)
+    by_q: dict[str, list[Answer]] = defaultdict(list)
     for r in samples:
-        by_q[r["question_id"]].append(r)
+        by_q[r.question_id].append(r)
     if not by_q:
         return {}
     n = min(len(v) for v in by_q.values())
     k = min(k, n)
-    counts = [(len(v), sum(bool(r["correct"]) for r in v)) for v in by_q.values()]
+    counts = [(len(v), sum(bool(r.correct) for r in v)) for v in by_q.values()]
     return {"pass_k": k, "pass_at_k": sum(pass_at_k(m, c, k) for m, c in counts) / len(counts),
             "pass_at_1": sum(pass_at_k(m, c, 1) for m, c in counts) / len(counts),
             "majority": sum(majority_correct(v) for v in by_q.values()) / len(by_q)}
 
 
-def exploration_columns(rationales: Sequence[dict], kept_lengths: Sequence[int]) -> dict[str, Any]:
+def exploration_columns(rationales: Sequence[Rationale], kept_lengths: Sequence[int]) -> dict[str, Any]:
     """Exploration (distinct correct hint-free rationales per solved question) and exploitation
     (mean and standard deviation of the kept set's lengths, ``kept_lengths`` in tokens)."""
     correct: dict[str, set[str]] = defaultdict(set)
     for r in rationales:
-        if r["correct"] and not r["was_hinted"]:
-            correct[r["question_id"]].add(r["rationale"])
+        if r.correct and not r.was_hinted:
+            correct[r.question_id].add(r.rationale)
     return {"distinct_correct": sum(map(len, correct.values())) / len(correct) if correct else None,
             "kept_len_mean": statistics.fmean(kept_lengths) if kept_lengths else None,
             "kept_len_std": statistics.pstdev(kept_lengths) if kept_lengths else None}
 
 
-def iteration_rows(n: int, rationales: Sequence[dict], evals: dict[str, Sequence[dict]], train: dict[str, Any],
-                   cover: dict[str, float], seconds: float, sampled: dict[str, Sequence[dict]] | None = None,
+def iteration_rows(n: int, rationales: Sequence[Rationale], evals: dict[str, Sequence[Evaluation]],
+                   train: dict[str, Any], cover: dict[str, float], seconds: float,
+                   sampled: dict[str, Sequence[Evaluation]] | None = None,
                    pass_k: int = 1, lengths: Sequence[int] = ()) -> list[dict]:
     """One row per split and class. ``sampled``: the sampled evaluation's rows per split (pass@k
     with ``pass_k``, majority vote); ``lengths``: the tokens of each of ``rationales``."""
     losses = train.get("losses") or []
     tail = losses[-max(1, len(losses) // 10):] if losses else []
     common = {"iteration": n, "train_steps": int(train.get("steps", 0)), "train_tokens": int(train.get("tokens", 0)),
-              "train_loss": sum(tail) / len(tail) if tail else None, "wall_seconds": float(seconds),
-              **dict.fromkeys(SAMPLING_COLUMNS)}
+              "train_loss": sum(tail) / len(tail) if tail else None, "wall_seconds": float(seconds)}
     rows: list[dict] = []
     if rationales:
-        gen = [r for r in rationales if not r["was_hinted"]]
-        hinted = [r for r in rationales if r["was_hinted"]]
-        for c in _classes(rationales, "class"):
-            g = [r for r in gen if c == "all" or r["class"] == c]
-            h = [r for r in hinted if c == "all" or r["class"] == c]
-            k = [r for r in rationales if r["kept"] and (c == "all" or r["class"] == c)]
-            rows.append({**common, "split": "train", "class": c, "n": len({r["question_id"] for r in g}) or len(k),
-                         "generated": len(g), "correct": sum(r["correct"] for r in g),
-                         "accuracy": sum(r["correct"] for r in g) / len(g) if g else None,
-                         "rationalized": sum(r["correct"] for r in h), "kept": len(k),
-                         "coverage": cover.get(c, None), **_train_sampling(rationales, lengths, c)})
+        gen = [r for r in rationales if not r.was_hinted]
+        hinted = [r for r in rationales if r.was_hinted]
+        for c in _classes(rationales):
+            g = [r for r in gen if c == "all" or r.cls == c]
+            h = [r for r in hinted if c == "all" or r.cls == c]
+            k = [r for r in rationales if r.kept and (c == "all" or r.cls == c)]
+            rows.append(_metrics(common, split="train", cls=c, n=len({r.question_id for r in g}) or len(k),
+                                 generated=len(g), correct=sum(r.correct for r in g),
+                                 accuracy=sum(r.correct for r in g) / len(g) if g else None,
+                                 rationalized=sum(r.correct for r in h), kept=len(k), coverage=cover.get(c, None),
+                                 **_train_sampling(rationales, lengths, c)))
             if h:  # hinted generations are tallied under their own class, as in the original
-                rows.append({**common, "split": "train", "class": f"{c}_r", "n": len(h), "generated": len(h),
-                             "correct": sum(r["correct"] for r in h),
-                             "accuracy": sum(r["correct"] for r in h) / len(h),
-                             "rationalized": sum(r["correct"] for r in h),
-                             "kept": sum(r["kept"] for r in h), "coverage": None})
+                rows.append(_metrics(common, split="train", cls=f"{c}_r", n=len(h), generated=len(h),
+                                     correct=sum(r.correct for r in h), accuracy=sum(r.correct for r in h) / len(h),
+                                     rationalized=sum(r.correct for r in h), kept=sum(r.kept for r in h),
+                                     coverage=None))
     for split, ev in evals.items():
-        for c in _classes(ev, "class"):
-            e = [r for r in ev if c == "all" or r["class"] == c]
-            rows.append({**common, "split": split, "class": c, "n": len(e), "generated": len(e),
-                         "correct": sum(r["correct"] for r in e),
-                         "accuracy": sum(r["correct"] for r in e) / len(e) if e else None,
-                         "rationalized": 0, "kept": 0, "coverage": cover.get("all", None),
-                         **sampling_columns([r for r in (sampled or {}).get(split, ()) if c == "all" or
-                                             r["class"] == c], pass_k)})
+        for c in _classes(ev):
+            e = [r for r in ev if c == "all" or r.cls == c]
+            rows.append(_metrics(common, split=split, cls=c, n=len(e), generated=len(e),
+                                 correct=sum(r.correct for r in e),
+                                 accuracy=sum(r.correct for r in e) / len(e) if e else None,
+                                 rationalized=0, kept=0, coverage=cover.get("all", None),
+                                 **sampling_columns([r for r in (sampled or {}).get(split, ())
+                                                     if c == "all" or r.cls == c], pass_k)))
     return rows
 
 
-def _train_sampling(rationales: Sequence[dict], lengths: Sequence[int], c: str) -> dict[str, Any]:
+def _train_sampling(rationales: Sequence[Rationale], lengths: Sequence[int], c: str) -> dict[str, Any]:
     """A train row's sampling and exploration columns, for class ``c``: pass@k over the
     hint-free rationales (k = their number per question: the share of questions with at least
     one correct), majority vote, distinct correct rationales, kept lengths."""
     mine = [(r, t) for r, t in zip(rationales, lengths or [None] * len(rationales))
-            if c == "all" or r["class"] == c]
-    plain = [r for r, _ in mine if not r["was_hinted"] and r["checker"] != "gold"]
-    k = max(Counter(r["question_id"] for r in plain).values(), default=0)
-    kept = [t for r, t in mine if r["kept"] and t is not None]
+            if c == "all" or r.cls == c]
+    plain = [r for r, _ in mine if not r.was_hinted and r.checker != "gold"]
+    k = max(Counter(r.question_id for r in plain).values(), default=0)
+    kept = [t for r, t in mine if r.kept and t is not None]
     return {**(sampling_columns(plain, k) if plain else {}), **exploration_columns(plain, kept)}
 
 

@@ -14,39 +14,24 @@ import contextlib
 import errno
 import hashlib
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
 
 from . import ui
-from .api import Candidate, Example, GenRequest, GenSpec, TrainExample, TrainSpec, Verdict
+from .api import Example, GenRequest, GenSpec, TrainExample, TrainSpec, Verdict
 from .errors import PluginError, UserError
 from .experiment import Experiment, prompt_kinds
 from .ledger import LEDGER_SCHEMA, ledger_rows
 from .questions import draw
+from .records import GREEDY, Chunk, Evaluation, Rationale
 from .seeds import coin, derive_seed
 from .store import RunStore, loading_checkpoint
 
 log = structlog.get_logger("star_engine")
-
-CHUNK_SCHEMA = pa.schema([("index", pa.int64()), ("text", pa.string())])
-RATIONALE_SCHEMA = pa.schema([
-    ("question_id", pa.string()), ("class", pa.string()), ("iteration", pa.int32()), ("sample", pa.int32()),
-    ("prompt", pa.string()), ("rationale", pa.string()), ("predicted", pa.string()), ("gold", pa.string()),
-    ("correct", pa.bool_()), ("was_hinted", pa.bool_()), ("kept", pa.bool_()), ("rejected_by", pa.string()),
-    ("checker", pa.string()), ("model_checkpoint", pa.string()), ("prompt_hash", pa.string()),
-    ("seed", pa.int64()), ("leak_strings", pa.list_(pa.string())),
-])
-EVAL_SCHEMA = pa.schema([
-    ("question_id", pa.string()), ("class", pa.string()), ("iteration", pa.int32()), ("split", pa.string()),
-    ("generation", pa.string()), ("predicted", pa.string()), ("gold", pa.string()), ("correct", pa.bool_()),
-    ("checker", pa.string()),  # which checker judged (files written before it was recorded lack it)
-    ("model_checkpoint", pa.string()), ("prompt_hash", pa.string()),
-])
-SAMPLED_EVAL_SCHEMA = EVAL_SCHEMA.insert(3, pa.field("sample", pa.int32()))
 
 
 def prompt_hash(text: str) -> str:
@@ -118,25 +103,24 @@ class Stages:
                         out = self.backend.generate(self.path(model), reqs, spec, progress=advance)
                     if len(out) != len(reqs):
                         raise RuntimeError(f"backend returned {len(out)} texts for {len(reqs)} requests")
-                    self.store.write_table(rel, [{"index": start + j, "text": t} for j, t in enumerate(out)],
-                                           CHUNK_SCHEMA)
+                    self.store.write_records(rel, [Chunk(index=start + j, text=t) for j, t in enumerate(out)], Chunk)
                 else:
                     advance(min(size, len(prompts) - start))
-                texts.extend(self.store.read_table(rel).column("text").to_pylist())
+                texts.extend(c.text for c in self.store.read_records(rel, Chunk))
         return texts
 
-    def _finish(self, rel: str, rows: list[dict], schema: pa.Schema, chunk_dir: str | None) -> list[dict]:
-        self.store.write_table(rel, rows, schema)
+    def _finish(self, rel: str, rows: list, kind: type, chunk_dir: str | None, omit: tuple[str, ...] = ()) -> list:
+        self.store.write_records(rel, rows, kind, omit)
         if chunk_dir:
             self._drop_chunks(chunk_dir)
         return rows
 
-    def _stored(self, rel: str, chunk_dir: str) -> list[dict]:
+    def _stored(self, rel: str, chunk_dir: str, kind: type) -> list:
         """A finished stage's rows; chunks left by a run killed just after the stage's
         file was written are dropped now (their rows are in that file)."""
         if (self.store.root / chunk_dir).exists():
             self._drop_chunks(chunk_dir)
-        return self.store.read_rows(rel)
+        return self.store.read_records(rel, kind)
 
     def _drop_chunks(self, chunk_dir: str) -> None:
         self.store.forget(chunk_dir + "/")  # the chunks are inside the stage's file
@@ -159,7 +143,7 @@ class Stages:
             raise PluginError(f"model: backend count_tokens returned {len(out)} values for {len(texts)} texts")
         return out
 
-    def ledger(self, n: int, questions: Sequence[Example], rationales: Sequence[dict],
+    def ledger(self, n: int, questions: Sequence[Example], rationales: Sequence[Rationale],
                before: Sequence[dict]) -> list[dict]:
         """Iteration ``n``'s rows of the per-question ledger (``star_engine.ledger``)."""
         rel = f"{it_dir(n)}/questions.parquet"
@@ -186,19 +170,17 @@ class Stages:
         return text, self.exp.checker.check(text, self.task.extract(text), gold)
 
     def _row(self, n: int, ex: Example, s: int, text: str, stored: str, full: str, seed: int, hinted: bool,
-             model_id: str, leaks: Sequence[str] = ()) -> dict:
+             model_id: str, leaks: Sequence[str] = ()) -> Rationale:
         text, verdict = self._judge(text, ex.answer)
-        return {"question_id": ex.id, "class": ex.cls, "iteration": n, "sample": s, "prompt": stored,
-                "rationale": text, "predicted": verdict.predicted, "gold": ex.answer,
-                "correct": bool(verdict.correct), "was_hinted": hinted, "kept": False, "rejected_by": None,
-                "checker": self.exp.checker_name, "model_checkpoint": model_id,
-                "prompt_hash": prompt_hash(full), "seed": seed, "leak_strings": list(leaks)}
+        return _rationale(n, ex, s, stored, text, verdict, was_hinted=hinted, checker=self.exp.checker_name,
+                          model_checkpoint=model_id, prompt_hash=prompt_hash(full), seed=seed,
+                          leak_strings=tuple(leaks))
 
     # -- 1. rationale generation ----------------------------------------------------
-    def generate(self, n: int, model: str, questions: Sequence[Example]) -> list[dict]:
+    def generate(self, n: int, model: str, questions: Sequence[Example]) -> list[Rationale]:
         rel = f"{it_dir(n)}/generated.parquet"
         if self.store.done(rel):
-            return self._stored(rel, f"{it_dir(n)}/generate")
+            return self._stored(rel, f"{it_dir(n)}/generate", Rationale)
         t0, k = time.perf_counter(), self.cfg["generation"]["samples_per_question"]
         items = [(ex, s) for ex in questions for s in range(k)]
         prefix = self.task.prompt(self.kind)
@@ -211,13 +193,13 @@ class Stages:
                           False, mid)
                 for (ex, s), text, full, seed in zip(items, texts, prompts, seeds)]
         self._timed("generate", t0)
-        return self._finish(rel, rows, RATIONALE_SCHEMA, f"{it_dir(n)}/generate")
+        return self._finish(rel, rows, Rationale, f"{it_dir(n)}/generate")
 
     # -- 3. rationalization ---------------------------------------------------------
-    def rationalize(self, n: int, model: str, wrong: Sequence[Example]) -> list[dict]:
+    def rationalize(self, n: int, model: str, wrong: Sequence[Example]) -> list[Rationale]:
         rel = f"{it_dir(n)}/rationalized.parquet"
         if self.store.done(rel):
-            return self._stored(rel, f"{it_dir(n)}/rationalize")
+            return self._stored(rel, f"{it_dir(n)}/rationalize", Rationale)
         t0, r = time.perf_counter(), self.cfg["rationalization"]
         chosen = [ex for ex in wrong if coin(r["p_rationalization"], self.seed, n, ex.id, "rationalize")]
         k = self.cfg["generation"]["samples_per_question"]
@@ -238,50 +220,47 @@ class Stages:
             leaks = self.exp.hint.leak_strings(self.task, ex)
             rows.append(self._row(n, ex, s, text, stored, full, seed, True, mid, leaks))
         self._timed("rationalize", t0)
-        return self._finish(rel, rows, RATIONALE_SCHEMA, f"{it_dir(n)}/rationalize")
+        return self._finish(rel, rows, Rationale, f"{it_dir(n)}/rationalize")
 
     # -- 2. + filters: what goes into the fine-tuning set ---------------------------
-    def history(self, n: int) -> list[dict]:
-        rows: list[dict] = []
+    def history(self, n: int) -> list[Rationale]:
+        rows: list[Rationale] = []
         for m in range(1, n):
             rel = f"{it_dir(m)}/rationales.parquet"
             if self.store.done(rel):
-                rows.extend(r for r in self.store.read_rows(rel) if r["kept"])
+                rows.extend(r for r in self.store.read_records(rel, Rationale) if r.kept)
         return rows
 
-    def select(self, n: int, rows: list[dict]) -> list[dict]:
+    def select(self, n: int, rows: Sequence[Rationale]) -> list[Rationale]:
         rel = f"{it_dir(n)}/rationales.parquet"
         if self.store.done(rel):
-            return self.store.read_rows(rel)
-        for r in rows:
-            r["kept"], r["rejected_by"] = bool(r["correct"]), (None if r["correct"] else "checker")
-        history = [_candidate(r) for r in self.history(n)]
+            return self.store.read_records(rel, Rationale)
+        rows = [replace(r, kept=r.correct, rejected_by=None if r.correct else "checker") for r in rows]
+        history = [r.candidate() for r in self.history(n)]
         for name, flt in self.exp.filters:
-            alive = [r for r in rows if r["kept"]]
-            flags = flt.keep([_candidate(r) for r in alive], history)
+            alive = [i for i, r in enumerate(rows) if r.kept]
+            flags = flt.keep([rows[i].candidate() for i in alive], history)
             if len(flags) != len(alive):
                 raise RuntimeError(f"filter '{name}' returned {len(flags)} flags for {len(alive)} candidates")
-            for r, ok in zip(alive, flags):
+            for i, ok in zip(alive, flags):
                 if not ok:
-                    r["kept"], r["rejected_by"] = False, name
-        self.store.write_table(rel, rows, RATIONALE_SCHEMA)
+                    rows[i] = replace(rows[i], kept=False, rejected_by=name)
+        self.store.write_records(rel, rows, Rationale)
         return rows
 
-    def gold(self, n: int, questions: Sequence[Example]) -> list[dict]:
+    def gold(self, n: int, questions: Sequence[Example]) -> list[Rationale]:
         """Source "gold": the training set is the dataset's own completions."""
         rel = f"{it_dir(n)}/rationales.parquet"
         if self.store.done(rel):
-            return self.store.read_rows(rel)
+            return self.store.read_records(rel, Rationale)
         direct = self.cfg["task"]["direct"]
         rows = []
         for ex in questions:
             ctx = self._stored_prompt(self.task.context(ex), self.kind)
-            rows.append({"question_id": ex.id, "class": ex.cls, "iteration": n, "sample": 0, "prompt": ctx,
-                         "rationale": self.task.gold_completion(ex, direct), "predicted": ex.answer,
-                         "gold": ex.answer, "correct": True, "was_hinted": False, "kept": True,
-                         "rejected_by": None, "checker": "gold", "model_checkpoint": "",
-                         "prompt_hash": prompt_hash(ctx), "seed": 0, "leak_strings": []})
-        self.store.write_table(rel, rows, RATIONALE_SCHEMA)
+            rows.append(_rationale(n, ex, 0, ctx, self.task.gold_completion(ex, direct), Verdict(ex.answer, True),
+                                   was_hinted=False, kept=True, checker="gold", model_checkpoint="",
+                                   prompt_hash=prompt_hash(ctx), seed=0))
+        self.store.write_records(rel, rows, Rationale)
         return rows
 
     # -- 4. fine-tuning ---------------------------------------------------------------
@@ -332,11 +311,11 @@ class Stages:
         return ref
 
     # -- 5. evaluation ------------------------------------------------------------------
-    def evaluate(self, n: int, model: str, split: str) -> list[dict]:
+    def evaluate(self, n: int, model: str, split: str) -> list[Evaluation]:
         """The greedy (``[evaluation]``) answers to every question of ``split``."""
         return self._evaluate(n, model, split, 0, self.eval_spec)
 
-    def evaluate_sampled(self, n: int, model: str, split: str) -> list[dict]:
+    def evaluate_sampled(self, n: int, model: str, split: str) -> list[Evaluation]:
         """``evaluation.samples_per_question`` answers per question of ``split``, sampled at
         ``evaluation.sample_temperature`` (pass@k and majority vote)."""
         ev = self.cfg["evaluation"]
@@ -344,13 +323,13 @@ class Stages:
                        self.stop, self.eval_spec.batch_size)
         return self._evaluate(n, model, split, ev["samples_per_question"], spec)
 
-    def _evaluate(self, n: int, model: str, split: str, k: int, spec: GenSpec) -> list[dict]:
+    def _evaluate(self, n: int, model: str, split: str, k: int, spec: GenSpec) -> list[Evaluation]:
         """``k`` sampled answers per question (``eval_<split>_samples.parquet``, a ``sample``
         column), or with ``k`` 0 the one greedy answer (``eval_<split>.parquet``)."""
         name = f"eval_{split}_samples" if k else f"eval_{split}"
         rel = f"{it_dir(n)}/{name}.parquet"
         if self.store.done(rel):
-            return self._stored(rel, f"{it_dir(n)}/{name}")
+            return self._stored(rel, f"{it_dir(n)}/{name}", Evaluation)
         t0, examples = time.perf_counter(), self.exp.splits[split]
         # no_prompt drops the few-shot prompt once the model has been fine-tuned (as the original).
         prefix = "" if (self.cfg["evaluation"]["no_prompt"] and n > 0) else self.task.prompt(self.kind)
@@ -364,15 +343,13 @@ class Stages:
         rows = []
         for (ex, s), text, full in zip(items, texts, prompts):
             text, v = self._judge(text, ex.answer)
-            rows.append({"question_id": ex.id, "class": ex.cls, "iteration": n, "split": split,
-                         **({"sample": s} if k else {}),
-                         "generation": text, "predicted": v.predicted, "gold": ex.answer,
-                         "correct": bool(v.correct), "checker": self.exp.checker_name, "model_checkpoint": mid,
-                         "prompt_hash": prompt_hash(full)})
+            rows.append(Evaluation(question_id=ex.id, cls=ex.cls, iteration=n, sample=s if k else None, split=split,
+                                   generation=text, predicted=v.predicted, gold=ex.answer, correct=bool(v.correct),
+                                   checker=self.exp.checker_name, model_checkpoint=mid, prompt_hash=prompt_hash(full)))
         self._timed("evaluate", t0)
-        return self._finish(rel, rows, SAMPLED_EVAL_SCHEMA if k else EVAL_SCHEMA, f"{it_dir(n)}/{name}")
+        return self._finish(rel, rows, Evaluation, f"{it_dir(n)}/{name}", () if k else GREEDY)
 
-    def evaluate_all(self, n: int, model: str) -> tuple[dict[str, list[dict]], dict[str, list[dict]]]:
+    def evaluate_all(self, n: int, model: str) -> tuple[dict[str, list[Evaluation]], ...]:
         """Every evaluation split, greedy, and sampled when ``evaluation.samples_per_question`` > 1."""
         splits = self.cfg["evaluation"]["splits"]
         greedy = {s: self.evaluate(n, model, s) for s in splits}
@@ -394,10 +371,11 @@ def _disk_full(path: Path) -> Iterator[None]:
         raise
 
 
-def _candidate(r: dict) -> Candidate:
-    return Candidate(r["question_id"], r["iteration"], r["sample"], r["prompt"], r["rationale"], r["predicted"],
-                     r["gold"], r["correct"], r["was_hinted"], tuple(r["leak_strings"] or ()))
+def _rationale(n: int, ex: Example, s: int, prompt: str, text: str, verdict: Verdict, **rest: Any) -> Rationale:
+    """Sample ``s`` of iteration ``n`` for question ``ex``: ``text`` stored with ``prompt``, judged ``verdict``."""
+    return Rationale(question_id=ex.id, cls=ex.cls, iteration=n, sample=s, prompt=prompt, rationale=text,
+                     predicted=verdict.predicted, gold=ex.answer, correct=bool(verdict.correct), **rest)
 
 
-def training_examples(rows: Sequence[dict]) -> list[TrainExample]:
-    return [TrainExample(r["prompt"], r["rationale"]) for r in rows if r["kept"]]
+def training_examples(rows: Sequence[Rationale]) -> list[TrainExample]:
+    return [TrainExample(r.prompt, r.rationale) for r in rows if r.kept]

@@ -23,17 +23,19 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
 
+from . import records
 from .procs import Processes
 from .errors import IntegrityError, UserError
 from .fsio import TMP_MARK, fsync_dir, is_temporary, sha256_file
 
 MANIFEST = "manifest.json"
+R = TypeVar("R")
 log = structlog.get_logger("star_engine.store")
 
 
@@ -234,7 +236,7 @@ class RunStore:
     def read_json(self, rel: str) -> Any:
         return json.loads((self.root / rel).read_text())
 
-    def write_table(self, rel: str, rows: list[dict] | pa.Table, schema: pa.Schema) -> None:
+    def write_table(self, rel: str, rows: list[dict] | pa.Table, schema: pa.Schema | None = None) -> None:
         table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(rows, schema=schema)
         meta = {"star_engine": json.dumps(self._describe, sort_keys=True, default=str)}
         path = self.root / rel
@@ -250,6 +252,13 @@ class RunStore:
 
     def read_rows(self, rel: str) -> list[dict]:
         return self.read_table(rel).to_pylist()
+
+    def write_records(self, rel: str, recs: Sequence[Any], kind: type, omit: tuple[str, ...] = ()) -> None:
+        """Records of ``kind`` as the table ``records.schema(kind, omit)`` (``star_engine.records``)."""
+        self.write_table(rel, records.table(recs, kind, omit))
+
+    def read_records(self, rel: str, kind: type[R]) -> list[R]:
+        return records.read(self.read_table(rel), kind, str(self.root / rel))
 
     # -- checkpoints ---------------------------------------------------------------
     def record_checkpoint(self, rel: str, checkpoint_id: str) -> None:

@@ -267,14 +267,14 @@ def test_the_documented_task_and_hint_test_runs(tmp_path):
 
 
 def test_which_checker_ran_is_documented_and_recorded():
-    from star_engine import stages
+    from star_engine.records import Evaluation, Rationale, schema
 
     text = section(DOC.read_text(), "What a run records about its components")
     for needle in ("`config.json`", "`task.checker", "`default_checker`", "`eval_<split>.parquet`",
                    "`checker` column", "resumes"):
         assert needle in text, f"{DOC}: 'What a run records about its components' lacks {needle}"
-    for schema in (stages.RATIONALE_SCHEMA, stages.EVAL_SCHEMA, stages.SAMPLED_EVAL_SCHEMA):
-        assert "checker" in schema.names
+    for kind in (Rationale, Evaluation):
+        assert "checker" in schema(kind).names
     assert "name the components that run" in section(DOC.read_text(), "`on_run_start`")
 
 

@@ -14,6 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 from star_engine.cli import main
 from star_engine.metrics import majority_correct, pass_at_k, sampling_columns
+from star_engine.records import Evaluation, read
 
 
 def brute_pass_at_k(outcomes: list[bool], k: int) -> Fraction:
@@ -38,8 +39,9 @@ def test_pass_at_k_edges():
             pass_at_k(*bad)
 
 
-def sample(s: int, predicted: str | None, correct: bool, q: str = "q") -> dict:
-    return {"question_id": q, "sample": s, "predicted": predicted, "correct": correct, "class": "all"}
+def sample(s: int, predicted: str | None, correct: bool, q: str = "q") -> Evaluation:
+    return Evaluation(question_id=q, cls="all", iteration=1, sample=s, split="dev", generation="",
+                      predicted=predicted, gold="", correct=correct, model_checkpoint="", prompt_hash="")
 
 
 def test_majority_vote():
@@ -89,7 +91,8 @@ def test_a_run_reports_pass_at_k_and_majority_per_class(scripted, toy_toml):
     run = path.parent / "run"
     metrics = pq.read_table(run / "metrics.parquet").to_pylist()
     for n in (0, 3):
-        samples = pq.read_table(run / f"iterations/{n:03d}/eval_dev_samples.parquet").to_pylist()
+        table = pq.read_table(run / f"iterations/{n:03d}/eval_dev_samples.parquet")
+        samples, answers = table.to_pylist(), read(table, Evaluation)
         assert set(Counter(r["question_id"] for r in samples).values()) == {4}
         greedy = pq.read_table(run / f"iterations/{n:03d}/eval_dev.parquet").to_pylist()
         for row in (m for m in metrics if m["iteration"] == n and m["split"] == "dev"):
@@ -100,7 +103,7 @@ def test_a_run_reports_pass_at_k_and_majority_per_class(scripted, toy_toml):
             assert row["pass_k"] == 2
             assert row["pass_at_k"] == pytest.approx(float(sum(brute_pass_at_k(v, 2) for v in by_q.values()) / len(qs)))
             assert row["majority"] == pytest.approx(
-                sum(majority_correct([r for r in mine if r["question_id"] == q]) for q in qs) / len(qs))
+                sum(majority_correct([a for a in answers if a.question_id == q]) for q in qs) / len(qs))
             # The greedy accuracy beside it is the greedy evaluation's, unchanged.
             g = [r for r in greedy if row["class"] in ("all", r["class"])]
             assert row["accuracy"] == pytest.approx(sum(r["correct"] for r in g) / len(g))

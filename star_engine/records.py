@@ -1,0 +1,206 @@
+"""One record type per Parquet table the core writes, and its Arrow schema derived from it.
+
+A record is a frozen dataclass whose fields, in order, are the table's columns: a field's type
+gives the column's Arrow type (``str``: string, ``int``: int64, ``Int32``: int32, ``bool``,
+``float``: float64, ``tuple[str, ...]``: list of strings; ``X | None`` where a value may be
+null; every column is nullable, as the files have always been written), and a field named
+differently in the file (``class`` is a Python keyword: the field ``cls`` is the column ``class``) says so
+once, with ``column("class")``. ``schema`` derives the table's schema, ``table`` writes records
+and ``read`` reads them back (``row``: one record as {column: value}, the form the ledger and the
+metrics rows keep for plugins); no other module declares a column. A column missing from a file
+written by an older version reads as the field's default (``Evaluation.checker``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Sequence, TypeVar, Union
+
+import pyarrow as pa
+
+from .api import Candidate
+from .errors import IntegrityError
+
+Int32 = Annotated[int, pa.int32()]
+"""An integer stored as int32 (``int`` alone: int64)."""
+
+R = TypeVar("R")
+_ARROW = {str: pa.string(), int: pa.int64(), bool: pa.bool_(), float: pa.float64()}
+
+
+def column(name: str, **kw: Any) -> Any:
+    """A field stored under another column name (``cls: str = column("class")``)."""
+    return field(metadata={"column": name}, **kw)
+
+
+def _arrow(hint: Any) -> pa.DataType:
+    origin = typing.get_origin(hint)
+    if origin is Annotated:
+        return typing.get_args(hint)[1]
+    if origin in (Union, types.UnionType):
+        (inner,) = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _arrow(inner)
+    if origin is tuple:
+        return pa.list_(_arrow(typing.get_args(hint)[0]))
+    return _ARROW[hint]
+
+
+@functools.cache
+def _layout(kind: type) -> tuple[tuple[dataclasses.Field, str, pa.DataType], ...]:
+    """(field, column name, Arrow type) of each of ``kind``'s fields, in order."""
+    hints = typing.get_type_hints(kind, include_extras=True)
+    return tuple((f, f.metadata.get("column", f.name), _arrow(hints[f.name])) for f in dataclasses.fields(kind))
+
+
+@functools.cache
+def schema(kind: type, omit: tuple[str, ...] = ()) -> pa.Schema:
+    """The Arrow schema of ``kind``'s table (without the columns ``omit``)."""
+    return pa.schema([(col, typ) for _, col, typ in _layout(kind) if col not in omit])
+
+
+def row(rec: Any, omit: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``rec`` as a row: {column: value} (a tuple as a list, as Arrow reads it back)."""
+    return {col: list(v) if isinstance(v := getattr(rec, f.name), tuple) else v
+            for f, col, _ in _layout(type(rec)) if col not in omit}
+
+
+def table(recs: Sequence[Any], kind: type, omit: tuple[str, ...] = ()) -> pa.Table:
+    """The records ``recs`` (of type ``kind``) as an Arrow table of ``schema(kind, omit)``."""
+    return pa.Table.from_pylist([row(r, omit) for r in recs], schema=schema(kind, omit))
+
+
+def read(t: pa.Table, kind: type[R], where: str = "") -> list[R]:
+    """The rows of ``t`` as records of ``kind``; a column the file lacks takes the field's default
+    (a file of an older version), and one without a default is an ``IntegrityError``."""
+    values: dict[str, list[Any]] = {}
+    for f, col, typ in _layout(kind):
+        if col in t.column_names:
+            values[f.name] = t.column(col).to_pylist()
+            if pa.types.is_list(typ):
+                values[f.name] = [tuple(v or ()) for v in values[f.name]]
+        elif f.default is not dataclasses.MISSING:
+            values[f.name] = [f.default] * len(t)
+        else:
+            raise IntegrityError(f"{where}: unreadable {kind.__name__} table (no column '{col}')")
+    return [kind(**dict(zip(values, vs))) for vs in zip(*values.values())]
+
+
+# ----------------------------------------------------------------------------- the tables
+
+
+@dataclass(frozen=True, kw_only=True)
+class Chunk:
+    """One generation of a stage's chunk (``iterations/NNN/<stage>/chunk-NNNNN.parquet``)."""
+
+    index: int  # position in the stage's list of prompts
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rationale:
+    """A generated (or gold) rationale: ``generated.parquet``, ``rationalized.parquet`` and
+    ``rationales.parquet`` (the same rows with the filters' verdicts) of an iteration. Filter
+    plugins see it as the ``api.Candidate`` that ``candidate()`` returns."""
+
+    question_id: str
+    cls: str = column("class")
+    iteration: Int32
+    sample: Int32
+    prompt: str  # stored (hint-free unless p_show_hint_save fired) context
+    rationale: str  # generated text: rationale and answer
+    predicted: str | None
+    gold: str
+    correct: bool
+    was_hinted: bool
+    kept: bool = False  # in the fine-tuning set
+    rejected_by: str | None = None  # "checker" or the filter that dropped it
+    checker: str
+    model_checkpoint: str
+    prompt_hash: str
+    seed: int
+    leak_strings: tuple[str, ...] = ()  # hint text that must not survive into `rationale`
+
+    def candidate(self) -> Candidate:
+        """The plugin contract's view of this row (``api.Candidate``: its fields, same names)."""
+        return Candidate(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Candidate)})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evaluation:
+    """One answer to an evaluation question: ``eval_<split>.parquet`` (greedy: written without
+    ``sample``) and ``eval_<split>_samples.parquet`` (``evaluation.samples_per_question`` each)."""
+
+    question_id: str
+    cls: str = column("class")
+    iteration: Int32
+    sample: Int32 | None = None  # sampled evaluation only
+    split: str
+    generation: str
+    predicted: str | None
+    gold: str
+    correct: bool
+    checker: str | None = None  # which checker judged (files written before it was recorded lack it)
+    model_checkpoint: str
+    prompt_hash: str
+
+
+GREEDY = ("sample",)
+"""The columns a greedy evaluation's file omits: ``table(rows, Evaluation, GREEDY)``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Question:
+    """A row of the per-question ledger, ``questions.parquet`` (``star_engine.ledger``)."""
+
+    iteration: Int32  # the STaR iteration (1-based)
+    question_id: str
+    cls: str = column("class")
+    samples: Int32  # rationales drawn without a hint
+    correct: Int32  # ... of which the checker accepted
+    hinted_samples: Int32  # rationales drawn with the answer as a hint (rationalization)
+    hinted_correct: Int32  # ... of which the checker accepted
+    solved: bool  # at least one correct rationale without a hint
+    solved_with_hint: bool  # not solved, but a correct one with the hint
+    kept: Int32  # rationales kept for fine-tuning (after the filters)
+    distinct_correct: Int32  # distinct texts among the correct hint-free rationales
+    tokens: int  # tokens generated for it (hint-free and hinted rationales)
+    times_seen: Int32  # iterations it was drawn in, up to this one
+    times_solved: Int32  # ... solved without a hint in
+    first_solved: Int32 | None  # first iteration solved without a hint (null: not yet)
+    last_solved: Int32 | None  # latest such iteration (null: not yet)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Metrics:
+    """A row of ``metrics.parquet``: one per iteration x split x class (null where a value does
+    not apply)."""
+
+    iteration: Int32
+    split: str
+    cls: str = column("class")
+    accuracy: float | None
+    n: int
+    generated: int
+    correct: int
+    rationalized: int
+    kept: int
+    train_steps: int
+    train_tokens: int
+    train_loss: float | None
+    wall_seconds: float
+    coverage: float | None
+    # Sampling (null where it does not apply). Eval splits: over evaluation.samples_per_question
+    # samples per question; train: over the hint-free rationales (generation.samples_per_question).
+    pass_k: int | None = None
+    pass_at_k: float | None = None
+    pass_at_1: float | None = None
+    majority: float | None = None
+    # Exploration and exploitation (train rows): distinct correct rationales per solved question,
+    # the kept set's lengths in tokens.
+    distinct_correct: float | None = None
+    kept_len_mean: float | None = None
+    kept_len_std: float | None = None
