@@ -128,7 +128,7 @@ def overall(per_class: dict[str, float], dev) -> float:
 def measure(args: argparse.Namespace) -> None:
     import jax
 
-    from star_haiku_xmap import checkpoint as ckpt
+    from star_haiku_xmap.convert import checkpoint as ckpt
     from star_haiku_xmap import sharding, train
 
     cfg = load_experiment(Path(args.experiment), args.set)

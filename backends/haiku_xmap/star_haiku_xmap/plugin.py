@@ -1,6 +1,6 @@
 """The ``haiku_xmap`` backend: GPT-J (dm-haiku) on a (dp, mp) mesh.
 
-Checkpoints are native checkpoint directories (``checkpoint.py``); a
+Checkpoints are native checkpoint directories (``convert/checkpoint.py``); a
 checkpoint's id is the sha256 of its manifest. jax is imported when a backend
 is built, not when the plugin is discovered.
 """
@@ -106,7 +106,7 @@ class HaikuXmapBackend:
             raise UserError(f"model.remat: must be true or false, got {remat!r}")
         self.remat = remat
 
-        from . import checkpoint as ckpt
+        from .convert import checkpoint as ckpt
         from . import sharding
         from .tokenizer import ByteTokenizer, HFTokenizer, tokenizer_from_dict
 
@@ -188,12 +188,12 @@ class HaikuXmapBackend:
         import jax
 
         from . import distributed as dist
-        from .checkpoint import save_checkpoint, write_checkpoint
+        from .convert.checkpoint import save_checkpoint, write_checkpoint
 
         config = self.config if dtype is None else self.config.replace(dtype=dtype)
 
         # On an mp > 1 mesh the mp-sharded leaves are stored as mp parts, so that a
-        # later load reads only each device's slice (checkpoint.py, version 2).
+        # later load reads only each device's slice (convert/checkpoint.py, version 2).
         mp_split = int(self.mesh.shape["mp"])
         if jax.process_count() == 1:
             save_checkpoint(path, params, model_config=config.to_dict(), tokenizer=self.tokenizer.to_dict(),
@@ -211,7 +211,7 @@ class HaikuXmapBackend:
         dist.barrier(f"saved {path}")
 
     def checkpoint_id(self, checkpoint: str) -> str:
-        from .checkpoint import manifest_sha256
+        from .convert.checkpoint import manifest_sha256
 
         return manifest_sha256(checkpoint)
 
@@ -223,7 +223,7 @@ class HaikuXmapBackend:
         import jax.numpy as jnp
 
         from . import model, sharding
-        from .checkpoint import load_checkpoint, read_manifest
+        from .convert.checkpoint import load_checkpoint, read_manifest
 
         dtype = dtype or self.config.dtype
         key = (str(Path(checkpoint).resolve()), self.checkpoint_id(checkpoint))
@@ -245,7 +245,7 @@ class HaikuXmapBackend:
 
     def base(self, workdir: Path, seed: int) -> str:
         from . import model
-        from .checkpoint import read_manifest
+        from .convert.checkpoint import read_manifest
         from .sample import keys_from_seeds
 
         if self._checkpoint_path:
@@ -426,7 +426,7 @@ def register_backends(register) -> None:
 
 @hookimpl
 def register_commands(register) -> None:
-    from .commands import ConvertCommand, PlanCommand
+    from .convert.commands import ConvertCommand, PlanCommand
 
     register("convert", ConvertCommand)
     register("plan", PlanCommand)

@@ -20,8 +20,8 @@ from typing import Any, Mapping
 from star_engine.api import GenSpec, TrainSpec
 from star_engine.errors import IntegrityError, UserError
 
-from .checkpoint import MANIFEST, _check_against_config, read_manifest
-from .safeio import check_alloc, np_dtype
+from .convert.checkpoint import MANIFEST, _check_against_config, read_manifest
+from .convert.safeio import check_alloc, np_dtype
 
 
 def _int(value: Any, minimum: int) -> bool:

@@ -15,7 +15,7 @@ import zstandard
 
 from star_engine.errors import IntegrityError, UserError
 from star_engine.store import clean_temporaries, is_temporary
-from star_haiku_xmap import checkpoint as C
+from star_haiku_xmap.convert import checkpoint as C
 from star_haiku_xmap.config import GPTJConfig
 from star_haiku_xmap.model import init_params
 

@@ -21,7 +21,7 @@ import pytest
 
 from star_engine.cli import main
 from star_engine.errors import UserError
-from star_haiku_xmap import checkpoint as C
+from star_haiku_xmap.convert import checkpoint as C
 from star_haiku_xmap import model
 from star_haiku_xmap.config import GPTJConfig
 
@@ -126,7 +126,8 @@ def test_hf_sharded_conversion_streams_tensor_by_tensor(tmp_path):
 _LOAD_SCRIPT = textwrap.dedent("""
     import json, resource, sys, tracemalloc
     import jax, numpy as np
-    from star_haiku_xmap import checkpoint as C, model, sharding
+    from star_haiku_xmap import model, sharding
+    from star_haiku_xmap.convert import checkpoint as C
     from star_haiku_xmap.config import GPTJConfig
 
     path, mesh_dp, mesh_mp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -298,7 +299,7 @@ def test_gptj_tokenizer_padding_eos_and_loss_boundary(tmp_path, gptj_tokenizer):
                       model_config=cfg.replace(vocab=50256).to_dict(), tokenizer={"kind": "byte", "vocab_size": 257,
                                                                               "eos_id": 256})
     with pytest.raises(UserError, match="more than the model's vocab 50256"):
-        from star_haiku_xmap.commands import ConvertCommand
+        from star_haiku_xmap.convert.commands import ConvertCommand
         import argparse
 
         p = argparse.ArgumentParser()

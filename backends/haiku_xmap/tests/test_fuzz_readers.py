@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 
 from fuzzing import budget, json_values, memory_cap, mutated
 from star_engine.errors import UserError
-from star_haiku_xmap import checkpoint as C
-from star_haiku_xmap import hf_import, mtj_import
+from star_haiku_xmap.convert import checkpoint as C
+from star_haiku_xmap.convert import hf_import, mtj_import
 from star_haiku_xmap.config import GPTJConfig
 from star_haiku_xmap.model import init_params
-from star_haiku_xmap.safeio import read_zstd_part, unpack_msgpack
+from star_haiku_xmap.convert.safeio import read_zstd_part, unpack_msgpack
 from star_haiku_xmap.tokenizer import HFTokenizer, tokenizer_from_dict
 
 CFG = GPTJConfig(n_layer=1, d_model=16, n_head=2, d_head=8, d_ff=64, rotary_dim=4, n_ctx=16, vocab=32)

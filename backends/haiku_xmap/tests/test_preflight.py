@@ -15,7 +15,7 @@ import pytest
 from star_engine.api import GenSpec, TrainSpec
 from star_engine.cli import main
 from star_engine.errors import IntegrityError, UserError
-from star_haiku_xmap import checkpoint as C
+from star_haiku_xmap.convert import checkpoint as C
 from star_haiku_xmap import preflight
 from star_haiku_xmap.config import GPTJConfig
 from star_haiku_xmap.model import init_params

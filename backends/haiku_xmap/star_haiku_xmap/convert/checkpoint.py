@@ -117,8 +117,8 @@ def _exchange(a: Path, b: Path) -> bool:
 def _param_specs_cached(config_items: tuple) -> dict[tuple[str, ...], tuple[tuple[int, ...], str]]:
     import jax
 
-    from .config import config_from_dict
-    from .model import init_params
+    from ..config import config_from_dict
+    from ..model import init_params
 
     config = config_from_dict(dict(config_items))
     shapes = jax.eval_shape(lambda key: init_params(config, key), jax.random.key(0))
@@ -177,7 +177,7 @@ def split_axis_for(key_path: tuple[str, ...], shape: tuple[int, ...], mp_split: 
     sharding rules put on "mp", when ``mp_split`` > 1 divides it; else None."""
     if mp_split <= 1 or len(key_path) < 2:
         return None
-    from .sharding import spec_for
+    from ..sharding import spec_for
 
     try:  # {module: {name: leaf}} ends every params-like tree (moments too, resume.py)
         spec = spec_for(f"{key_path[-2]}/{key_path[-1]}", shape)

@@ -40,7 +40,7 @@ from star_engine.errors import IntegrityError, UserError
 
 from .checkpoint import param_specs, write_checkpoint
 from . import hf_llama
-from .config import GPTJConfig, ModelConfig, architecture
+from ..config import GPTJConfig, ModelConfig, architecture
 from .safeio import TensorInfo, check_alloc, np_dtype, read_bounded, read_safetensors_header
 
 CONFIG_MAX = 1 << 20
@@ -243,7 +243,7 @@ def folder_tokenizer(folder: str | os.PathLike, tokenizer_file: str | os.PathLik
     ``<|endoftext|>``), else ``<|endoftext|>`` (GPT-J)."""
     from tokenizers import Tokenizer
 
-    from .tokenizer import EOT_TOKEN, TOKENIZER_FILE_MAX, HFTokenizer
+    from ..tokenizer import EOT_TOKEN, TOKENIZER_FILE_MAX, HFTokenizer
 
     folder = Path(folder)
     path = Path(tokenizer_file) if tokenizer_file else folder / "tokenizer.json"

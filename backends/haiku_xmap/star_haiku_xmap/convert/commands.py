@@ -22,7 +22,7 @@ MAX_MP = 1024
 
 
 def _tokenizer_dict(args: argparse.Namespace, default_file: Path | None, stored: dict | None = None) -> dict:
-    from .tokenizer import ByteTokenizer, HFTokenizer
+    from ..tokenizer import ByteTokenizer, HFTokenizer
 
     if args.byte_tokenizer:
         return ByteTokenizer().to_dict()
@@ -98,7 +98,7 @@ class ConvertCommand:
             step, leaves = iter_mtj_gptj(src, config)
             extra = {"source": "mtj_slim", "mtj_step": step}
         else:
-            from .config import config_from_dict
+            from ..config import config_from_dict
             from .mtj_import import native_leaves
 
             if src.resolve() == dest.resolve():

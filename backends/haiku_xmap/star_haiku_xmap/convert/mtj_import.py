@@ -65,7 +65,7 @@ from numpy.lib import format as npy_format
 from star_engine.errors import IntegrityError, UserError
 from star_engine.fsio import temporary_sibling
 
-from .config import PRESETS, GPTJConfig
+from ..config import PRESETS, GPTJConfig
 from .safeio import check_alloc, make_parents, np_dtype, read_bounded, remove_created
 
 PREFIX = "causal_transformer_shard/~/"
