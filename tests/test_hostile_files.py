@@ -35,10 +35,11 @@ import pytest
 
 from helpers import REPO
 from star_engine.errors import IntegrityError
-from star_haiku_xmap.convert import checkpoint as C
 from star_haiku_xmap import inference
-from star_haiku_xmap.convert import hf_import
 from star_haiku_xmap.config import GPTJConfig
+from star_haiku_xmap.convert import checkpoint as C
+from star_haiku_xmap.convert import checkpoint_write as CW
+from star_haiku_xmap.convert import hf_import
 from star_haiku_xmap.convert.safeio import SAFETENSORS_DTYPES, read_safetensors_header, unpack_msgpack
 
 LINUX = sys.platform.startswith("linux")
@@ -108,14 +109,14 @@ def test_pickle_disguised_as_every_format_is_never_unpickled(payload, tmp_path):
         hf_import.import_hf_gptj(hf)
     # as a checkpoint's manifest
     ck = tmp_path / "ck"
-    C.save_checkpoint(ck, init(), model_config=CFG.to_dict(), tokenizer=TOK)
+    CW.save_checkpoint(ck, init(), model_config=CFG.to_dict(), tokenizer=TOK)
     (ck / C.MANIFEST).write_bytes(data)
     with pytest.raises(IntegrityError, match=rf"{C.MANIFEST}: .*(trailing bytes|not a valid manifest)"):
         C.load_checkpoint(ck)
     with pytest.raises(IntegrityError):
         inference.load_model(ck)
     # as a checkpoint part
-    C.save_checkpoint(tmp_path / "ck2", init(), model_config=CFG.to_dict(), tokenizer=TOK)
+    CW.save_checkpoint(tmp_path / "ck2", init(), model_config=CFG.to_dict(), tokenizer=TOK)
     part = next((tmp_path / "ck2").glob("*.zst"))
     part.write_bytes(data)
     with pytest.raises(IntegrityError, match=part.name):
@@ -214,9 +215,11 @@ def forge_member_size(path: Path, member: str, size: int) -> None:
 @pytest.fixture(scope="module")
 def slim(tmp_path_factory):
     mtj = pytest.importorskip("star_haiku_xmap.convert.mtj_import")
+    from star_haiku_xmap.convert.mtj_export import export_mtj
+
     root = tmp_path_factory.mktemp("slim")
-    C.save_checkpoint(root / "native", init(), model_config=CFG.to_dict(), tokenizer=TOK)
-    mtj.export_mtj(root / "native", root / "slim", shards=2)
+    CW.save_checkpoint(root / "native", init(), model_config=CFG.to_dict(), tokenizer=TOK)
+    export_mtj(root / "native", root / "slim", shards=2)
     return mtj, root / "slim"
 
 
@@ -350,7 +353,7 @@ def test_msgpack_timestamp_ext_refused():
 def test_hostile_manifest_through_load_checkpoint(tmp_path):
     """The same refusals when a checkpoint's manifest is the hostile file."""
     ck = tmp_path / "ck"
-    C.save_checkpoint(ck, init(), model_config=CFG.to_dict(), tokenizer=TOK)
+    CW.save_checkpoint(ck, init(), model_config=CFG.to_dict(), tokenizer=TOK)
     m = msgpack.unpackb((ck / C.MANIFEST).read_bytes())
     for edit, message in [
         (lambda m: m["leaves"][0].update(shape=[-1, 16]), "bad shape"),
@@ -487,10 +490,10 @@ def test_forged_leaf_size_consistent_everywhere_refused_before_allocation(tmp_pa
     child may allocate): every reader refuses, none tries (a MemoryError would say it tried)."""
     ck, _ = forged_checkpoint(tmp_path / "ck", vocab)
     for call in (f"C.load_checkpoint({str(ck)!r})",
-                 f"m, leaves = mtj_import.native_leaves({str(ck)!r})\nfor _ in leaves: pass",
+                 f"m, leaves = C.native_leaves({str(ck)!r})\nfor _ in leaves: pass",
                  f"preflight.check_checkpoint({str(ck)!r})"):
         out = bounded("from star_haiku_xmap import preflight\n"
-                      "from star_haiku_xmap.convert import checkpoint as C, mtj_import\n"
+                      "from star_haiku_xmap.convert import checkpoint as C\n"
                       "from star_haiku_xmap.convert.checkpoint import param_specs\n"
                       f"param_specs(C.read_manifest({str(ck)!r})['model_config'])", call)
         assert out.startswith(f"REFUSED {ck}/"), (call, out)

@@ -106,8 +106,8 @@ class HaikuXmapBackend:
             raise UserError(f"model.remat: must be true or false, got {remat!r}")
         self.remat = remat
 
-        from .convert import checkpoint as ckpt
         from . import sharding
+        from .convert.checkpoint import read_manifest
         from .tokenizer import ByteTokenizer, HFTokenizer, tokenizer_from_dict
 
         if dtype is not None and dtype not in DTYPES:
@@ -119,7 +119,7 @@ class HaikuXmapBackend:
         self._checkpoint_path = str(checkpoint_path) if checkpoint_path else ""
         stored_tok = None
         if self._checkpoint_path:
-            manifest = ckpt.read_manifest(self._checkpoint_path)
+            manifest = read_manifest(self._checkpoint_path)
             base = config_from_dict(manifest["model_config"])
             if architecture is not None and architecture != arch_of(base):
                 raise UserError(f"model.architecture: {architecture!r} disagrees with the checkpoint's "
@@ -188,7 +188,7 @@ class HaikuXmapBackend:
         import jax
 
         from . import distributed as dist
-        from .convert.checkpoint import save_checkpoint, write_checkpoint
+        from .convert.checkpoint_write import save_checkpoint, write_checkpoint
 
         config = self.config if dtype is None else self.config.replace(dtype=dtype)
 

@@ -158,10 +158,11 @@ class Snapshots:
     def _load(self, m: dict, abstract_state: Any, shardings: Any) -> Restored | None:
         import jax
 
-        from .convert.checkpoint import _manifest_bytes, load_leaf_sharded, read_leaf
+        from .convert.checkpoint import load_leaf_sharded, read_leaf
+        from .convert.checkpoint_write import manifest_bytes
 
         extra = m["extra"]
-        if extra.get("format") != FORMAT or _manifest_bytes(extra.get("key")) != _manifest_bytes(self.key):
+        if extra.get("format") != FORMAT or manifest_bytes(extra.get("key")) != manifest_bytes(self.key):
             return None
         step, losses, tokens = extra.get("step"), extra.get("losses"), extra.get("tokens")
         if type(step) is not int or not 0 < step < self.steps or type(tokens) is not int or tokens < 0 \
@@ -217,7 +218,7 @@ class Snapshots:
         import jax
 
         from . import distributed as dist
-        from .convert.checkpoint import write_checkpoint
+        from .convert.checkpoint_write import write_checkpoint
 
         flat = jax.tree_util.tree_leaves(state)
         paths = leaf_paths(state)

@@ -21,8 +21,8 @@ import pytest
 
 from star_engine.errors import UserError
 from star_haiku_xmap import continuous, model, sample, sharding
-from star_haiku_xmap.convert import hf_import
 from star_haiku_xmap.config import LlamaConfig, config_from_dict
+from star_haiku_xmap.convert import hf_import
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FAMILIES = ("llama", "qwen2", "mistral")
