@@ -128,8 +128,9 @@ def overall(per_class: dict[str, float], dev) -> float:
 def measure(args: argparse.Namespace) -> None:
     import jax
 
-    from star_haiku_xmap import checkpoint as ckpt
     from star_haiku_xmap import sharding, train
+    from star_haiku_xmap.convert import checkpoint as ckpt
+    from star_haiku_xmap.convert import checkpoint_write as ckpt_write
 
     cfg = load_experiment(Path(args.experiment), args.set)
     if args.hinted and not cfg["rationalization"]["enabled"]:
@@ -173,7 +174,7 @@ def measure(args: argparse.Namespace) -> None:
         e0 = time.perf_counter()
         row["tf"] = teacher_forced(backend, state.params, task, dev)
         path = work / f"step-{done}"
-        ckpt.save_checkpoint(path, state.params, model_config=backend.config.to_dict(),
+        ckpt_write.save_checkpoint(path, state.params, model_config=backend.config.to_dict(),
                              tokenizer=backend.tokenizer.to_dict(), extra={"kind": "study", "step": done})
         if not args.tf_only:
             row["greedy"] = greedy(exp, str(path), dev, False, args.gen_batch)
@@ -185,7 +186,7 @@ def measure(args: argparse.Namespace) -> None:
         out.write_text("\n".join(lines) + "\n")
         print(summary_line(row), flush=True)
     if args.save:
-        ckpt.save_checkpoint(args.save, state.params, model_config=backend.config.to_dict(),
+        ckpt_write.save_checkpoint(args.save, state.params, model_config=backend.config.to_dict(),
                              tokenizer=backend.tokenizer.to_dict(), extra={"kind": "study", "step": done})
 
 

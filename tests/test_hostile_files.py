@@ -35,10 +35,12 @@ import pytest
 
 from helpers import REPO
 from star_engine.errors import IntegrityError
-from star_haiku_xmap import checkpoint as C
-from star_haiku_xmap import hf_import, inference
+from star_haiku_xmap import inference
 from star_haiku_xmap.config import GPTJConfig
-from star_haiku_xmap.safeio import SAFETENSORS_DTYPES, read_safetensors_header, unpack_msgpack
+from star_haiku_xmap.convert import checkpoint as C
+from star_haiku_xmap.convert import checkpoint_write as CW
+from star_haiku_xmap.convert import hf_import
+from star_haiku_xmap.convert.safeio import SAFETENSORS_DTYPES, read_safetensors_header, unpack_msgpack
 
 LINUX = sys.platform.startswith("linux")
 FIXTURE = REPO / "backends" / "haiku_xmap" / "tests" / "fixtures" / "gptj_tiny"
@@ -107,14 +109,14 @@ def test_pickle_disguised_as_every_format_is_never_unpickled(payload, tmp_path):
         hf_import.import_hf_gptj(hf)
     # as a checkpoint's manifest
     ck = tmp_path / "ck"
-    C.save_checkpoint(ck, init(), model_config=CFG.to_dict(), tokenizer=TOK)
+    CW.save_checkpoint(ck, init(), model_config=CFG.to_dict(), tokenizer=TOK)
     (ck / C.MANIFEST).write_bytes(data)
     with pytest.raises(IntegrityError, match=rf"{C.MANIFEST}: .*(trailing bytes|not a valid manifest)"):
         C.load_checkpoint(ck)
     with pytest.raises(IntegrityError):
         inference.load_model(ck)
     # as a checkpoint part
-    C.save_checkpoint(tmp_path / "ck2", init(), model_config=CFG.to_dict(), tokenizer=TOK)
+    CW.save_checkpoint(tmp_path / "ck2", init(), model_config=CFG.to_dict(), tokenizer=TOK)
     part = next((tmp_path / "ck2").glob("*.zst"))
     part.write_bytes(data)
     with pytest.raises(IntegrityError, match=part.name):
@@ -212,10 +214,12 @@ def forge_member_size(path: Path, member: str, size: int) -> None:
 
 @pytest.fixture(scope="module")
 def slim(tmp_path_factory):
-    mtj = pytest.importorskip("star_haiku_xmap.mtj_import")
+    mtj = pytest.importorskip("star_haiku_xmap.convert.mtj_import")
+    from star_haiku_xmap.convert.mtj_export import export_mtj
+
     root = tmp_path_factory.mktemp("slim")
-    C.save_checkpoint(root / "native", init(), model_config=CFG.to_dict(), tokenizer=TOK)
-    mtj.export_mtj(root / "native", root / "slim", shards=2)
+    CW.save_checkpoint(root / "native", init(), model_config=CFG.to_dict(), tokenizer=TOK)
+    export_mtj(root / "native", root / "slim", shards=2)
     return mtj, root / "slim"
 
 
@@ -260,7 +264,7 @@ def test_forged_huge_shape_with_consistent_sizes_refused_before_allocation(slim,
     with zipfile.ZipFile(piece) as zf:
         assert zf.getinfo(name).file_size == len(header) + (4 << 28)
     out = bounded(f"""
-        from star_haiku_xmap import mtj_import
+        from star_haiku_xmap.convert import mtj_import
         from star_haiku_xmap.config import GPTJConfig
         cfg = GPTJConfig(**{CFG.to_dict()!r})
     """, f"mtj_import.iter_mtj_gptj({str(src)!r}, cfg)")
@@ -305,7 +309,7 @@ def test_zstd_part_that_streams_or_declares_too_much(tmp_path, name, blocks, win
         data = zstd_frame(RAW, blocks, window_log)
     part = tmp_path / "00000.zst"
     part.write_bytes(data)
-    out = bounded("from star_haiku_xmap.safeio import read_zstd_part",
+    out = bounded("from star_haiku_xmap.convert.safeio import read_zstd_part",
                   f"read_zstd_part({str(part)!r}, compressed_bytes={len(data)}, raw_bytes={RAW}, "
                   f"sha256={hashlib.sha256(bytes(RAW)).hexdigest()!r})")
     if message is None:  # a legal frame: read in bounded memory, not refused
@@ -336,7 +340,7 @@ def test_zstd_part_that_streams_or_declares_too_much(tmp_path, name, blocks, win
 def test_hostile_msgpack_refused_in_bounded_memory(data, message, tmp_path):
     blob = tmp_path / "manifest.msgpack"
     blob.write_bytes(data)
-    out = bounded(f"from star_haiku_xmap.safeio import unpack_msgpack\ndata = open({str(blob)!r}, 'rb').read()",
+    out = bounded(f"from star_haiku_xmap.convert.safeio import unpack_msgpack\ndata = open({str(blob)!r}, 'rb').read()",
                   f"unpack_msgpack(data, what={str(blob)!r})")
     assert out.startswith(f"REFUSED {blob}: ") and message in out, out
 
@@ -349,7 +353,7 @@ def test_msgpack_timestamp_ext_refused():
 def test_hostile_manifest_through_load_checkpoint(tmp_path):
     """The same refusals when a checkpoint's manifest is the hostile file."""
     ck = tmp_path / "ck"
-    C.save_checkpoint(ck, init(), model_config=CFG.to_dict(), tokenizer=TOK)
+    CW.save_checkpoint(ck, init(), model_config=CFG.to_dict(), tokenizer=TOK)
     m = msgpack.unpackb((ck / C.MANIFEST).read_bytes())
     for edit, message in [
         (lambda m: m["leaves"][0].update(shape=[-1, 16]), "bad shape"),
@@ -441,8 +445,8 @@ def test_safetensors_forged_size_refused_before_allocation(tmp_path):
     assert read_safetensors_header(p)[0]["transformer.wte.weight"].shape == (big // 4 // 64, 64)
     setup = f"""
         import json
-        from star_haiku_xmap import hf_import
-        from star_haiku_xmap.checkpoint import param_specs
+        from star_haiku_xmap.convert import hf_import
+        from star_haiku_xmap.convert.checkpoint import param_specs
         # jax is imported and initialised before the limit (importing it maps 100s of MB)
         param_specs(hf_import.hf_config_to_gptj(json.load(open({str(src / 'config.json')!r}))).to_dict())
     """
@@ -486,10 +490,11 @@ def test_forged_leaf_size_consistent_everywhere_refused_before_allocation(tmp_pa
     child may allocate): every reader refuses, none tries (a MemoryError would say it tried)."""
     ck, _ = forged_checkpoint(tmp_path / "ck", vocab)
     for call in (f"C.load_checkpoint({str(ck)!r})",
-                 f"m, leaves = mtj_import.native_leaves({str(ck)!r})\nfor _ in leaves: pass",
+                 f"m, leaves = C.native_leaves({str(ck)!r})\nfor _ in leaves: pass",
                  f"preflight.check_checkpoint({str(ck)!r})"):
-        out = bounded("from star_haiku_xmap import checkpoint as C, mtj_import, preflight\n"
-                      "from star_haiku_xmap.checkpoint import param_specs\n"
+        out = bounded("from star_haiku_xmap import preflight\n"
+                      "from star_haiku_xmap.convert import checkpoint as C\n"
+                      "from star_haiku_xmap.convert.checkpoint import param_specs\n"
                       f"param_specs(C.read_manifest({str(ck)!r})['model_config'])", call)
         assert out.startswith(f"REFUSED {ck}/"), (call, out)
         refusals = r"(declares|needs) \d+ bytes, more than the|needs a window of|zstd stream ended"

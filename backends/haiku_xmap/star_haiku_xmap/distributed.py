@@ -180,7 +180,7 @@ def host_leaves(params: Any) -> Any:
     """Yield ``(key path, host numpy array)`` of a params tree one leaf at a time;
     a leaf spread over several processes is gathered (every process must iterate,
     the gather is collective)."""
-    from .checkpoint import _flatten
+    from .convert.checkpoint import flatten
 
-    for key_path, value in _flatten(params):
+    for key_path, value in flatten(params):
         yield key_path, to_host(value)

@@ -27,7 +27,7 @@ def load_model(checkpoint_dir: str | os.PathLike, *, dtype: str = "float32", sha
     ``manifest.msgpack``, fully verified) or an HF safetensors folder (GPT-J, Llama, Qwen2, Mistral)
     (converted to ``dtype``; its tokenizer is the folder's ``tokenizer.json``,
     or None when it has none). ``shardings`` applies to native checkpoints."""
-    from .checkpoint import MANIFEST, load_checkpoint
+    from .convert.checkpoint import MANIFEST, load_checkpoint
     from .tokenizer import tokenizer_from_dict
 
     path = Path(checkpoint_dir).expanduser()
@@ -35,7 +35,7 @@ def load_model(checkpoint_dir: str | os.PathLike, *, dtype: str = "float32", sha
         params, manifest = load_checkpoint(path, shardings)
         return config_from_dict(manifest["model_config"]), params, tokenizer_from_dict(manifest["tokenizer"])
     if (path / "config.json").is_file() or path.is_file():
-        from .hf_import import folder_tokenizer, import_hf
+        from .convert.hf_import import folder_tokenizer, import_hf
 
         config, params = import_hf(path, dtype=dtype)
         folder = path if path.is_dir() else path.parent

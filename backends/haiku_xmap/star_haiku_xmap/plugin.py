@@ -1,6 +1,6 @@
 """The ``haiku_xmap`` backend: GPT-J (dm-haiku) on a (dp, mp) mesh.
 
-Checkpoints are native checkpoint directories (``checkpoint.py``); a
+Checkpoints are native checkpoint directories (``convert/checkpoint.py``); a
 checkpoint's id is the sha256 of its manifest. jax is imported when a backend
 is built, not when the plugin is discovered.
 """
@@ -107,8 +107,8 @@ class HaikuXmapBackend:
             raise UserError(f"model.remat: must be true or false, got {remat!r}")
         self.remat = remat
 
-        from . import checkpoint as ckpt
         from . import sharding
+        from .convert.checkpoint import read_manifest
         from .tokenizer import ByteTokenizer, HFTokenizer, tokenizer_from_dict
 
         if dtype is not None and dtype not in DTYPES:
@@ -120,7 +120,7 @@ class HaikuXmapBackend:
         self._checkpoint_path = str(checkpoint_path) if checkpoint_path else ""
         stored_tok = None
         if self._checkpoint_path:
-            manifest = ckpt.read_manifest(self._checkpoint_path)
+            manifest = read_manifest(self._checkpoint_path)
             base = config_from_dict(manifest["model_config"])
             if architecture is not None and architecture != arch_of(base):
                 raise UserError(f"model.architecture: {architecture!r} disagrees with the checkpoint's "
@@ -189,12 +189,12 @@ class HaikuXmapBackend:
         import jax
 
         from . import distributed as dist
-        from .checkpoint import save_checkpoint, write_checkpoint
+        from .convert.checkpoint_write import save_checkpoint, write_checkpoint
 
         config = self.config if dtype is None else self.config.replace(dtype=dtype)
 
         # On an mp > 1 mesh the mp-sharded leaves are stored as mp parts, so that a
-        # later load reads only each device's slice (checkpoint.py, version 2).
+        # later load reads only each device's slice (convert/checkpoint.py, version 2).
         mp_split = int(self.mesh.shape["mp"])
         if jax.process_count() == 1:
             save_checkpoint(path, params, model_config=config.to_dict(), tokenizer=self.tokenizer.to_dict(),
@@ -212,7 +212,7 @@ class HaikuXmapBackend:
         dist.barrier(f"saved {path}")
 
     def checkpoint_id(self, checkpoint: str) -> str:
-        from .checkpoint import manifest_sha256
+        from .convert.checkpoint import manifest_sha256
 
         return manifest_sha256(checkpoint)
 
@@ -224,7 +224,7 @@ class HaikuXmapBackend:
         import jax.numpy as jnp
 
         from . import model, sharding
-        from .checkpoint import load_checkpoint, read_manifest
+        from .convert.checkpoint import load_checkpoint, read_manifest
 
         dtype = dtype or self.config.dtype
         key = (str(Path(checkpoint).resolve()), self.checkpoint_id(checkpoint))
@@ -246,7 +246,7 @@ class HaikuXmapBackend:
 
     def base(self, workdir: Path, seed: int) -> str:
         from . import model
-        from .checkpoint import read_manifest
+        from .convert.checkpoint import read_manifest
         from .sample import keys_from_seeds
 
         if self._checkpoint_path:
@@ -424,7 +424,7 @@ def register_backends(register) -> None:
 
 @hookimpl
 def register_commands(register) -> None:
-    from .commands import ConvertCommand, PlanCommand
+    from .convert.commands import ConvertCommand, PlanCommand
 
     register("convert", ConvertCommand)
     register("plan", PlanCommand)

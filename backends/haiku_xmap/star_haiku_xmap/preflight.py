@@ -20,8 +20,8 @@ from typing import Any, Mapping
 from star_engine.api import GenSpec, TrainSpec
 from star_engine.errors import IntegrityError, UserError
 
-from .checkpoint import MANIFEST, _check_against_config, read_manifest
-from .safeio import check_alloc, np_dtype
+from .convert.checkpoint import MANIFEST, checked_manifest
+from .convert.safeio import check_alloc, np_dtype
 
 
 def _int(value: Any, minimum: int) -> bool:
@@ -74,10 +74,7 @@ def check_checkpoint(path: str | os.PathLike) -> dict:
     manifest (schema, against the model config) and every part file's presence and size, and
     that the largest leaf could be allocated. Returns the manifest; IntegrityError naming the file."""
     root = Path(path)
-    if not (root / MANIFEST).is_file():
-        raise IntegrityError(f"{root}: not a checkpoint (no {MANIFEST})")
-    m = read_manifest(root)
-    _check_against_config(m, str(root / MANIFEST))
+    m = checked_manifest(root)
     for leaf in m["leaves"]:
         for part in leaf["parts"] if "parts" in leaf else [leaf]:
             f = root / part["file"]

@@ -9,7 +9,7 @@ pure function of the seed (``packing.step_batches``), so a resumed stage rebuild
 and skips the steps already taken. The update is deterministic, so the resumed stage's
 final parameters are bit-identical to an uninterrupted one's.
 
-The snapshot is a checkpoint folder (``checkpoint.py``'s format: msgpack manifest,
+The snapshot is a checkpoint folder (``convert/checkpoint.py``'s format: msgpack manifest,
 one zstd part per leaf with its sha256, mp-sharded leaves stored as one part per mp
 shard, written to a temporary sibling, fsynced and renamed into place; never pickle).
 Its leaves are the state's key paths (``params/h_0/attn/q/w``, ``opt_state/1/0/mu/...``)
@@ -140,7 +140,7 @@ class Snapshots:
     def restore(self, abstract_state: Any, shardings: Any = None) -> Restored | None:
         """The state saved for this stage, on the devices with ``shardings`` (None: the
         default device), or None (no snapshot, or one that does not match: deleted)."""
-        from .checkpoint import MANIFEST, read_manifest
+        from .convert.checkpoint import MANIFEST, read_manifest
 
         self._last = time.monotonic()
         if not (self.path / MANIFEST).is_file():
@@ -158,10 +158,11 @@ class Snapshots:
     def _load(self, m: dict, abstract_state: Any, shardings: Any) -> Restored | None:
         import jax
 
-        from .checkpoint import _manifest_bytes, load_leaf_sharded, read_leaf
+        from .convert.checkpoint import load_leaf_sharded, read_leaf
+        from .convert.checkpoint_write import manifest_bytes
 
         extra = m["extra"]
-        if extra.get("format") != FORMAT or _manifest_bytes(extra.get("key")) != _manifest_bytes(self.key):
+        if extra.get("format") != FORMAT or manifest_bytes(extra.get("key")) != manifest_bytes(self.key):
             return None
         step, losses, tokens = extra.get("step"), extra.get("losses"), extra.get("tokens")
         if type(step) is not int or not 0 < step < self.steps or type(tokens) is not int or tokens < 0 \
@@ -217,7 +218,7 @@ class Snapshots:
         import jax
 
         from . import distributed as dist
-        from .checkpoint import write_checkpoint
+        from .convert.checkpoint_write import write_checkpoint
 
         flat = jax.tree_util.tree_leaves(state)
         paths = leaf_paths(state)

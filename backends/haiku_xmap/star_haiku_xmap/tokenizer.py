@@ -25,7 +25,7 @@ from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from star_engine.errors import IntegrityError, UserError
 
-from .safeio import read_bounded
+from .convert.safeio import read_bounded
 
 INLINE_JSON_MAX = 4 << 20  # tokenizer.json files up to this size are stored in the description
 TOKENIZER_FILE_MAX = 64 << 20

@@ -15,8 +15,9 @@ import zstandard
 
 from star_engine.errors import IntegrityError, UserError
 from star_engine.store import clean_temporaries, is_temporary
-from star_haiku_xmap import checkpoint as C
 from star_haiku_xmap.config import GPTJConfig
+from star_haiku_xmap.convert import checkpoint as C
+from star_haiku_xmap.convert import checkpoint_write as CW
 from star_haiku_xmap.model import init_params
 
 CFG = GPTJConfig(n_layer=1, d_model=16, n_head=2, d_head=8, d_ff=32, rotary_dim=4, n_ctx=16, vocab=40)
@@ -28,7 +29,7 @@ def params_for(cfg=CFG, seed=0):
 
 
 def save(path, params=None, cfg=CFG, **kw):
-    return C.save_checkpoint(path, params_for(cfg) if params is None else params,
+    return CW.save_checkpoint(path, params_for(cfg) if params is None else params,
                              model_config=cfg.to_dict(), tokenizer=TOK, **kw)
 
 
@@ -114,7 +115,7 @@ def test_replace_existing_and_leave_identical_alone(tmp_path):
 def test_replace_without_rename_exchange(tmp_path, monkeypatch):
     dest = tmp_path / "ck"
     save(dest)
-    monkeypatch.setattr(C, "_exchange", lambda a, b: False)  # e.g. a filesystem without RENAME_EXCHANGE
+    monkeypatch.setattr(CW, "_exchange", lambda a, b: False)  # e.g. a filesystem without RENAME_EXCHANGE
     new = params_for(seed=4)
     save(dest, new)
     assert_same(new, C.load_checkpoint(dest)[0])
@@ -124,7 +125,7 @@ def test_replace_without_rename_exchange(tmp_path, monkeypatch):
 def test_a_kill_inside_the_fallback_window_leaves_only_temporaries(tmp_path, monkeypatch):
     dest = tmp_path / "ck"
     save(dest)
-    monkeypatch.setattr(C, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(CW, "_exchange", lambda a, b: False)
     real_rename = os.rename
 
     def killed_before_moving_the_new_one_in(src, dst):
@@ -132,10 +133,10 @@ def test_a_kill_inside_the_fallback_window_leaves_only_temporaries(tmp_path, mon
             raise KeyboardInterrupt  # the old checkpoint is moved aside, the new one not yet in place
         real_rename(src, dst)
 
-    monkeypatch.setattr(C.os, "rename", killed_before_moving_the_new_one_in)
+    monkeypatch.setattr(CW.os, "rename", killed_before_moving_the_new_one_in)
     with pytest.raises(KeyboardInterrupt):
         save(dest, params_for(seed=4))
-    monkeypatch.setattr(C.os, "rename", real_rename)
+    monkeypatch.setattr(CW.os, "rename", real_rename)
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left and all(is_temporary(name) for name in left), left  # what a restarted run cleans away
     assert clean_temporaries(tmp_path) == len(left) and not list(tmp_path.iterdir())
@@ -146,7 +147,7 @@ def test_rename_exchange_swaps(tmp_path):
     (tmp_path / "a" / "x").write_text("a")
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "x").write_text("b")
-    if not C._exchange(tmp_path / "a", tmp_path / "b"):
+    if not CW._exchange(tmp_path / "a", tmp_path / "b"):
         pytest.skip("renameat2(RENAME_EXCHANGE) unsupported here; the fallback is tested above")
     assert (tmp_path / "a" / "x").read_text() == "b" and (tmp_path / "b" / "x").read_text() == "a"
 
@@ -156,7 +157,7 @@ def test_failed_write_leaves_existing_checkpoint(tmp_path, monkeypatch):
     save(dest)
     before = C.manifest_sha256(dest)
     calls = []
-    real = C.write_zstd_part
+    real = CW.write_zstd_part
 
     def dying(path, raw, **kw):
         calls.append(path)
@@ -164,7 +165,7 @@ def test_failed_write_leaves_existing_checkpoint(tmp_path, monkeypatch):
             raise KeyboardInterrupt("killed mid-write")
         return real(path, raw, **kw)
 
-    monkeypatch.setattr(C, "write_zstd_part", dying)
+    monkeypatch.setattr(CW, "write_zstd_part", dying)
     with pytest.raises(KeyboardInterrupt):
         save(dest, params_for(seed=5))
     assert C.manifest_sha256(dest) == before

@@ -21,9 +21,10 @@ import pytest
 
 from star_engine.cli import main
 from star_engine.errors import UserError
-from star_haiku_xmap import checkpoint as C
 from star_haiku_xmap import model
 from star_haiku_xmap.config import GPTJConfig
+from star_haiku_xmap.convert import checkpoint as C
+from star_haiku_xmap.convert import checkpoint_write as CW
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gptj_tiny"
 
@@ -126,7 +127,8 @@ def test_hf_sharded_conversion_streams_tensor_by_tensor(tmp_path):
 _LOAD_SCRIPT = textwrap.dedent("""
     import json, resource, sys, tracemalloc
     import jax, numpy as np
-    from star_haiku_xmap import checkpoint as C, model, sharding
+    from star_haiku_xmap import model, sharding
+    from star_haiku_xmap.convert import checkpoint as C
     from star_haiku_xmap.config import GPTJConfig
 
     path, mesh_dp, mesh_mp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -191,8 +193,8 @@ def test_mesh_loading_reads_only_each_devices_slice(tmp_path):
     model_bytes = sum(int(np.prod(s)) * 4 for s, _ in specs.values())
     largest = max(int(np.prod(s)) * 4 for s, _ in specs.values())
     tok = {"kind": "byte", "vocab_size": 257, "eos_id": 256}
-    C.write_checkpoint(tmp_path / "split", _random_leaves(BIG), model_config=BIG.to_dict(), tokenizer=tok, mp_split=4)
-    C.write_checkpoint(tmp_path / "whole", _random_leaves(BIG), model_config=BIG.to_dict(), tokenizer=tok)
+    CW.write_checkpoint(tmp_path / "split", _random_leaves(BIG), model_config=BIG.to_dict(), tokenizer=tok, mp_split=4)
+    CW.write_checkpoint(tmp_path / "whole", _random_leaves(BIG), model_config=BIG.to_dict(), tokenizer=tok)
     n_files = sum(len(C.part_files(e)) for e in C.read_manifest(tmp_path / "split")["leaves"])
 
     split = _load_in_subprocess(tmp_path / "split", 2, 4)
@@ -266,7 +268,7 @@ def test_gptj_tokenizer_padding_eos_and_loss_boundary(tmp_path, gptj_tokenizer):
     params = jax.tree.map(np.asarray, model.init_params(cfg, 0))
     params["lm_head"]["b"] = params["lm_head"]["b"].copy()
     params["lm_head"]["b"][50257:] = 100.0  # argmax would pick padding ids if they were allowed
-    C.save_checkpoint(tmp_path / "base", params, model_config=cfg.to_dict(), tokenizer={"kind": "byte",
+    CW.save_checkpoint(tmp_path / "base", params, model_config=cfg.to_dict(), tokenizer={"kind": "byte",
                       "vocab_size": 257, "eos_id": 256})
     assert main(["convert", "--from", "native", str(tmp_path / "base"), str(tmp_path / "ck"),
                  "--tokenizer-file", str(gptj_tokenizer)]) == 0
@@ -294,11 +296,11 @@ def test_gptj_tokenizer_padding_eos_and_loss_boundary(tmp_path, gptj_tokenizer):
 
     # a model vocabulary smaller than the tokenizer's is refused
     small = tmp_path / "small"
-    C.save_checkpoint(small, jax.tree.map(np.asarray, model.init_params(cfg.replace(vocab=50256), 0)),
+    CW.save_checkpoint(small, jax.tree.map(np.asarray, model.init_params(cfg.replace(vocab=50256), 0)),
                       model_config=cfg.replace(vocab=50256).to_dict(), tokenizer={"kind": "byte", "vocab_size": 257,
                                                                               "eos_id": 256})
     with pytest.raises(UserError, match="more than the model's vocab 50256"):
-        from star_haiku_xmap.commands import ConvertCommand
+        from star_haiku_xmap.convert.commands import ConvertCommand
         import argparse
 
         p = argparse.ArgumentParser()

@@ -22,11 +22,12 @@ from hypothesis import strategies as st
 
 from fuzzing import budget, json_values, memory_cap, mutated
 from star_engine.errors import UserError
-from star_haiku_xmap import checkpoint as C
-from star_haiku_xmap import hf_import, mtj_import
 from star_haiku_xmap.config import GPTJConfig
+from star_haiku_xmap.convert import checkpoint as C
+from star_haiku_xmap.convert import checkpoint_write as CW
+from star_haiku_xmap.convert import hf_import, mtj_export, mtj_import, mtj_layout
+from star_haiku_xmap.convert.safeio import read_zstd_part, unpack_msgpack
 from star_haiku_xmap.model import init_params
-from star_haiku_xmap.safeio import read_zstd_part, unpack_msgpack
 from star_haiku_xmap.tokenizer import HFTokenizer, tokenizer_from_dict
 
 CFG = GPTJConfig(n_layer=1, d_model=16, n_head=2, d_head=8, d_ff=64, rotary_dim=4, n_ctx=16, vocab=32)
@@ -48,9 +49,9 @@ def accepted_or_refused(call) -> object:
 def work(tmp_path_factory):
     root = tmp_path_factory.mktemp("fuzz_readers")
     params = jax.tree.map(np.asarray, init_params(CFG, 0))
-    C.save_checkpoint(root / "v1", params, model_config=CFG.to_dict(), tokenizer=TOK)
-    C.save_checkpoint(root / "v2", params, model_config=CFG.to_dict(), tokenizer=TOK, mp_split=2)
-    mtj_import.export_mtj(root / "v1", root / "slim", shards=2)
+    CW.save_checkpoint(root / "v1", params, model_config=CFG.to_dict(), tokenizer=TOK)
+    CW.save_checkpoint(root / "v2", params, model_config=CFG.to_dict(), tokenizer=TOK, mp_split=2)
+    mtj_export.export_mtj(root / "v1", root / "slim", shards=2)
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     words = ["[UNK]", "a", "b", "<|endoftext|>"]
@@ -121,7 +122,7 @@ def test_manifest_values_replaced(work, version, data):
         return
     (ck / C.MANIFEST).write_bytes(blob)
     accepted_or_refused(lambda: C.load_checkpoint(ck))
-    accepted_or_refused(lambda: list(mtj_import.native_leaves(ck)[1]))
+    accepted_or_refused(lambda: list(C.native_leaves(ck)[1]))
 
 
 @budget(100)
@@ -241,7 +242,7 @@ def test_mutated_npz_shards(work, data):
 def test_mtj_json_configs(tmp_path_factory, cfg):
     path = tmp_path_factory.mktemp("cfg") / "config.json"
     path.write_text(json.dumps(cfg))
-    accepted_or_refused(lambda: mtj_import.config_from_file(path))
+    accepted_or_refused(lambda: mtj_layout.config_from_file(path))
 
 
 # ----------------------------------------------------------------------------- tokenizer.json

@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 
 from star_engine.errors import UserError
-from star_haiku_xmap import continuous, hf_import, model, sample, sharding
+from star_haiku_xmap import continuous, model, sample, sharding
 from star_haiku_xmap.config import LlamaConfig, config_from_dict
+from star_haiku_xmap.convert import hf_import
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FAMILIES = ("llama", "qwen2", "mistral")
@@ -199,7 +200,7 @@ def test_config_refusals(tmp_path):
            if k != "rope_parameters"}
     old.update(rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
-    from star_haiku_xmap import hf_llama
+    from star_haiku_xmap.convert import hf_llama
 
     assert hf_llama.config_from_hf(old) == hf_import.import_hf(FIXTURES / "llama_tiny")[0]
     with pytest.raises(UserError, match="sliding window on some layers only"):
@@ -221,7 +222,8 @@ def test_llama_config_validation():
 _MESH_SCRIPT = r"""
 import json, sys
 import jax, jax.numpy as jnp, numpy as np
-from star_haiku_xmap import continuous, hf_import, model, sample, sharding, train
+from star_haiku_xmap import continuous, model, sample, sharding, train
+from star_haiku_xmap.convert import hf_import
 assert jax.device_count() == 8, jax.device_count()
 out = {}
 for family in ("llama", "qwen2", "mistral"):
@@ -286,7 +288,7 @@ def test_cli_convert_detects_the_architecture_and_the_eos_token(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     from star_engine.cli import main
-    from star_haiku_xmap import checkpoint
+    from star_haiku_xmap.convert import checkpoint
     from star_haiku_xmap.plugin import HaikuXmapBackend
 
     src = tmp_path / "hf"

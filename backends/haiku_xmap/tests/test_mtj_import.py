@@ -23,9 +23,11 @@ import numpy as np
 import pytest
 
 from star_engine.errors import IntegrityError, UserError
-from star_haiku_xmap import checkpoint as C
-from star_haiku_xmap import model, mtj_import
+from star_haiku_xmap import model
 from star_haiku_xmap.config import GPTJConfig
+from star_haiku_xmap.convert import checkpoint as C
+from star_haiku_xmap.convert import checkpoint_write as CW
+from star_haiku_xmap.convert import mtj_export, mtj_import, mtj_layout
 
 CFG = GPTJConfig(n_layer=3, d_model=32, n_head=8, d_head=4, d_ff=128, rotary_dim=4, n_ctx=32, vocab=264)
 TOK = {"kind": "byte", "vocab_size": 257, "eos_id": 256}
@@ -130,7 +132,7 @@ def load(path):
 
 
 def test_leaf_names_and_order_match_mesh_transformer_jax():
-    layout = mtj_import.leaf_layout(CFG.replace(n_layer=12), 8)
+    layout = mtj_layout.leaf_layout(CFG.replace(n_layer=12), 8)
     names = [leaf.name for leaf in layout]
     assert len(names) == 2 + 12 * 10 + 4 + 1  # the "reduced" (slim) leaf list
     assert names[:4] == ["params/causal_transformer_shard/~/embedding_shard/~/linear/b",
@@ -143,14 +145,14 @@ def test_leaf_names_and_order_match_mesh_transformer_jax():
     q = next(x for x in layout if x.name.endswith("layer_0/~/linear/w"))
     v = next(x for x in layout if x.name.endswith("layer_0/~/linear_1/w"))
     assert q.native == ("h_0/attn/q", "w") and v.native == ("h_0/attn/v", "w")  # q, v, k order
-    assert mtj_import.piece_sizes(287) == [18] * 15 + [17]
+    assert mtj_layout.piece_sizes(287) == [18] * 15 + [17]
 
 
 def test_gptj6b_shard_shapes():
     from star_haiku_xmap.config import PRESETS
 
     layout = {x.name.removeprefix("params/causal_transformer_shard/~/"): x
-              for x in mtj_import.leaf_layout(PRESETS["gptj-6b"], 8)}
+              for x in mtj_layout.leaf_layout(PRESETS["gptj-6b"], 8)}
     assert layout["layer_0/~/linear/w"].shard_shape == (4096, 512)
     assert layout["layer_0/~/linear_3/w"].shard_shape == (512, 4096)
     assert layout["layer_0/~/linear_4/w"].shard_shape == (4096, 2048)
@@ -203,7 +205,7 @@ def test_mtj_native_mtj_native_is_exact(tmp_path, slim):
     mtj_import.convert_mtj_gptj(src, tmp_path / "a", config=config, tokenizer=TOK)
     a = load(tmp_path / "a")
     for shards in (2, 8):
-        mtj_import.export_mtj(tmp_path / "a", tmp_path / f"mtj{shards}", shards=shards)
+        mtj_export.export_mtj(tmp_path / "a", tmp_path / f"mtj{shards}", shards=shards)
         assert sorted(p.name for p in (tmp_path / f"mtj{shards}").iterdir()) == [f"shard_{i}" for i in range(shards)]
         assert len(list((tmp_path / f"mtj{shards}" / "shard_0").iterdir())) == 16
         mtj_import.convert_mtj_gptj(tmp_path / f"mtj{shards}", tmp_path / f"b{shards}", config=config, tokenizer=TOK)
@@ -374,12 +376,12 @@ def test_corrupt_member_data_names_the_file_and_the_member(tmp_path, slim, capsy
 def test_huge_member_with_consistent_config_refused_before_allocation(tmp_path, monkeypatch):
     """A member whose header, zip sizes and config all agree on a size larger than the memory this
     process may use: refused (naming file and member) before the array is allocated."""
-    from star_haiku_xmap import safeio
+    from star_haiku_xmap.convert import safeio
 
     config = GPTJConfig(n_layer=1, d_model=64, n_head=4, d_head=16, d_ff=256, rotary_dim=4, n_ctx=8, vocab=4096)
-    C.save_checkpoint(tmp_path / "native", jax.tree.map(np.asarray, model.init_params(config, 0)),
+    CW.save_checkpoint(tmp_path / "native", jax.tree.map(np.asarray, model.init_params(config, 0)),
                       model_config=config.to_dict(), tokenizer=TOK)
-    mtj_import.export_mtj(tmp_path / "native", tmp_path / "slim", shards=1)
+    mtj_export.export_mtj(tmp_path / "native", tmp_path / "slim", shards=1)
     monkeypatch.setattr(safeio, "memory_available", lambda: 1 << 19)  # the embedding needs 1 MiB
     with pytest.raises(IntegrityError, match=r"\.npz:arr_\d+\.npy: needs 1048576 bytes, more than the 524288 bytes"):
         _, leaves = mtj_import.iter_mtj_gptj(tmp_path / "slim", config)

@@ -15,9 +15,10 @@ import pytest
 from star_engine.api import GenSpec, TrainSpec
 from star_engine.cli import main
 from star_engine.errors import IntegrityError, UserError
-from star_haiku_xmap import checkpoint as C
 from star_haiku_xmap import preflight
 from star_haiku_xmap.config import GPTJConfig
+from star_haiku_xmap.convert import checkpoint as C
+from star_haiku_xmap.convert import checkpoint_write as CW
 from star_haiku_xmap.model import init_params
 from star_haiku_xmap.plugin import HaikuXmapBackend
 
@@ -74,7 +75,7 @@ def test_validate_and_run_refuse_before_writing(tmp_path, star, sets, expected):
 
 def _checkpoint(path: Path) -> Path:
     cfg = GPTJConfig(n_layer=1, d_model=16, n_head=2, d_head=8, d_ff=32, rotary_dim=4, n_ctx=64, vocab=264)
-    C.save_checkpoint(path, jax.tree.map(np.asarray, init_params(cfg, 0)), model_config=cfg.to_dict(),
+    CW.save_checkpoint(path, jax.tree.map(np.asarray, init_params(cfg, 0)), model_config=cfg.to_dict(),
                       tokenizer={"kind": "byte", "vocab_size": 257, "eos_id": 256})
     return path
 

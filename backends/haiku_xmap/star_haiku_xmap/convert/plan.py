@@ -12,11 +12,11 @@ for the per-device SPMD program (with its memory-minimising scheduler); a TPU or
 GPU compile fuses and schedules differently, so treat them as an estimate and
 re-run on the target (``--platform default``) to confirm.
 
-    python -m star_haiku_xmap.plan --mesh 1x8                      # TPU v3-8 (16 GiB per core), the paper's step
-    python -m star_haiku_xmap.plan --mesh 8x1 --zero 1 --device-gib 80
-    python -m star_haiku_xmap.plan --mesh 1x1 --device-gib 80 --opt-state-dtype bfloat16
-    star-engine plan --standard                                     # the table of docs/gptj6b.md
-    star-engine plan --models all                                   # the table of docs/models.md (Llama family)
+    python -m star_haiku_xmap.convert.plan --mesh 1x8              # TPU v3-8 (16 GiB per core), the paper's step
+    python -m star_haiku_xmap.convert.plan --mesh 8x1 --zero 1 --device-gib 80
+    python -m star_haiku_xmap.convert.plan --mesh 1x1 --device-gib 80 --opt-state-dtype bfloat16
+    star-engine plan --standard                                             # the table of docs/gptj6b.md
+    star-engine plan --models all                                           # the table of docs/models.md (Llama family)
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def _check_args(args: argparse.Namespace):
     anything is compiled."""
     from star_engine.errors import UserError
 
-    from .config import PRESETS, preset
+    from ..config import PRESETS, preset
 
     if args.preset not in PRESETS:
         raise UserError(f"--preset: unknown preset {args.preset!r}; known: {', '.join(sorted(PRESETS))}")
@@ -171,9 +171,9 @@ def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from . import model, packing, sample, sharding
-    from . import train as tr
-    from .config import architecture as arch
+    from .. import model, packing, sample, sharding
+    from .. import train as tr
+    from ..config import architecture as arch
 
     mesh = sharding.make_mesh({"dp": dp, "mp": mp}, devices=jax.devices()[:dp * mp])
     params_abs = jax.eval_shape(lambda k: model.init_params(config, k), jax.random.key(0))
@@ -280,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     from star_engine.boundary import run_command
 
-    parser = argparse.ArgumentParser(prog="python -m star_haiku_xmap.plan")
+    parser = argparse.ArgumentParser(prog="python -m star_haiku_xmap.convert.plan")
     add_arguments(parser)
     args = parser.parse_args(argv)
     return run_command(lambda: run(args))  # the same failure rules as star-engine plan

@@ -22,7 +22,7 @@ MAX_MP = 1024
 
 
 def _tokenizer_dict(args: argparse.Namespace, default_file: Path | None, stored: dict | None = None) -> dict:
-    from .tokenizer import ByteTokenizer, HFTokenizer
+    from ..tokenizer import ByteTokenizer, HFTokenizer
 
     if args.byte_tokenizer:
         return ByteTokenizer().to_dict()
@@ -70,7 +70,7 @@ class ConvertCommand:
                                  "default gptj-6b")
 
     def run(self, args: argparse.Namespace) -> int:
-        from .checkpoint import write_checkpoint
+        from .checkpoint_write import write_checkpoint
 
         mp = args.mp
         if mp is not None and not 1 <= mp <= MAX_MP:
@@ -90,7 +90,8 @@ class ConvertCommand:
             config, leaves = iter_hf(src, dtype=dtype)  # the architecture from config.json's model_type
             extra = {"source": source_name(config)}
         elif args.source == "mtj":
-            from .mtj_import import iter_mtj_gptj, resolve_config
+            from .mtj_import import iter_mtj_gptj
+            from .mtj_layout import resolve_config
 
             dtype = args.dtype or "bfloat16"
             config = resolve_config(args.config, dtype=dtype)
@@ -98,8 +99,8 @@ class ConvertCommand:
             step, leaves = iter_mtj_gptj(src, config)
             extra = {"source": "mtj_slim", "mtj_step": step}
         else:
-            from .config import config_from_dict
-            from .mtj_import import native_leaves
+            from ..config import config_from_dict
+            from .checkpoint import native_leaves
 
             if src.resolve() == dest.resolve():
                 raise UserError(f"{dest}: the destination must differ from the source")
@@ -122,7 +123,7 @@ class ConvertCommand:
             raise UserError(f"the tokenizer has {tok['vocab_size']} tokens, more than the model's vocab {config.vocab}")
 
     def _to_mtj(self, args: argparse.Namespace, shards: int) -> int:
-        from .mtj_import import export_mtj
+        from .mtj_export import export_mtj
 
         if args.source != "native":
             raise UserError("--to mtj: convert to a native checkpoint first (--from native SRC)")

@@ -38,10 +38,11 @@ import numpy as np
 
 from star_engine.errors import IntegrityError, UserError
 
-from .checkpoint import param_specs, write_checkpoint
+from ..config import GPTJConfig, ModelConfig, architecture
 from . import hf_llama
-from .config import GPTJConfig, ModelConfig, architecture
-from .safeio import TensorInfo, check_alloc, np_dtype, read_bounded, read_safetensors_header
+from .checkpoint import param_specs
+from .checkpoint_write import write_checkpoint
+from .safeio import TensorInfo, check_alloc, np_dtype, read_bounded, read_json, read_safetensors_header
 
 CONFIG_MAX = 1 << 20
 INDEX_MAX = 16 << 20
@@ -108,10 +109,7 @@ def _tensor_files(src: Path) -> dict[str, tuple[Path, TensorInfo]]:
     """{tensor name: (file, validated header entry)} for the folder's safetensors."""
     single, index = src / "model.safetensors", src / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            data = json.loads(read_bounded(index, INDEX_MAX))
-        except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deep, a huge integer
-            raise IntegrityError(f"{index}: not valid JSON ({type(exc).__name__}: {exc})") from None
+        data = read_json(index, INDEX_MAX)
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(weight_map, dict):
             raise IntegrityError(f"{index}: no 'weight_map' object")
@@ -165,10 +163,7 @@ def _plan(src: Path, dtype: str) -> tuple[ModelConfig, list[tuple[tuple[str, ...
     if not src.is_dir():
         raise UserError(f"{src}: no such folder")
     cfg_path = src / "config.json"
-    try:
-        hf = json.loads(read_bounded(cfg_path, CONFIG_MAX))
-    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deep, a huge integer
-        raise UserError(f"{cfg_path}: not valid JSON ({type(exc).__name__}: {exc})") from None
+    hf = read_json(cfg_path, CONFIG_MAX, error=UserError)
     if not isinstance(hf, dict):
         raise UserError(f"{cfg_path}: not a JSON object")
     config, hf_name, ignore, family = _family(hf, dtype, str(cfg_path))
@@ -243,7 +238,7 @@ def folder_tokenizer(folder: str | os.PathLike, tokenizer_file: str | os.PathLik
     ``<|endoftext|>``), else ``<|endoftext|>`` (GPT-J)."""
     from tokenizers import Tokenizer
 
-    from .tokenizer import EOT_TOKEN, TOKENIZER_FILE_MAX, HFTokenizer
+    from ..tokenizer import EOT_TOKEN, TOKENIZER_FILE_MAX, HFTokenizer
 
     folder = Path(folder)
     path = Path(tokenizer_file) if tokenizer_file else folder / "tokenizer.json"

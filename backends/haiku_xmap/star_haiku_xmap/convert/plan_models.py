@@ -58,7 +58,7 @@ def _one(config, layers: tuple[int, int] | None, **kw) -> dict:
 def plan_model(name: str, target: tuple, args: argparse.Namespace, layers: tuple[int, int] | None) -> list[dict]:
     """The sampler's row and the first training settings that fit (else the smallest peak) for one model and
     target."""
-    from .config import preset
+    from ..config import preset
 
     label, dp, mp, gib = target
     config = preset(name, dtype="bfloat16")

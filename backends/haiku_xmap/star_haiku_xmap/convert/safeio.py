@@ -129,6 +129,16 @@ def read_bounded(path: str | os.PathLike, max_bytes: int) -> bytes:
     return data
 
 
+
+def read_json(path: str | os.PathLike, max_bytes: int, *, error: type[Exception] = IntegrityError) -> Any:
+    """The JSON value of a file of at most ``max_bytes`` (``read_bounded``); ``error`` (naming the
+    file) when it is not UTF-8, not JSON, nested too deep or holds a huge integer."""
+    try:
+        return json.loads(read_bounded(path, max_bytes))
+    except (ValueError, RecursionError) as exc:
+        raise error(f"{Path(path)}: not valid JSON ({type(exc).__name__}: {exc})") from None
+
+
 # ----------------------------------------------------------------------------- msgpack
 
 
