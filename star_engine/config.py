@@ -1,7 +1,9 @@
 """Experiment TOML files: parsing, ``--set`` overrides, schema validation, defaults.
 
 Every error names the file and either ``line:col`` (syntax) or the dotted key
-path (schema), and is raised as :class:`UserError` (exit code 2).
+path (schema), and is raised as :class:`UserError` (exit code 2). The schema is that
+of the typed sections in :mod:`star_engine.settings`, which ``experiment.build`` makes
+from the dict ``load_experiment`` returns (the resolved configuration, ``config.json``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Callable
 
 from .datafiles import read_capped
 from .errors import UserError
+from .options import is_int, is_number
 from .registry import close_matches
 from .settings import FREE, OPTIMIZER, REQUIRED, SCHEMA  # noqa: F401  (OPTIMIZER: the schema's [*.optimizer])
 
@@ -28,9 +31,9 @@ def _type_ok(type_: str, v: Any) -> bool:
     if type_ == "str":
         return isinstance(v, str)
     if type_ == "int":
-        return isinstance(v, int) and not isinstance(v, bool)
+        return is_int(v)
     if type_ == "float":
-        return isinstance(v, (int, float)) and not isinstance(v, bool)
+        return is_number(v)
     if type_ == "bool":
         return isinstance(v, bool)
     if type_ == "strlist":
