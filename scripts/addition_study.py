@@ -108,7 +108,7 @@ def greedy(exp, checkpoint: str, dev, hinted: bool, batch_size: int) -> dict[str
     task, backend = exp.task, exp.backend
     prompts = [task.prompt("hint") + exp.hint.context(task, ex) if hinted else task.prompt("rationale") + task.context(ex)
                for ex in dev]
-    max_new = exp.cfg["evaluation"]["max_new_tokens"] or exp.cfg["generation"]["max_new_tokens"]
+    max_new = exp.config.evaluation.max_new_tokens or exp.config.generation.max_new_tokens
     spec = GenSpec(max_new, 0.0, 1.0, tuple(task.stop), batch_size)
     texts = backend.generate(checkpoint, [GenRequest(p, 0) for p in prompts], spec)
     right: dict[str, list[int]] = defaultdict(lambda: [0, 0])
@@ -132,13 +132,13 @@ def measure(args: argparse.Namespace) -> None:
     from star_haiku_xmap.convert import checkpoint as ckpt
     from star_haiku_xmap.convert import checkpoint_write as ckpt_write
 
-    cfg = load_experiment(Path(args.experiment), args.set)
-    if args.hinted and not cfg["rationalization"]["enabled"]:
+    exp = build(load_experiment(Path(args.experiment), args.set), Registry())
+    if args.hinted and not exp.config.rationalization.enabled:
         raise SystemExit("addition_study: --hinted needs rationalization enabled (the hint formatter)")
-    exp = build(cfg, Registry())
     task, backend = exp.task, exp.backend  # guarded: attributes pass through, a failing method names its plugin
-    bt, seed = cfg["base_training"], cfg["experiment"]["seed"]
-    steps = args.steps or bt["steps"]
+    bt, seed = exp.config.base_training, exp.config.experiment.seed
+    optimizer = bt.optimizer.as_dict()
+    steps = args.steps or bt.steps
     dev = exp.splits["dev"][: args.dev_limit or None]
     seeds = task.seed_examples()
     encoded = [train.encode_example(backend.tokenizer, e.prompt, e.completion, backend.seq_len) for e in seeds]
@@ -146,14 +146,14 @@ def measure(args: argparse.Namespace) -> None:
     # The run's own initial weights (same seed, same backend.base), as star-engine starts from them.
     init = backend.base(work / "base", seed) if not args.init else args.init
     params = sharding.shard_tree(ckpt.load_checkpoint(init)[0], backend.mesh)
-    tx = train.make_optimizer(bt["optimizer"], steps)
+    tx = train.make_optimizer(optimizer, steps)
     state = train.init_state(train.master_params(params, backend.master_dtype), tx)
     update = train.make_update(backend.config, tx, backend.mesh, state)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     header = {"label": args.label or out.stem, "experiment": args.experiment, "set": args.set, "steps": steps,
-              "seed_examples": len(seeds), "batch_size": bt["batch_size"], "grad_accum": bt["grad_accum"],
-              "optimizer": bt["optimizer"], "model": backend.config.to_dict(), "dev": len(dev)}
+              "seed_examples": len(seeds), "batch_size": bt.batch_size, "grad_accum": bt.grad_accum,
+              "optimizer": optimizer, "model": backend.config.to_dict(), "dev": len(dev)}
     lines = [json.dumps({"header": header})]
     done = tokens = 0
     wall = cpu = 0.0
@@ -161,10 +161,10 @@ def measure(args: argparse.Namespace) -> None:
         k = min(args.eval_every, steps - done)
         t0, c0 = time.perf_counter(), time.process_time()
         batches = train.packing_batches(
-            encoded, config=backend.config, steps=k, batch_size=bt["batch_size"], grad_accum=bt["grad_accum"],
+            encoded, config=backend.config, steps=k, batch_size=bt.batch_size, grad_accum=bt.grad_accum,
             seed=derive_seed(seed, 0, "base_training", done), seq_len=backend.seq_len,
-            pad_id=backend.tokenizer.pad_id, dp=sharding.dp_size(backend.mesh), packing=bt["packing"],
-            loss=bt["loss"])
+            pad_id=backend.tokenizer.pad_id, dp=sharding.dp_size(backend.mesh), packing=bt.packing,
+            loss=bt.loss)
         state, losses, n_tok = train.run_steps(update, state, batches, mesh=backend.mesh)
         loss = float(np.mean(jax.device_get(losses)))
         wall, cpu = wall + time.perf_counter() - t0, cpu + time.process_time() - c0

@@ -75,7 +75,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     exp, state = _load(args)
     sizes = ", ".join(f"{k}={len(v)}" for k, v in exp.splits.items())
     what = "resumes the run there" if state.resume else "new"
-    print(f"{args.file}: OK (task {exp.cfg['task']['dataset']}: {sizes}; backend {exp.cfg['model']['backend']}; "
+    print(f"{args.file}: OK (task {exp.config.task.dataset}: {sizes}; backend {exp.config.model['backend']}; "
           f"run directory {exp.run_dir}: {what})")
     return 0
 

@@ -1,7 +1,9 @@
 """Experiment TOML files: parsing, ``--set`` overrides, schema validation, defaults.
 
 Every error names the file and either ``line:col`` (syntax) or the dotted key
-path (schema), and is raised as :class:`UserError` (exit code 2).
+path (schema), and is raised as :class:`UserError` (exit code 2). The schema is that
+of the typed sections in :mod:`star_engine.settings`, which ``experiment.build`` makes
+from the dict ``load_experiment`` returns (the resolved configuration, ``config.json``).
 """
 
 from __future__ import annotations
@@ -10,123 +12,15 @@ import copy
 import math
 import re
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .api import LOSSES, PACKINGS
 from .datafiles import read_capped
 from .errors import UserError
+from .options import is_int, is_number
 from .registry import close_matches
+from .settings import FREE, OPTIMIZER, REQUIRED, SCHEMA  # noqa: F401  (OPTIMIZER: the schema's [*.optimizer])
 
-REQUIRED = object()
-FREE = object()  # a table whose keys are options for a plugin (checked against its factory)
-
-
-@dataclass(frozen=True)
-class F:
-    """One schema field: its type, default and allowed range."""
-
-    type: str  # str | int | float | bool | strlist | component | components | table
-    default: Any = REQUIRED
-    check: Callable[[Any], bool] | None = None
-    rule: str = ""  # what ``check`` demands, for the error message
-
-
-def _rng(lo: float, hi: float = math.inf, lo_open: bool = False) -> tuple[Callable[[Any], bool], str]:
-    def ok(v: Any) -> bool:
-        return (v > lo if lo_open else v >= lo) and v <= hi
-    left = "(" if lo_open else "["
-    return ok, f"must be in {left}{lo}, {hi}]" if hi != math.inf else f"must be {'>' if lo_open else '>='} {lo}"
-
-
-def _f(type_: str, default: Any = REQUIRED, lo: float | None = None, hi: float = math.inf,
-       lo_open: bool = False, choices: tuple[str, ...] | None = None) -> F:
-    if choices is not None:
-        return F(type_, default, lambda v: v in choices, f"must be one of {', '.join(choices)}")
-    if lo is None:
-        return F(type_, default)
-    check, rule = _rng(lo, hi, lo_open)
-    return F(type_, default, check, rule)
-
-
-OPTIMIZER = {
-    "lr": _f("float", 1e-6, 0, lo_open=True),
-    "warmup_steps": _f("int", 100, 0),
-    "schedule": _f("str", "constant", choices=("constant", "linear", "cosine")),
-    "end_lr": _f("float", 1e-6, 0),
-    "weight_decay": _f("float", 0.0, 0),
-    "clip_norm": _f("float", 1.0, 0, lo_open=True),
-    "b1": _f("float", 0.9, 0, 1),
-    "b2": _f("float", 0.999, 0, 1),
-}
-
-SCHEMA: dict[str, dict[str, Any]] = {
-    "experiment": {
-        "name": _f("str"),
-        "seed": _f("int", 0, 0),
-        "output_dir": _f("str", ""),
-        "iterations": _f("int", REQUIRED, 1),
-        "early_stop_patience": _f("int", 0, 0),
-        "limit": _f("int", 0, 0),
-    },
-    "task": {
-        "dataset": _f("str"),
-        "options": F("table", {}),
-        "data": F("table", {}),
-        "checker": F("component", ""),
-        "hint": F("component", ""),
-        "filters": F("components", []),
-        "direct": _f("bool", False),
-        "few_shot_train": _f("bool", False),
-    },
-    "generation": {
-        "max_new_tokens": _f("int", 96, 1),
-        "temperature": _f("float", 0.0, 0),
-        "top_p": _f("float", 1.0, 0, 1, lo_open=True),
-        "batch_size": _f("int", 8, 1),
-        "samples_per_question": _f("int", 1, 1),
-        "n_train_samples": _f("int", 0, 0),
-        "sampler": F("component", ""),
-        "chunk_size": _f("int", 256, 1),
-    },
-    "rationalization": {
-        "enabled": _f("bool", True),
-        "p_rationalization": _f("float", 1.0, 0, 1),
-        "p_show_hint_save": _f("float", 0.0, 0, 1),
-    },
-    "base_training": {
-        "steps": _f("int", 0, 0),
-        "batch_size": _f("int", 8, 1),
-        "grad_accum": _f("int", 1, 1),
-        "packing": _f("str", "segments", choices=PACKINGS),
-        "loss": _f("str", "completion", choices=LOSSES),
-        "optimizer": OPTIMIZER,
-    },
-    "training": {
-        "schedule": F("component", {"name": "exponential_grow"}),
-        "restart_from_base": _f("bool", True),
-        "source": _f("str", "generated", choices=("generated", "gold")),
-        "batch_size": _f("int", 8, 1),
-        "grad_accum": _f("int", 1, 1),
-        "packing": _f("str", "segments", choices=PACKINGS),
-        "loss": _f("str", "completion", choices=LOSSES),
-        "optimizer": OPTIMIZER,
-    },
-    "evaluation": {
-        "splits": F("strlist", ["dev"]),
-        "no_prompt": _f("bool", False),
-        "every": _f("int", 1, 1),
-        "at_start": _f("bool", True),
-        "max_new_tokens": _f("int", 0, 0),
-        "temperature": _f("float", 0.0, 0),
-        "top_p": _f("float", 1.0, 0, 1, lo_open=True),
-        "samples_per_question": _f("int", 0, 0),
-        "sample_temperature": _f("float", 0.0, 0),
-        "pass_k": _f("int", 0, 0),
-    },
-    "model": FREE,
-}
 _TYPE_NAMES = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
                "strlist": "a list of strings", "table": "a table", "component": "a name or a table with 'name'",
                "components": "a list of names or tables with 'name'"}
@@ -137,9 +31,9 @@ def _type_ok(type_: str, v: Any) -> bool:
     if type_ == "str":
         return isinstance(v, str)
     if type_ == "int":
-        return isinstance(v, int) and not isinstance(v, bool)
+        return is_int(v)
     if type_ == "float":
-        return isinstance(v, (int, float)) and not isinstance(v, bool)
+        return is_number(v)
     if type_ == "bool":
         return isinstance(v, bool)
     if type_ == "strlist":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +17,12 @@ from . import procs
 from .api import Example
 from .errors import UserError
 from .registry import Registry
+from .settings import Config
 
 
 @dataclass
 class Experiment:
-    cfg: dict[str, Any]
+    config: Config
     registry: Registry
     task: Any
     checker: Any
@@ -40,8 +41,13 @@ class Experiment:
     """The backend's process layout (``procs.configure``): who writes the run directory."""
 
     @property
+    def cfg(self) -> dict[str, Any]:
+        """The resolved configuration as a plain dict (a fresh copy): what ``config.json`` holds."""
+        return self.config.as_dict()
+
+    @property
     def run_dir(self) -> Path:
-        return Path(self.cfg["experiment"]["output_dir"])
+        return Path(self.config.experiment.output_dir)
 
     def notify(self, hook: str, **kwargs: Any) -> None:
         """Call an observer hook of every plugin (``Registry.notify``); in a multi-process
@@ -55,49 +61,51 @@ def _options(ref: dict[str, Any]) -> dict[str, Any]:
 
 
 def build(cfg: dict[str, Any], registry: Registry, load_data: bool = True) -> Experiment:
-    """The live components of ``cfg``. ``cfg["task"]["checker"]`` (and ``["hint"]``, when the
-    run uses a hint) are resolved in place: left empty, they become the task's defaults
-    (``{"name": task.default_checker}``), so that ``config.json`` names what runs."""
-    t = cfg["task"]
-    task = registry.create("task", t["dataset"], t["options"], "task.dataset", "task.options")
+    """The live components of the validated configuration ``cfg``, and its typed ``Config``
+    with ``task.checker`` (and ``task.hint``, when the run uses a hint) resolved: left empty,
+    they become the task's defaults (``{"name": task.default_checker}``), so that
+    ``config.json`` names what runs."""
+    config = Config.from_dict(cfg)
+    t = config.task
+    task = registry.create("task", t.dataset, t.options, "task.dataset", "task.options")
     defaults = {"checker": {"name": task.default_checker}, "hint": {"name": task.default_hint}}
-    t["checker"] = t["checker"] or dict(defaults["checker"])
-    checker = registry.create("checker", t["checker"]["name"], _options(t["checker"]), "task.checker")
+    resolved = {"checker": t.checker or dict(defaults["checker"])}
+    checker = registry.create("checker", resolved["checker"]["name"], _options(resolved["checker"]), "task.checker")
     hint = None
-    if cfg["rationalization"]["enabled"] and cfg["training"]["source"] == "generated":
-        t["hint"] = t["hint"] or dict(defaults["hint"])
-        hint = registry.create("hint", t["hint"]["name"], _options(t["hint"]), "task.hint")
+    if config.rationalization.enabled and config.training.source == "generated":
+        resolved["hint"] = t.hint or dict(defaults["hint"])
+        hint = registry.create("hint", resolved["hint"]["name"], _options(resolved["hint"]), "task.hint")
+    config = replace(config, task=replace(t, **resolved))
     filters = [(f["name"], registry.create("filter", f["name"], _options(f), f"task.filters[{i}]"))
-               for i, f in enumerate(t["filters"])]
-    sched = cfg["training"]["schedule"]
+               for i, f in enumerate(t.filters)]
+    sched = config.training.schedule
     schedule = registry.create("schedule", sched["name"], _options(sched), "training.schedule")
-    samp = cfg["generation"]["sampler"]
+    samp = config.generation.sampler
     sampler = registry.create("sampler", samp["name"], _options(samp), "generation.sampler") if samp else None
-    model = cfg["model"]
-    backend_options = {k: v for k, v in model.items() if k != "backend"}
-    backend = registry.create("backend", model["backend"], backend_options, "model")
+    backend_options = {k: v for k, v in config.model.items() if k != "backend"}
+    backend = registry.create("backend", config.model["backend"], backend_options, "model")
     # Ask for the few-shot prompts the run will use now, so that a kind the task lacks
     # fails before anything runs.
-    plain, hinted = prompt_kinds(cfg)
+    plain, hinted = prompt_kinds(config)
     task.prompt(plain)
     if hint is not None:
         task.prompt(hinted)
-    exp = Experiment(cfg, registry, task, checker, t["checker"]["name"], hint, filters, schedule, sampler, backend,
-                     {}, defaults, procs.configure(backend))
+    exp = Experiment(config, registry, task, checker, resolved["checker"]["name"], hint, filters, schedule, sampler,
+                     backend, {}, defaults, procs.configure(backend))
     if load_data:
-        exp.splits = load_splits(cfg, task)
+        exp.splits = load_splits(config, task)
     return exp
 
 
-def prompt_kinds(cfg: dict[str, Any]) -> tuple[str, str]:
+def prompt_kinds(config: Config) -> tuple[str, str]:
     """The few-shot prompt kinds a run asks its task for: (plain, hinted)."""
-    return ("direct", "direct_hint") if cfg["task"]["direct"] else ("rationale", "hint")
+    return ("direct", "direct_hint") if config.task.direct else ("rationale", "hint")
 
 
-def load_splits(cfg: dict[str, Any], task: Any) -> dict[str, list[Example]]:
-    limit = cfg["experiment"]["limit"]
-    wanted = ["train", *cfg["evaluation"]["splits"]]
-    data = cfg["task"]["data"]
+def load_splits(config: Config, task: Any) -> dict[str, list[Example]]:
+    limit = config.experiment.limit
+    wanted = ["train", *config.evaluation.splits]
+    data = config.task.data
     splits: dict[str, list[Example]] = {}
     for split in dict.fromkeys(wanted):
         path = data.get(split)

@@ -32,9 +32,8 @@ log = structlog.get_logger("star_engine")
 
 
 def run_star(exp: Experiment, store: RunStore) -> list[dict]:
-    cfg, stages = exp.cfg, Stages(exp, store)
-    N, rat, tr, ev = (cfg["experiment"]["iterations"], cfg["rationalization"], cfg["training"],
-                      cfg["evaluation"])
+    cfg, stages = exp.config, Stages(exp, store)
+    N, rat, tr, ev = cfg.experiment.iterations, cfg.rationalization, cfg.training, cfg.evaluation
     all_rows: list[dict] = []
     ledger: list[dict] = []  # the per-question ledger so far (questions.parquet)
 
@@ -48,7 +47,7 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
             rows = store.read_rows(rel)
         else:
             rows = iteration_rows(n, rationales, evals[0], train, coverage(solved, exp.splits["train"]),
-                                  time.perf_counter() - t0, evals[1], ev["pass_k"],
+                                  time.perf_counter() - t0, evals[1], ev.pass_k,
                                   stages.count_tokens([r.rationale for r in rationales]))
             store.write_table(rel, rows, METRICS_SCHEMA)
         all_rows.extend(rows)
@@ -61,7 +60,7 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
 
     M0 = stages.base_model()
     M = M0
-    if ev["at_start"]:
+    if ev.at_start:
         t0 = time.perf_counter()
         exp.notify("on_iteration_start", run_dir=store.root, iteration=0)
         record(0, [], [], {}, stages.evaluate_all(0, M0), set(), t0)
@@ -72,26 +71,26 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
         t0 = time.perf_counter()
         exp.notify("on_iteration_start", run_dir=store.root, iteration=n)
         D = stages.train_questions(n, ledger)                                 # question sampler
-        if tr["source"] == "gold":
+        if tr.source == "gold":
             rationales = stages.gold(n, D)
         else:
             R = stages.generate(n, M, D)                                      # rationale generation
             right = {r.question_id for r in R if r.correct}
             solved |= right
             wrong = [x for x in D if x.id not in right]                       # answer filter
-            Rr = stages.rationalize(n, M, wrong) if rat["enabled"] else []    # rationalization
+            Rr = stages.rationalize(n, M, wrong) if rat.enabled else []    # rationalization
             rationales = stages.select(n, R + Rr)                             # checker + filters
         kept = training_examples(rationales)
-        init = M0 if tr["restart_from_base"] else M                           # restart from base
-        steps = exp.schedule.steps(n, len(kept), tr["batch_size"], tr["grad_accum"])
-        M, train = stages.fine_tune(it_dir(n), init, kept, steps, tr, derive_seed(cfg["experiment"]["seed"], n,
-                                                                                   "train"))
-        due = n % ev["every"] == 0 or n == N
+        init = M0 if tr.restart_from_base else M                           # restart from base
+        steps = exp.schedule.steps(n, len(kept), tr.batch_size, tr.grad_accum)
+        seed = derive_seed(cfg.experiment.seed, n, "train")
+        M, train = stages.fine_tune(it_dir(n), init, kept, tr.train_spec(steps, seed))
+        due = n % ev.every == 0 or n == N
         evals = stages.evaluate_all(n, M) if due else ({}, {})               # evaluate
         rows = record(n, D, rationales, train, evals, solved, t0)
 
-        acc = dev_accuracy(rows, ev["splits"][0])
-        patience = cfg["experiment"]["early_stop_patience"]
+        acc = dev_accuracy(rows, ev.splits[0])
+        patience = cfg.experiment.early_stop_patience
         if acc is not None and patience:
             best, stale = (acc, 0) if acc > best else (best, stale + 1)
             if stale >= patience:

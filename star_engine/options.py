@@ -13,6 +13,17 @@ from typing import Any, Iterable
 from star_engine.errors import UserError
 
 
+def is_int(value: Any) -> bool:
+    """An ``int`` that is not a ``bool`` (TOML's ``true`` is no integer): the one type check of
+    integers that the core, the plugins and the backends share."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """An ``int`` or a ``float`` that is not a ``bool``."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def require_bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise UserError(f"{name}: must be true or false, got {value!r}")
@@ -20,7 +31,7 @@ def require_bool(name: str, value: Any) -> bool:
 
 
 def require_int(name: str, value: Any, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise UserError(f"{name}: must be an integer, got {value!r}")
     if value < minimum:
         raise UserError(f"{name}: must be >= {minimum}, got {value!r}")
@@ -29,7 +40,7 @@ def require_int(name: str, value: Any, minimum: int = 0) -> int:
 
 def require_float(name: str, value: Any, minimum: float = 0.0, strict: bool = False) -> float:
     """A finite number >= ``minimum`` (> ``minimum`` when ``strict``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         raise UserError(f"{name}: must be a number, got {value!r}")
     if not math.isfinite(value) or value < minimum or (strict and value == minimum):
         relation = ">" if strict else ">="

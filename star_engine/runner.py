@@ -17,7 +17,6 @@ from pathlib import Path
 import structlog
 
 from . import __version__, rundir, ui
-from .api import TrainSpec
 from .experiment import Experiment, config_hash
 from .loop import run_star
 from .stages import Stages, derive_seed
@@ -33,17 +32,11 @@ def check_backend(exp: Experiment) -> None:
     validate = getattr(exp.backend, "validate_run", None)
     if validate is None:
         return
-    cfg = exp.cfg
     stages = Stages(exp, None)  # only for its generation specs; it touches no store
     generation = {"generation": stages.sample_spec, "evaluation": stages.eval_spec}
-    seed = cfg["experiment"]["seed"]
-    training = {}
-    bt, tr = cfg["base_training"], cfg["training"]
-    if bt["steps"]:
-        training["base_training"] = TrainSpec(bt["steps"], bt["batch_size"], bt["grad_accum"],
-                                              derive_seed(seed, 0, "base_training"), bt["optimizer"])
-    training["training"] = TrainSpec(0, tr["batch_size"], tr["grad_accum"], derive_seed(seed, 1, "train"),
-                                     tr["optimizer"])
+    seed, bt, tr = exp.config.experiment.seed, exp.config.base_training, exp.config.training
+    training = {"base_training": bt.train_spec(bt.steps, derive_seed(seed, 0, "base_training"))} if bt.steps else {}
+    training["training"] = tr.train_spec(0, derive_seed(seed, 1, "train"))
     validate(generation=generation, training=training)
 
 
@@ -56,9 +49,9 @@ def preflight(exp: Experiment) -> rundir.RunDir:
 
 def open_run_dir(exp: Experiment, state: rundir.RunDir, toml_path: Path) -> RunStore:
     """Write the run directory's self-description (``state`` was checked under the lock)."""
-    root, p = state.root, exp.processes
+    root, p, cfg = state.root, exp.processes, exp.cfg
     event_dir = root if p.primary else None  # one event log, process 0's
-    describe = {"config_sha256": config_hash(exp.cfg), "star_engine": __version__,
+    describe = {"config_sha256": config_hash(cfg), "star_engine": __version__,
                 "plugins": exp.registry.requirements()}
     # a first start killed before config.json may have left some too
     removed = p.primary_does("clean temporaries", lambda: clean_temporaries(root)) or 0
@@ -70,9 +63,9 @@ def open_run_dir(exp: Experiment, state: rundir.RunDir, toml_path: Path) -> RunS
         store.write_bytes(root / "experiment.toml", toml_path.read_bytes())
         log.info("start", run_dir=str(root))
     # The resolved config is rewritten on resume so a raised iteration count is recorded.
-    store.write_bytes(root / "config.json", json_bytes(exp.cfg))
+    store.write_bytes(root / "config.json", json_bytes(cfg))
     store.set_header(star_engine_version=__version__, config_sha256=describe["config_sha256"],
-                     experiment=exp.cfg["experiment"]["name"], python=sys.version.split()[0],
+                     experiment=exp.config.experiment.name, python=sys.version.split()[0],
                      platform=platform.platform(), plugins=exp.registry.describe(),
                      requirements=exp.registry.requirements(), backend=exp.backend.describe(),
                      finished=False)

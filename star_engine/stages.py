@@ -44,15 +44,15 @@ def it_dir(n: int) -> str:
 
 class Stages:
     def __init__(self, exp: Experiment, store: RunStore):
-        self.exp, self.store, self.cfg = exp, store, exp.cfg
-        self.seed = self.cfg["experiment"]["seed"]
+        self.exp, self.store, self.cfg = exp, store, exp.config
+        self.seed = self.cfg.experiment.seed
         self.task, self.backend = exp.task, exp.backend
-        g = self.cfg["generation"]
+        g = self.cfg.generation
         self.stop = tuple(self.task.stop)
-        self.sample_spec = GenSpec(g["max_new_tokens"], g["temperature"], g["top_p"], self.stop, g["batch_size"])
-        ev = self.cfg["evaluation"]
-        self.eval_spec = GenSpec(ev["max_new_tokens"] or g["max_new_tokens"], ev["temperature"], ev["top_p"],
-                                 self.stop, g["batch_size"])
+        self.sample_spec = GenSpec(g.max_new_tokens, g.temperature, g.top_p, self.stop, g.batch_size)
+        ev = self.cfg.evaluation
+        self.eval_spec = GenSpec(ev.max_new_tokens or g.max_new_tokens, ev.temperature, ev.top_p, self.stop,
+                                 g.batch_size)
         self.kind, self.hint_kind = prompt_kinds(self.cfg)
         # Optional Task method: the part of a generation that is checked and stored.
         self.trim = getattr(self.task, "trim", None) or (lambda text: text)
@@ -92,7 +92,7 @@ class Stages:
     # -- generation in stored chunks ----------------------------------------------
     def _generate(self, rel_dir: str, prompts: Sequence[str], seeds: Sequence[int], spec: GenSpec,
                   model: str, what: str) -> list[str]:
-        size = self.cfg["generation"]["chunk_size"]
+        size = self.cfg.generation.chunk_size
         texts: list[str] = []
         with ui.progress(what, len(prompts)) as advance:
             for i, start in enumerate(range(0, len(prompts), size)):
@@ -129,8 +129,8 @@ class Stages:
     # -- the train questions of an iteration ----------------------------------------
     def train_questions(self, n: int, ledger: Sequence[dict]) -> list[Example]:
         """The questions iteration ``n`` draws (``star_engine.questions``), in the split's order."""
-        qs, sampler = self.exp.splits["train"], self.cfg["generation"]["sampler"]
-        k = min(self.cfg["generation"]["n_train_samples"] or len(qs), len(qs))
+        qs, sampler = self.exp.splits["train"], self.cfg.generation.sampler
+        k = min(self.cfg.generation.n_train_samples or len(qs), len(qs))
         return draw(qs, k, self.exp.sampler, sampler.get("name", ""), n, ledger, self.seed)
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
@@ -162,7 +162,7 @@ class Stages:
             self._ledger_on_disk = len(rows)
 
     def _stored_prompt(self, context: str, kind: str) -> str:
-        return (self.task.prompt(kind) + context) if self.cfg["task"]["few_shot_train"] else context
+        return (self.task.prompt(kind) + context) if self.cfg.task.few_shot_train else context
 
     def _judge(self, text: str, gold: str) -> tuple[str, Verdict]:
         """(the generation as the task keeps it, the checker's verdict on that)."""
@@ -181,7 +181,7 @@ class Stages:
         rel = f"{it_dir(n)}/generated.parquet"
         if self.store.done(rel):
             return self._stored(rel, f"{it_dir(n)}/generate", Rationale)
-        t0, k = time.perf_counter(), self.cfg["generation"]["samples_per_question"]
+        t0, k = time.perf_counter(), self.cfg.generation.samples_per_question
         items = [(ex, s) for ex in questions for s in range(k)]
         prefix = self.task.prompt(self.kind)
         prompts = [prefix + self.task.context(ex) for ex, _ in items]
@@ -200,9 +200,9 @@ class Stages:
         rel = f"{it_dir(n)}/rationalized.parquet"
         if self.store.done(rel):
             return self._stored(rel, f"{it_dir(n)}/rationalize", Rationale)
-        t0, r = time.perf_counter(), self.cfg["rationalization"]
-        chosen = [ex for ex in wrong if coin(r["p_rationalization"], self.seed, n, ex.id, "rationalize")]
-        k = self.cfg["generation"]["samples_per_question"]
+        t0, r = time.perf_counter(), self.cfg.rationalization
+        chosen = [ex for ex in wrong if coin(r.p_rationalization, self.seed, n, ex.id, "rationalize")]
+        k = self.cfg.generation.samples_per_question
         items = [(ex, s) for ex in chosen for s in range(k)]
         prefix = self.task.prompt(self.hint_kind)
         hinted = [self.exp.hint.context(self.task, ex) for ex, _ in items]
@@ -214,7 +214,7 @@ class Stages:
         rows = []
         for (ex, s), text, h, full, seed in zip(items, texts, hinted, prompts, seeds):
             # Stored as if no hint had been given, unless p_show_hint_save says otherwise.
-            show = coin(r["p_show_hint_save"], self.seed, n, ex.id, s, "show_hint")
+            show = coin(r.p_show_hint_save, self.seed, n, ex.id, s, "show_hint")
             stored = (self._stored_prompt(h, self.hint_kind) if show
                       else self._stored_prompt(self.task.context(ex), self.kind))
             leaks = self.exp.hint.leak_strings(self.task, ex)
@@ -253,7 +253,7 @@ class Stages:
         rel = f"{it_dir(n)}/rationales.parquet"
         if self.store.done(rel):
             return self.store.read_records(rel, Rationale)
-        direct = self.cfg["task"]["direct"]
+        direct = self.cfg.task.direct
         rows = []
         for ex in questions:
             ctx = self._stored_prompt(self.task.context(ex), self.kind)
@@ -264,8 +264,8 @@ class Stages:
         return rows
 
     # -- 4. fine-tuning ---------------------------------------------------------------
-    def fine_tune(self, rel_dir: str, init: str, examples: Sequence[TrainExample], steps: int,
-                  section: dict[str, Any], seed: int) -> tuple[str, dict[str, Any]]:
+    def fine_tune(self, rel_dir: str, init: str, examples: Sequence[TrainExample], spec: TrainSpec
+                  ) -> tuple[str, dict[str, Any]]:
         rel = f"{rel_dir}/train.json"
         model_rel = f"{rel_dir}/model"
         if self.store.done(rel):
@@ -274,14 +274,12 @@ class Stages:
                 return info["checkpoint"], info
             self.store.forget(rel)
         t0 = time.perf_counter()
-        if steps == 0 or not examples:
+        if spec.steps == 0 or not examples:
             info = {"checkpoint": init, "checkpoint_id": self.checkpoint_id(init), "steps": 0, "tokens": 0,
                     "losses": [], "examples": len(examples)}
         else:
             self.store.remove(model_rel)  # a stale, unrecorded attempt
-            spec = TrainSpec(steps, section["batch_size"], section["grad_accum"], seed, section["optimizer"],
-                             packing=section["packing"], loss=section["loss"])
-            with ui.progress(f"{rel_dir}: train", steps) as advance, _disk_full(self.store.root / model_rel), \
+            with ui.progress(f"{rel_dir}: train", spec.steps) as advance, _disk_full(self.store.root / model_rel), \
                     loading_checkpoint(Path(self.path(init)), not Path(init).is_absolute()):
                 res = self.backend.train(self.path(init), self.store.root / model_rel, examples, spec,
                                          progress=advance)
@@ -303,11 +301,11 @@ class Stages:
         if not Path(init).is_absolute() and init not in self.store.manifest["checkpoints"]:
             self.store.record_checkpoint(init, self.checkpoint_id(init))
             self.store.set_header(base_checkpoint=init)
-        bt = self.cfg["base_training"]
-        if bt["steps"] == 0:
+        bt = self.cfg.base_training
+        if bt.steps == 0:
             return init
-        ref, _ = self.fine_tune("base", init, self.task.seed_examples(), bt["steps"], bt,
-                                derive_seed(self.seed, 0, "base_training"))
+        ref, _ = self.fine_tune("base", init, self.task.seed_examples(),
+                                bt.train_spec(bt.steps, derive_seed(self.seed, 0, "base_training")))
         return ref
 
     # -- 5. evaluation ------------------------------------------------------------------
@@ -318,10 +316,10 @@ class Stages:
     def evaluate_sampled(self, n: int, model: str, split: str) -> list[Evaluation]:
         """``evaluation.samples_per_question`` answers per question of ``split``, sampled at
         ``evaluation.sample_temperature`` (pass@k and majority vote)."""
-        ev = self.cfg["evaluation"]
-        spec = GenSpec(self.eval_spec.max_new_tokens, ev["sample_temperature"], self.cfg["generation"]["top_p"],
+        ev = self.cfg.evaluation
+        spec = GenSpec(self.eval_spec.max_new_tokens, ev.sample_temperature, self.cfg.generation.top_p,
                        self.stop, self.eval_spec.batch_size)
-        return self._evaluate(n, model, split, ev["samples_per_question"], spec)
+        return self._evaluate(n, model, split, ev.samples_per_question, spec)
 
     def _evaluate(self, n: int, model: str, split: str, k: int, spec: GenSpec) -> list[Evaluation]:
         """``k`` sampled answers per question (``eval_<split>_samples.parquet``, a ``sample``
@@ -332,7 +330,7 @@ class Stages:
             return self._stored(rel, f"{it_dir(n)}/{name}", Evaluation)
         t0, examples = time.perf_counter(), self.exp.splits[split]
         # no_prompt drops the few-shot prompt once the model has been fine-tuned (as the original).
-        prefix = "" if (self.cfg["evaluation"]["no_prompt"] and n > 0) else self.task.prompt(self.kind)
+        prefix = "" if (self.cfg.evaluation.no_prompt and n > 0) else self.task.prompt(self.kind)
         items = [(ex, s) for ex in examples for s in range(k or 1)]
         prompts = [prefix + self.task.context(ex) for ex, _ in items]
         seeds = [derive_seed(self.seed, n, ex.id, split, s, "evaluate_sample") if k else
@@ -351,10 +349,10 @@ class Stages:
 
     def evaluate_all(self, n: int, model: str) -> tuple[dict[str, list[Evaluation]], ...]:
         """Every evaluation split, greedy, and sampled when ``evaluation.samples_per_question`` > 1."""
-        splits = self.cfg["evaluation"]["splits"]
+        splits = self.cfg.evaluation.splits
         greedy = {s: self.evaluate(n, model, s) for s in splits}
         sampled = ({s: self.evaluate_sampled(n, model, s) for s in splits}
-                   if self.cfg["evaluation"]["samples_per_question"] > 1 else {})
+                   if self.cfg.evaluation.samples_per_question > 1 else {})
         return greedy, sampled
 
 

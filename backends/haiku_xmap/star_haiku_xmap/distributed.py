@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from star_engine.errors import UserError
+from star_engine.options import is_int
 
 ENV_COORDINATOR = "STAR_ENGINE_COORDINATOR"
 ENV_NUM_PROCESSES = "STAR_ENGINE_NUM_PROCESSES"
@@ -68,7 +69,7 @@ def resolve_options(option: Any, environ: Mapping[str, str] | None = None) -> di
                 v = int(v)
             except ValueError:
                 raise UserError(f"model.distributed.{key}: not an integer: {v!r}") from None
-        if isinstance(v, bool) or not isinstance(v, int):
+        if not is_int(v):
             raise UserError(f"model.distributed.{key}: required (or ${ENV_NUM_PROCESSES if key == 'num_processes' else ENV_PROCESS_ID}), got {v!r}")
         out[key] = v
     if out["num_processes"] < 1 or not 0 <= out["process_id"] < out["num_processes"]:

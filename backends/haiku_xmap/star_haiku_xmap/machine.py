@@ -8,6 +8,7 @@ import os
 from typing import Any, Mapping
 
 from star_engine.errors import UserError
+from star_engine.options import is_int
 
 
 def set_cpu_devices(n: Any) -> None:
@@ -17,7 +18,7 @@ def set_cpu_devices(n: Any) -> None:
     device (its intra-op threads barely help at these sizes), so on 2 cores a
     2-device mesh decodes ~1.6x faster than one device. Must run before jax
     starts its backends; later, the process must already have ``n`` CPU devices."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    if not is_int(n) or n < 1:
         raise UserError(f"model.cpu_devices: must be an int >= 1, got {n!r}")
     import jax
 
@@ -49,7 +50,7 @@ def use_every_core(mesh: Mapping[str, Any] | None = None) -> None:
             or jax.config.jax_num_cpu_devices != -1 or xla_bridge.backends_are_initialized()):
         return
     sizes = [mesh.get(a) for a in ("dp", "mp")] if isinstance(mesh, Mapping) else []
-    if len(sizes) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
+    if len(sizes) == 2 and all(is_int(v) and v > 0 for v in sizes):
         jax.config.update("jax_num_cpu_devices", sizes[0] * sizes[1])
     else:
         jax.config.update("jax_num_cpu_devices", default_cpu_devices())

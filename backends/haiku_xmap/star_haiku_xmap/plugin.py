@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 from star_engine import hookimpl
 from star_engine.api import GenRequest, GenSpec, Progress, TrainExample, TrainResult, TrainSpec
 from star_engine.errors import UserError
+from star_engine.options import is_int
 
 from .config import ARCHITECTURES, DTYPES, PRESETS, architecture as arch_of, config_from_dict
 from .machine import set_cpu_devices, use_compile_cache, use_every_core
@@ -170,7 +171,7 @@ class HaikuXmapBackend:
 
         self.seq_len = self.config.n_ctx if seq_len is None else seq_len
         n = self.seq_len
-        if isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= self.config.n_ctx:
+        if not is_int(n) or not 2 <= n <= self.config.n_ctx:
             raise UserError(f"model.seq_len: must be an int in [2, n_ctx={self.config.n_ctx}], got {seq_len!r}")
         if mesh is not None and not isinstance(mesh, Mapping):
             raise UserError(f"model.mesh: must be a table like {{dp = -1, mp = 1}}, got {mesh!r}")

@@ -19,13 +19,14 @@ from typing import Any, Mapping
 
 from star_engine.api import GenSpec, TrainSpec
 from star_engine.errors import IntegrityError, UserError
+from star_engine.options import is_int
 
 from .convert.checkpoint import MANIFEST, checked_manifest
 from .convert.safeio import check_alloc, np_dtype
 
 
 def _int(value: Any, minimum: int) -> bool:
-    return type(value) is int and value >= minimum
+    return is_int(value) and value >= minimum
 
 
 def check_generation(key: str, spec: GenSpec, n_ctx: int) -> None:

@@ -27,6 +27,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from star_engine.options import is_int
+
 AXES = ("dp", "mp")
 
 RULES: tuple[tuple[str, P], ...] = (
@@ -56,7 +58,7 @@ def mesh_shape(mesh: Mapping[str, Any] | None, n_devices: int) -> tuple[int, int
         raise ValueError(f"mesh: unknown axes {unknown}; allowed: {list(AXES)}")
     dp, mp = cfg.get("dp", -1), cfg.get("mp", 1)
     for name, value in (("dp", dp), ("mp", mp)):
-        if not isinstance(value, int) or isinstance(value, bool) or (value < 1 and value != -1):
+        if not is_int(value) or (value < 1 and value != -1):
             raise ValueError(f"mesh.{name} must be a positive int or -1, got {value!r}")
     if dp == -1 and mp == -1:
         raise ValueError("mesh: at most one of dp, mp may be -1")

@@ -25,6 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from star_engine.options import is_int, is_number
+
 from . import model, packing, sharding
 from .distributed import global_array, place, to_host
 from .config import GPTJConfig
@@ -59,13 +61,13 @@ def optimizer_options(opt: Mapping[str, Any]) -> dict[str, Any]:
         o["end_lr"] = o["lr"]
     for key in ("lr", "end_lr", "weight_decay", "clip_norm", "b1", "b2"):
         v = o[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
+        if not is_number(v) or not np.isfinite(v) or v < 0:
             raise ValueError(f"optimizer.{key} must be a finite number >= 0, got {v!r}")
         o[key] = float(v)
     for key in ("b1", "b2"):
         if not o[key] < 1:
             raise ValueError(f"optimizer.{key} must be < 1, got {o[key]}")
-    if isinstance(o["warmup_steps"], bool) or not isinstance(o["warmup_steps"], int) or o["warmup_steps"] < 0:
+    if not is_int(o["warmup_steps"]) or o["warmup_steps"] < 0:
         raise ValueError(f"optimizer.warmup_steps must be an int >= 0, got {o['warmup_steps']!r}")
     if o["schedule"] not in SCHEDULES:
         raise ValueError(f"optimizer.schedule must be one of {SCHEDULES}, got {o['schedule']!r}")

@@ -15,6 +15,7 @@ from typing import Any
 
 from star_engine.api import Example, TrainExample
 from star_engine.errors import UserError
+from star_engine.options import is_int, is_number
 
 from . import formats
 from .generate import NotEnough, Problem, draw, draw_equal, n_digits
@@ -32,7 +33,7 @@ MAX_SEED_REPEAT = 1000
 
 
 def _int(name: str, value: Any, lo: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+    if not is_int(value) or value < lo:
         raise UserError(f"{name}: must be an integer >= {lo}, got {value!r}")
     return value
 
@@ -112,7 +113,7 @@ class AdditionTask:
             raise UserError(f"seed_hint_fraction: a list gives one share per digit count ({self.min_digits}.."
                             f"{self.max_digits}): 1 to {span} shares, got {seed_hint_fraction!r}")
         for f in fractions:
-            if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 <= f <= 1:
+            if not is_number(f) or not 0 <= f <= 1:
                 raise UserError(f"seed_hint_fraction: must be a number in [0, 1] or a list of them, "
                                 f"got {seed_hint_fraction!r}")
         self.seed_hint_fraction = [float(f) for f in fractions] if isinstance(seed_hint_fraction, list) \

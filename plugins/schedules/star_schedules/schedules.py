@@ -20,7 +20,7 @@ from fractions import Fraction
 
 from star_engine.errors import UserError
 
-from star_engine.options import require_float, require_int
+from star_engine.options import is_int, require_float, require_int
 
 
 def _exact(value: float) -> Fraction:
@@ -31,7 +31,7 @@ def _exact(value: float) -> Fraction:
 def _check_call(iteration: int, n_examples: int, batch_size: int, grad_accum: int) -> None:
     for name, value, minimum in (("iteration", iteration, 1), ("n_examples", n_examples, 0),
                                  ("batch_size", batch_size, 1), ("grad_accum", grad_accum, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        if not is_int(value) or value < minimum:
             raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 

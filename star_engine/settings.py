@@ -1,0 +1,208 @@
+"""The experiment configuration as typed, frozen objects, read by attribute.
+
+Each section of an experiment file is a frozen dataclass whose fields carry their
+schema (type, default, allowed range) as metadata: ``SCHEMA`` is derived from these
+classes, so the TOML reference, the validation in :mod:`star_engine.config` and the
+objects the core reads name the same keys. :func:`Config.from_dict` builds the objects
+from a configuration ``config.load_experiment`` has validated and resolved; nothing is
+checked twice. ``[model]`` and the component references (``task.checker``, ...) are
+plugin option tables: they stay dicts, passed as keyword options to the factories.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Mapping
+
+from .api import LOSSES, PACKINGS, TrainSpec
+
+REQUIRED = object()
+FREE = object()  # a table whose keys are options for a plugin (checked against its factory)
+
+
+@dataclass(frozen=True)
+class F:
+    """One schema field: its type, default and allowed range."""
+
+    type: str  # str | int | float | bool | strlist | component | components | table
+    default: Any = REQUIRED
+    check: Callable[[Any], bool] | None = None
+    rule: str = ""  # what ``check`` demands, for the error message
+
+
+def _rng(lo: float, hi: float = math.inf, lo_open: bool = False) -> tuple[Callable[[Any], bool], str]:
+    def ok(v: Any) -> bool:
+        return (v > lo if lo_open else v >= lo) and v <= hi
+    left = "(" if lo_open else "["
+    return ok, f"must be in {left}{lo}, {hi}]" if hi != math.inf else f"must be {'>' if lo_open else '>='} {lo}"
+
+
+def _f(type_: str, default: Any = REQUIRED, lo: float | None = None, hi: float = math.inf,
+       lo_open: bool = False, choices: tuple[str, ...] | None = None) -> Any:
+    """A dataclass field whose schema is ``F(type_, default, ...)``."""
+    if choices is not None:
+        spec = F(type_, default, lambda v: v in choices, f"must be one of {', '.join(choices)}")
+    elif lo is None:
+        spec = F(type_, default)
+    else:
+        spec = F(type_, default, *_rng(lo, hi, lo_open))
+    return field(metadata={"spec": spec})
+
+
+def _table(spec: Any) -> Any:
+    """A dataclass field holding a nested section (a dataclass) or a plugin table (``FREE``)."""
+    return field(metadata={"spec": spec})
+
+
+class Section:
+    """What every section does: its schema, and itself built from / written as a plain dict."""
+
+    @classmethod
+    def schema(cls) -> dict[str, Any]:
+        return {f.name: (f.metadata["spec"].schema() if _nested(f) else f.metadata["spec"]) for f in fields(cls)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Any:
+        return cls(**{f.name: (f.metadata["spec"].from_dict(data[f.name]) if _nested(f) else _frozen(data[f.name]))
+                      for f in fields(cls)})
+
+    def as_dict(self) -> dict[str, Any]:
+        """The section as the resolved configuration holds it (``config.json``)."""
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+
+
+def _nested(f: Any) -> bool:
+    return isinstance(f.metadata["spec"], type) and issubclass(f.metadata["spec"], Section)
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(copy.deepcopy(value)) if isinstance(value, list) else copy.deepcopy(value)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Section):
+        return value.as_dict()
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+@dataclass(frozen=True)
+class Optimizer(Section):
+    lr: float = _f("float", 1e-6, 0, lo_open=True)
+    warmup_steps: int = _f("int", 100, 0)
+    schedule: str = _f("str", "constant", choices=("constant", "linear", "cosine"))
+    end_lr: float = _f("float", 1e-6, 0)
+    weight_decay: float = _f("float", 0.0, 0)
+    clip_norm: float = _f("float", 1.0, 0, lo_open=True)
+    b1: float = _f("float", 0.9, 0, 1)
+    b2: float = _f("float", 0.999, 0, 1)
+
+
+@dataclass(frozen=True)
+class ExperimentSection(Section):
+    name: str = _f("str")
+    seed: int = _f("int", 0, 0)
+    output_dir: str = _f("str", "")
+    iterations: int = _f("int", REQUIRED, 1)
+    early_stop_patience: int = _f("int", 0, 0)
+    limit: int = _f("int", 0, 0)
+
+
+@dataclass(frozen=True)
+class TaskSection(Section):
+    dataset: str = _f("str")
+    options: dict = _f("table", {})
+    data: dict = _f("table", {})
+    checker: dict = _f("component", "")
+    hint: dict = _f("component", "")
+    filters: tuple = _f("components", [])
+    direct: bool = _f("bool", False)
+    few_shot_train: bool = _f("bool", False)
+
+
+@dataclass(frozen=True)
+class Generation(Section):
+    max_new_tokens: int = _f("int", 96, 1)
+    temperature: float = _f("float", 0.0, 0)
+    top_p: float = _f("float", 1.0, 0, 1, lo_open=True)
+    batch_size: int = _f("int", 8, 1)
+    samples_per_question: int = _f("int", 1, 1)
+    n_train_samples: int = _f("int", 0, 0)
+    sampler: dict = _f("component", "")
+    chunk_size: int = _f("int", 256, 1)
+
+
+@dataclass(frozen=True)
+class Rationalization(Section):
+    enabled: bool = _f("bool", True)
+    p_rationalization: float = _f("float", 1.0, 0, 1)
+    p_show_hint_save: float = _f("float", 0.0, 0, 1)
+
+
+class Trains:
+    """A training section (``[base_training]``, ``[training]``): one fine-tuning job of it."""
+
+    def train_spec(self, steps: int, seed: int) -> TrainSpec:
+        """The backend's job; ``optimizer`` is the table (a dict), as TOML gives it."""
+        return TrainSpec(steps, self.batch_size, self.grad_accum, seed, self.optimizer.as_dict(),  # type: ignore
+                         packing=self.packing, loss=self.loss)  # type: ignore
+
+
+@dataclass(frozen=True)
+class BaseTraining(Section, Trains):
+    steps: int = _f("int", 0, 0)
+    batch_size: int = _f("int", 8, 1)
+    grad_accum: int = _f("int", 1, 1)
+    packing: str = _f("str", "segments", choices=PACKINGS)
+    loss: str = _f("str", "completion", choices=LOSSES)
+    optimizer: Optimizer = _table(Optimizer)
+
+
+@dataclass(frozen=True)
+class Training(Section, Trains):
+    schedule: dict = _f("component", {"name": "exponential_grow"})
+    restart_from_base: bool = _f("bool", True)
+    source: str = _f("str", "generated", choices=("generated", "gold"))
+    batch_size: int = _f("int", 8, 1)
+    grad_accum: int = _f("int", 1, 1)
+    packing: str = _f("str", "segments", choices=PACKINGS)
+    loss: str = _f("str", "completion", choices=LOSSES)
+    optimizer: Optimizer = _table(Optimizer)
+
+
+@dataclass(frozen=True)
+class Evaluation(Section):
+    splits: tuple = _f("strlist", ["dev"])
+    no_prompt: bool = _f("bool", False)
+    every: int = _f("int", 1, 1)
+    at_start: bool = _f("bool", True)
+    max_new_tokens: int = _f("int", 0, 0)
+    temperature: float = _f("float", 0.0, 0)
+    top_p: float = _f("float", 1.0, 0, 1, lo_open=True)
+    samples_per_question: int = _f("int", 0, 0)
+    sample_temperature: float = _f("float", 0.0, 0)
+    pass_k: int = _f("int", 0, 0)
+
+
+@dataclass(frozen=True)
+class Config(Section):
+    """A whole experiment, validated and resolved (``samples_per_question``, ``pass_k`` and the
+    task's default checker filled in); ``as_dict()`` is what ``config.json`` holds."""
+
+    experiment: ExperimentSection = _table(ExperimentSection)
+    task: TaskSection = _table(TaskSection)
+    generation: Generation = _table(Generation)
+    rationalization: Rationalization = _table(Rationalization)
+    base_training: BaseTraining = _table(BaseTraining)
+    training: Training = _table(Training)
+    evaluation: Evaluation = _table(Evaluation)
+    model: dict = _table(FREE)
+
+
+SCHEMA: dict[str, Any] = Config.schema()
+OPTIMIZER: dict[str, F] = Optimizer.schema()

@@ -1,0 +1,49 @@
+"""The typed configuration (``star_engine.settings``): the schema is derived from its
+sections, the objects are frozen and read by attribute, and turning the resolved
+configuration into them and back is exact, so ``config.json`` is what it was."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO
+from star_engine.config import SCHEMA, load_experiment
+from star_engine.experiment import build
+from star_engine.registry import Registry
+from star_engine.settings import Config, Optimizer
+
+
+def test_the_schema_is_the_sections_fields():
+    sections = {f.name: f.metadata["spec"] for f in dataclasses.fields(Config)}
+    assert list(SCHEMA) == list(sections)
+    for name, spec in sections.items():
+        if name != "model":  # a plugin's table
+            assert list(SCHEMA[name]) == [f.name for f in dataclasses.fields(spec)]
+    assert list(SCHEMA["training"]["optimizer"]) == [f.name for f in dataclasses.fields(Optimizer)]
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "experiments").glob("*.toml")), ids=lambda p: p.stem)
+def test_shipped_experiments_round_trip(path: Path):
+    cfg = load_experiment(path)
+    config = Config.from_dict(cfg)
+    assert json.dumps(config.as_dict()) == json.dumps(cfg)  # same keys, order, types and values
+    assert config.training.optimizer.lr == cfg["training"]["optimizer"]["lr"]
+    assert config.evaluation.splits == tuple(cfg["evaluation"]["splits"])
+
+
+def test_build_makes_the_typed_config_once(scripted, toy_toml):
+    cfg = load_experiment(toy_toml(), ["training.optimizer.lr=3e-4"])
+    exp = build(cfg, Registry(), load_data=False)
+    assert exp.config.experiment.seed == 7 and exp.config.generation.chunk_size == 5
+    assert exp.config.task.checker == {"name": "toy_exact"} == exp.cfg["task"]["checker"]  # the task's default
+    spec = exp.config.training.train_spec(3, 11)
+    assert (spec.steps, spec.seed, spec.batch_size, spec.packing) == (3, 11, 8, "segments")
+    assert spec.optimizer == {**{k: f.default for k, f in SCHEMA["training"]["optimizer"].items()}, "lr": 3e-4}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        exp.config.training.batch_size = 2  # type: ignore[misc]
+    exp.cfg["experiment"]["seed"] = 0  # a copy: the configuration is not changed through it
+    assert exp.config.experiment.seed == 7 and exp.cfg["experiment"]["seed"] == 7
