@@ -255,8 +255,8 @@ def init_params(config: GPTJConfig, rng) -> Params:
 @functools.partial(jax.jit, static_argnames="config")
 def _init(config: GPTJConfig, rng) -> Params:
     # One token through the network: enough for every module to create its parameters.
-    one_11 = jnp.zeros((1, 1), jnp.int32)
-    params = _transformed(config).init(rng, one_11, one_11, jnp.ones((1, 1), bool), None, 0)
+    zeros_11 = jnp.zeros((1, 1), jnp.int32)
+    params = _transformed(config).init(rng, zeros_11, zeros_11, jnp.ones((1, 1), bool), None, 0)
     return jax.tree.map(lambda p: p.astype(dtype_of(config)), params)
 
 
