@@ -21,18 +21,18 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
-from star_haiku_xmap import model, sharding, train
+from star_haiku_xmap import layers, model, sharding, train
 from star_haiku_xmap.config import GPTJConfig
 
 
 def _layers(p, x_ND, config: GPTJConfig):
     """Logits (N, V) fp32 of N independent tokens through every layer's matmuls."""
     for i in range(config.n_layer):
-        h_ND = model._layer_norm(x_ND, p[f"h_{i}/ln"], config.ln_eps)
+        h_ND = layers.layer_norm(x_ND, p[f"h_{i}/ln"]["scale"], p[f"h_{i}/ln"]["offset"], config.ln_eps)
         ctx_ND = sum(h_ND @ p[f"h_{i}/attn/{n}"]["w"] for n in "qkv")
         ff_NF = jax.nn.gelu(h_ND @ p[f"h_{i}/mlp/fc_in"]["w"] + p[f"h_{i}/mlp/fc_in"]["b"], approximate=True)
         x_ND = x_ND + ctx_ND @ p[f"h_{i}/attn/out"]["w"] + ff_NF @ p[f"h_{i}/mlp/fc_out"]["w"] + p[f"h_{i}/mlp/fc_out"]["b"]
-    x_ND = model._layer_norm(x_ND, p["ln_f"], config.ln_eps)
+    x_ND = layers.layer_norm(x_ND, p["ln_f"]["scale"], p["ln_f"]["offset"], config.ln_eps)
     return (x_ND @ p["lm_head"]["w"] + p["lm_head"]["b"]).astype(jnp.float32)
 
 

@@ -65,7 +65,8 @@ def _copy_project(src: Path, dst: Path) -> Path:
     if (src / "README.md").exists():
         shutil.copy2(src / "README.md", dst)
     for pkg in meta["tool"]["setuptools"]["packages"]:
-        shutil.copytree(src / pkg, dst / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+        if "." not in pkg:  # a subpackage comes with its package's folder
+            shutil.copytree(src / pkg, dst / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     return dst
 
 

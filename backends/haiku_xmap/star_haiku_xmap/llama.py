@@ -12,6 +12,8 @@ Parameter tree (haiku names; ``hf_llama.py`` maps the HF tensors onto them)::
     h_{i}/mlp/{gate, up}/w (D, F)         h_{i}/mlp/down/w (F, D)
     ln_f/scale (D,)                       lm_head/w (D, V)  (absent when tie_embeddings)
 
+The network is Haiku modules as GPT-J's (``Block`` = ``RMSNorm`` + ``Attention`` +
+``MLP``, with the ``layers.py`` pieces), each creating the parameters it uses.
 Each block is ``x + attn(rms(x))`` then ``x + down(silu(gate(h)) * up(h))`` with
 ``h = rms(x)`` (sequential residual, unlike GPT-J's parallel one). Query head
 ``j`` reads key/value head ``j // (H / G)``, as HF's ``repeat_kv``; the cache holds
@@ -34,42 +36,8 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from .config import LlamaConfig
-from .model import _CAUSAL_BLOCK, LAYER_INPUT, KVCache, Params, _masked_softmax, _write, dtype_of
-
-
-def declare(config: LlamaConfig) -> None:
-    """Every parameter, with hk.Linear's initialisers (RMSNorm scales start at 1)."""
-    c = config
-    dtype = dtype_of(c)
-
-    def linear(name, n_in, n_out, bias=False):
-        with hk.name_scope(name):
-            hk.get_parameter("w", [n_in, n_out], dtype, init=hk.initializers.TruncatedNormal(1.0 / np.sqrt(n_in)))
-            if bias:
-                hk.get_parameter("b", [n_out], dtype, init=jnp.zeros)
-
-    def rms_norm(name):
-        with hk.name_scope(name):
-            hk.get_parameter("scale", [c.d_model], jnp.float32, init=jnp.ones)
-
-    with hk.name_scope("wte"):
-        hk.get_parameter("embeddings", [c.vocab, c.d_model], jnp.float32, init=hk.initializers.TruncatedNormal(0.02))
-    for i in range(c.n_layer):
-        with hk.name_scope(f"h_{i}"):
-            rms_norm("ln_attn")
-            with hk.name_scope("attn"):
-                linear("q", c.d_model, c.n_head * c.d_head, c.qkv_bias)
-                linear("k", c.d_model, c.n_kv_head * c.d_head, c.qkv_bias)
-                linear("v", c.d_model, c.n_kv_head * c.d_head, c.qkv_bias)
-                linear("out", c.n_head * c.d_head, c.d_model)
-            rms_norm("ln_mlp")
-            with hk.name_scope("mlp"):
-                linear("gate", c.d_model, c.d_ff)
-                linear("up", c.d_model, c.d_ff)
-                linear("down", c.d_ff, c.d_model)
-    rms_norm("ln_f")
-    if not c.tie_embeddings:
-        linear("lm_head", c.d_model, c.vocab)
+from .layers import CAUSAL_BLOCK, Embed, Linear, RMSNorm, Shared, masked_softmax, write_slots
+from .model import LAYER_INPUT, KVCache, dtype_of
 
 
 def inv_freq(config: LlamaConfig) -> np.ndarray:
@@ -98,13 +66,6 @@ def _rotary(x_BHTK: jax.Array, sin_B1TK: jax.Array, cos_B1TK: jax.Array) -> jax.
     return x_BHTK * cos_B1TK.astype(x_BHTK.dtype) + rotated * sin_B1TK.astype(x_BHTK.dtype)
 
 
-def _rms_norm(x_ND: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
-    """HF's RMSNorm: normalised in fp32, cast back, then scaled."""
-    xf = x_ND.astype(jnp.float32)
-    normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + jnp.float32(eps))
-    return scale.astype(x_ND.dtype) * normed.astype(x_ND.dtype)
-
-
 def _gqa_attention(q_BGRTK, k_BGSK, v_BGSK, allowed_BTS, d_head: int, block: int = 0) -> jax.Array:
     """Attention of R = H / G query heads per key/value head, fp32 scores and softmax;
     ``block`` > 0: causal query blocks as ``model._attention``."""
@@ -115,20 +76,82 @@ def _gqa_attention(q_BGRTK, k_BGSK, v_BGSK, allowed_BTS, d_head: int, block: int
         return jnp.concatenate(ctx, axis=3)
     scale = np.sqrt(d_head).astype(np.float32)
     scores = jnp.einsum("bgrtk,bgsk->bgrts", q_BGRTK.astype(jnp.float32), k_BGSK.astype(jnp.float32))
-    probs = _masked_softmax(scores, allowed_BTS[:, None, None], scale).astype(v_BGSK.dtype)
+    probs = masked_softmax(scores, allowed_BTS[:, None, None], scale).astype(v_BGSK.dtype)
     return jnp.einsum("bgrts,bgsk->bgrtk", probs, v_BGSK)
 
 
-def network(p: Params, config: LlamaConfig, tokens_BT, positions_BT, key_mask_BS, cache: KVCache | None,
-            start, last_only: bool = False, segments_BT=None):
-    """``model._gptj``'s contract (same arguments, same results) for a Llama-style model."""
+class Attention(hk.Module):
+    """Grouped-query self-attention of the (N, D) normalised stream: q (H heads) and
+    k, v (G heads) projections (with biases under ``qkv_bias``), half-split rotary
+    on q and k, softmax attention over the layer's keys (the T new ones, or the
+    cache with them written in) and the output projection. Returns (output (N, D),
+    keys, values (B, G, S, K))."""
+
+    def __init__(self, config: LlamaConfig, *, name: str = "attn"):
+        super().__init__(name=name)
+        self.config = config
+
+    def __call__(self, h_ND: jax.Array, sh: Shared, kv: tuple[jax.Array, jax.Array] | None):
+        c = self.config
+        B, T, H, G, K = sh.B, sh.T, c.n_head, c.n_kv_head, c.d_head
+
+        def proj(name, heads):
+            y_ND = Linear(heads * K, bias=c.qkv_bias, name=name)(h_ND)
+            return y_ND.reshape(B, T, heads, K).transpose(0, 2, 1, 3)
+
+        q_BHTK = _rotary(proj("q", H), sh.sin, sh.cos)
+        k_BGTK = _rotary(proj("k", G), sh.sin, sh.cos)
+        v_BGTK = proj("v", G)
+        if kv is None:
+            k_BGSK, v_BGSK = k_BGTK, v_BGTK
+        else:
+            k_BGSK = write_slots(kv[0], k_BGTK, sh.start, sh.per_row)
+            v_BGSK = write_slots(kv[1], v_BGTK, sh.start, sh.per_row)
+        ctx_BGRTK = _gqa_attention(q_BHTK.reshape(B, G, H // G, T, K), k_BGSK, v_BGSK, sh.allowed_BTS, K, sh.block)
+        ctx_ND = ctx_BGRTK.reshape(B, H, T, K).transpose(0, 2, 1, 3).reshape(B * T, H * K).astype(dtype_of(c))
+        return Linear(c.d_model, name="out")(ctx_ND), k_BGSK, v_BGSK
+
+
+class MLP(hk.Module):
+    """SwiGLU feed-forward: ``down(silu(gate(h)) * up(h))``, (N, D) -> (N, F) -> (N, D)."""
+
+    def __init__(self, config: LlamaConfig, *, name: str = "mlp"):
+        super().__init__(name=name)
+        self.config = config
+
+    def __call__(self, h_ND: jax.Array) -> jax.Array:
+        c = self.config
+        ff_NF = jax.nn.silu(Linear(c.d_ff, name="gate")(h_ND)) * Linear(c.d_ff, name="up")(h_ND)
+        return Linear(c.d_model, name="down")(ff_NF)
+
+
+class Block(hk.Module):
+    """One Llama layer: ``x + attn(rms(x))``, then ``x + mlp(rms(x))`` (sequential
+    residual). Returns (x (N, D), the layer's keys, values)."""
+
+    def __init__(self, config: LlamaConfig, *, name: str):
+        super().__init__(name=name)
+        self.config = config
+
+    def __call__(self, x_ND: jax.Array, sh: Shared, kv: tuple[jax.Array, jax.Array] | None):
+        c = self.config
+        h_ND = RMSNorm(c.rms_eps, name="ln_attn")(x_ND)
+        attn_ND, k_BGSK, v_BGSK = Attention(c)(h_ND, sh, kv)
+        x_ND = x_ND + attn_ND
+        h_ND = RMSNorm(c.rms_eps, name="ln_mlp")(x_ND)
+        return x_ND + MLP(c)(h_ND), k_BGSK, v_BGSK
+
+
+def network(config: LlamaConfig, tokens_BT, positions_BT, key_mask_BS, cache: KVCache | None, start,
+            last_only: bool = False, segments_BT=None):
+    """``model._gptj``'s contract (same arguments, same results, top-level module
+    names) for a Llama-style model."""
     c = config
     B, T = tokens_BT.shape
-    H, G, K = c.n_head, c.n_kv_head, c.d_head
-    R = H // G
     dtype = dtype_of(c)
     N = B * T
-    x_ND = jnp.asarray(p["wte"]["embeddings"])[(tokens_BT.reshape(N),)].astype(dtype)
+    wte = Embed(c.vocab, c.d_model)
+    x_ND = wte(tokens_BT.reshape(N), dtype)
     angle_BTR = positions_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq(c))
     angle_B1TK = jnp.concatenate([angle_BTR, angle_BTR], axis=-1)[:, None]
     sin, cos = jnp.sin(angle_B1TK), jnp.cos(angle_B1TK)
@@ -149,39 +172,17 @@ def network(p: Params, config: LlamaConfig, tokens_BT, positions_BT, key_mask_BS
         qpos_BT = jnp.take_along_axis(kpos_BS, q_slot_BT, axis=1)
         allowed_BTS = allowed_BTS & (qpos_BT[:, :, None] - kpos_BS[:, None, :] < c.sliding_window)
 
-    block = _CAUSAL_BLOCK if cache is None and T >= 2 * _CAUSAL_BLOCK else 0
+    block = CAUSAL_BLOCK if cache is None and T >= 2 * CAUSAL_BLOCK else 0
+    sh = Shared(B, T, sin, cos, allowed_BTS, start, per_row, block)
     new_k, new_v = [], []
     for i in range(c.n_layer):
         x_ND = checkpoint_name(x_ND, LAYER_INPUT)
-        h_ND = _rms_norm(x_ND, p[f"h_{i}/ln_attn"]["scale"], c.rms_eps)
-
-        def proj(name, heads):
-            w = p[f"h_{i}/attn/{name}"]
-            y_ND = h_ND @ w["w"] + w["b"] if c.qkv_bias else h_ND @ w["w"]
-            return y_ND.reshape(B, T, heads, K).transpose(0, 2, 1, 3)
-
-        q_BHTK = _rotary(proj("q", H), sin, cos)
-        k_BGTK = _rotary(proj("k", G), sin, cos)
-        v_BGTK = proj("v", G)
-        if cache is None:
-            k_BGSK, v_BGSK = k_BGTK, v_BGTK
-        else:
-            k_BGSK = _write(cache.k[i], k_BGTK, start, per_row)
-            v_BGSK = _write(cache.v[i], v_BGTK, start, per_row)
+        x_ND, k_BGSK, v_BGSK = Block(c, name=f"h_{i}")(x_ND, sh, None if cache is None else (cache.k[i], cache.v[i]))
         new_k.append(k_BGSK)
         new_v.append(v_BGSK)
-        ctx_BGRTK = _gqa_attention(q_BHTK.reshape(B, G, R, T, K), k_BGSK, v_BGSK, allowed_BTS, K, block)
-        ctx_ND = ctx_BGRTK.reshape(B, H, T, K).transpose(0, 2, 1, 3).reshape(N, H * K).astype(dtype)
-        x_ND = x_ND + ctx_ND @ p[f"h_{i}/attn/out"]["w"]
-        h_ND = _rms_norm(x_ND, p[f"h_{i}/ln_mlp"]["scale"], c.rms_eps)
-        ff_NF = jax.nn.silu(h_ND @ p[f"h_{i}/mlp/gate"]["w"]) * (h_ND @ p[f"h_{i}/mlp/up"]["w"])
-        x_ND = x_ND + ff_NF @ p[f"h_{i}/mlp/down"]["w"]
 
     if last_only:
         x_ND = x_ND.reshape(B, T, c.d_model)[:, -1]
-    x_ND = _rms_norm(x_ND, p["ln_f"]["scale"], c.rms_eps)
-    if c.tie_embeddings:
-        logits_NV = jnp.einsum("nd,vd->nv", x_ND, jnp.asarray(p["wte"]["embeddings"]).astype(dtype))
-    else:
-        logits_NV = x_ND @ p["lm_head"]["w"]
+    x_ND = RMSNorm(c.rms_eps, name="ln_f")(x_ND)
+    logits_NV = wte.attend(x_ND, dtype) if c.tie_embeddings else Linear(c.vocab, name="lm_head")(x_ND)
     return logits_NV.astype(jnp.float32).reshape(B, -1, c.vocab), KVCache(tuple(new_k), tuple(new_v))

@@ -1,6 +1,6 @@
 """GPT-J in dm-haiku (the architecture of HF ``GPTJForCausalLM``), mesh-agnostic,
 and the public model API of every architecture: a ``LlamaConfig`` runs the
-Llama-style decoder of ``llama.py`` through the same functions (``_network``).
+Llama-style decoder of ``llama.py`` through the same functions (``_transformed``).
 
 Parameter tree (haiku names; the HF importer maps onto exactly these)::
 
@@ -10,9 +10,10 @@ Parameter tree (haiku names; the HF importer maps onto exactly these)::
     h_{i}/mlp/fc_in/{w (D, F), b (F,)}   h_{i}/mlp/fc_out/{w (F, D), b (D,)}
     ln_f/{scale, offset} (D,)            lm_head/{w (D, V), b (V,)}
 
-Haiku declares the parameters (names, initialisers, RNG order); the forward pass
-is plain JAX over that tree, laid out for XLA:CPU: a 2-D (B*T, D) residual
-stream, attention in head-major (B, H, T, K) order, per-layer KV caches.
+The network is Haiku modules (``Block`` = ``LayerNorm`` + ``Attention`` + ``MLP``,
+with the ``layers.py`` pieces), each creating its parameters where it uses them,
+run through ``hk.transform``; it is laid out for XLA:CPU: a 2-D (B*T, D)
+residual stream, attention in head-major (B, H, T, K) order, per-layer KV caches.
 
 Shape suffixes: B batch, T query time, S key/cache slots, D d_model, H heads,
 K head dim, V vocabulary, F d_ff, L layers.
@@ -30,13 +31,10 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from .config import GPTJConfig, architecture
+from .layers import CAUSAL_BLOCK, Embed, LayerNorm, Linear, Shared, masked_softmax, write_slots
 
 Params = Any  # haiku's nested dict {module_path: {name: array}}
 
-# Finite "minus infinity": a fully masked row (a left-padding query) softmaxes to
-# uniform over the keys it is given, not NaN; its output is never used.
-_NEG = -1e30
-_CAUSAL_BLOCK = 128  # query block of causal self-attention (64 and 128 measured alike at T=256)
 LAYER_INPUT = "layer_input"  # checkpoint name of each block's input (the residual stream)
 
 
@@ -63,46 +61,7 @@ def dtype_of(config: GPTJConfig):
     return jnp.bfloat16 if config.dtype == "bfloat16" else jnp.float32
 
 
-# ----------------------------------------------------------------------------- parameters
-
-
-def _declare(config: GPTJConfig) -> None:
-    """Create every parameter in the order (and with the initialisers) of the
-    original hk.Embed / hk.LayerNorm / hk.Linear model, so seeds give the same
-    weights as before."""
-    c = config
-    HK = c.n_head * c.d_head
-    dtype = dtype_of(c)  # hk.Linear made its weights in its input's (activation) dtype
-
-    def linear(name, n_in, n_out, bias):
-        with hk.name_scope(name):
-            hk.get_parameter("w", [n_in, n_out], dtype, init=hk.initializers.TruncatedNormal(1.0 / np.sqrt(n_in)))
-            if bias:
-                hk.get_parameter("b", [n_out], dtype, init=jnp.zeros)
-
-    def layer_norm(name):
-        with hk.name_scope(name):
-            hk.get_parameter("scale", [c.d_model], jnp.float32, init=jnp.ones)
-            hk.get_parameter("offset", [c.d_model], jnp.float32, init=jnp.zeros)
-
-    with hk.name_scope("wte"):
-        hk.get_parameter("embeddings", [c.vocab, c.d_model], jnp.float32,
-                         init=hk.initializers.TruncatedNormal(0.02))
-    for i in range(c.n_layer):
-        with hk.name_scope(f"h_{i}"):
-            layer_norm("ln")
-            with hk.name_scope("attn"):
-                for name in "qkv":
-                    linear(name, c.d_model, HK, False)
-                linear("out", HK, c.d_model, False)
-            with hk.name_scope("mlp"):
-                linear("fc_in", c.d_model, c.d_ff, True)
-                linear("fc_out", c.d_ff, c.d_model, True)
-    layer_norm("ln_f")
-    linear("lm_head", c.d_model, c.vocab, True)
-
-
-# ----------------------------------------------------------------------------- pieces
+# ----------------------------------------------------------------------------- rotary
 
 
 def _rotary_sin_cos(positions_BT: jax.Array, rotary_dim: int) -> tuple[jax.Array, jax.Array]:
@@ -134,35 +93,7 @@ def _apply_rotary(x: jax.Array, sin: jax.Array, cos: jax.Array, rotary_dim: int)
     return (xf * cos + _rotate_every_two(xf) * sin).astype(x.dtype)
 
 
-def _layer_norm(x: jax.Array, p: Params, eps: float) -> jax.Array:
-    """hk.LayerNorm's formula, normalised in fp32 (bf16 statistics are too coarse)."""
-    xf = x.astype(jnp.float32)
-    mean = jnp.mean(xf, axis=-1, keepdims=True)
-    var = jnp.var(xf, axis=-1, keepdims=True)
-    inv = p["scale"].astype(jnp.float32) * jax.lax.rsqrt(var + jnp.float32(eps))
-    return (inv * (xf - mean) + p["offset"].astype(jnp.float32)).astype(x.dtype)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _masked_softmax(scores, allowed, scale):
-    """softmax(where(allowed, scores / scale, -1e30)) over the last axis, in fp32."""
-    return jax.nn.softmax(jnp.where(allowed, scores / scale, _NEG), axis=-1)
-
-
-def _masked_softmax_fwd(scores, allowed, scale):
-    probs = _masked_softmax(scores, allowed, scale)
-    return probs, (probs, allowed)
-
-
-def _masked_softmax_bwd(scale, res, d_probs):
-    # The gradient autodiff derives, written out so that XLA keeps only the
-    # probabilities for the backward pass instead of ~3 more score-sized tensors.
-    probs, allowed = res
-    d_logits = probs * (d_probs - jnp.sum(d_probs * probs, axis=-1, keepdims=True))
-    return jnp.where(allowed, d_logits, 0.0) / scale, None
-
-
-_masked_softmax.defvjp(_masked_softmax_fwd, _masked_softmax_bwd)
+# ----------------------------------------------------------------------------- modules
 
 
 def _attention(q_BHTK, k_BHSK, v_BHSK, allowed_BTS, d_head: int, block: int = 0) -> jax.Array:
@@ -178,17 +109,75 @@ def _attention(q_BHTK, k_BHSK, v_BHSK, allowed_BTS, d_head: int, block: int = 0)
         return jnp.concatenate(ctx, axis=2)
     scale = np.sqrt(d_head).astype(np.float32)
     scores_BHTS = jnp.einsum("bhtk,bhsk->bhts", q_BHTK.astype(jnp.float32), k_BHSK.astype(jnp.float32))
-    probs_BHTS = _masked_softmax(scores_BHTS, allowed_BTS[:, None, :, :], scale).astype(v_BHSK.dtype)
+    probs_BHTS = masked_softmax(scores_BHTS, allowed_BTS[:, None, :, :], scale).astype(v_BHSK.dtype)
     return jnp.einsum("bhts,bhsk->bhtk", probs_BHTS, v_BHSK)
+
+
+class Attention(hk.Module):
+    """GPT-J self-attention of the (N, D) normalised stream: bias-free q/k/v
+    projections to H heads, interleaved rotary on q and k, softmax attention over
+    the layer's keys (the T new ones, or the cache with them written in) and the
+    output projection. Returns (output (N, D), keys, values (B, H, S, K))."""
+
+    def __init__(self, config: GPTJConfig, *, name: str = "attn"):
+        super().__init__(name=name)
+        self.config = config
+
+    def __call__(self, h_ND: jax.Array, sh: Shared, kv: tuple[jax.Array, jax.Array] | None):
+        c = self.config
+        B, T, H, K = sh.B, sh.T, c.n_head, c.d_head
+        # Three matmuls: one fused q/k/v matmul measured no faster here, and its
+        # stacked weight would cost memory (or a copy per decode step) at 6B.
+        q_BHTK, k_BHTK, v_BHTK = (Linear(H * K, name=n)(h_ND).reshape(B, T, H, K).transpose(0, 2, 1, 3)
+                                  for n in "qkv")
+        q_BHTK = _apply_rotary(q_BHTK, sh.sin, sh.cos, c.rotary_dim)
+        k_BHTK = _apply_rotary(k_BHTK, sh.sin, sh.cos, c.rotary_dim)
+        if kv is None:
+            k_BHSK, v_BHSK = k_BHTK, v_BHTK
+        else:
+            # Only the T new slots are written; inside a decode loop XLA updates the buffer in place.
+            k_BHSK = write_slots(kv[0], k_BHTK, sh.start, sh.per_row)
+            v_BHSK = write_slots(kv[1], v_BHTK, sh.start, sh.per_row)
+        ctx_BHTK = _attention(q_BHTK, k_BHSK, v_BHSK, sh.allowed_BTS, K, sh.block)
+        ctx_ND = ctx_BHTK.transpose(0, 2, 1, 3).reshape(B * T, H * K).astype(dtype_of(c))
+        return Linear(c.d_model, name="out")(ctx_ND), k_BHSK, v_BHSK
+
+
+class MLP(hk.Module):
+    """GPT-J's feed-forward: ``fc_out(gelu_new(fc_in(h)))``, (N, D) -> (N, F) -> (N, D)."""
+
+    def __init__(self, config: GPTJConfig, *, name: str = "mlp"):
+        super().__init__(name=name)
+        self.config = config
+
+    def __call__(self, h_ND: jax.Array) -> jax.Array:
+        c = self.config
+        ff_NF = jax.nn.gelu(Linear(c.d_ff, bias=True, name="fc_in")(h_ND), approximate=True)
+        return Linear(c.d_model, bias=True, name="fc_out")(ff_NF)
+
+
+class Block(hk.Module):
+    """One GPT-J layer, ``x + attn(ln(x)) + mlp(ln(x))`` (parallel residual: both
+    read the same normalised input). Returns (x (N, D), the layer's keys, values)."""
+
+    def __init__(self, config: GPTJConfig, *, name: str):
+        super().__init__(name=name)
+        self.config = config
+
+    def __call__(self, x_ND: jax.Array, sh: Shared, kv: tuple[jax.Array, jax.Array] | None):
+        h_ND = LayerNorm(self.config.ln_eps, name="ln")(x_ND)
+        attn_ND, k_BHSK, v_BHSK = Attention(self.config)(h_ND, sh, kv)
+        mlp_ND = MLP(self.config)(h_ND)
+        return x_ND + attn_ND + mlp_ND, k_BHSK, v_BHSK
 
 
 # ----------------------------------------------------------------------------- network
 
 
-def _gptj(p: Params, config: GPTJConfig, tokens_BT, positions_BT, key_mask_BS, cache: KVCache | None,
-          start, last_only: bool = False, segments_BT=None):
+def _gptj(config: GPTJConfig, tokens_BT, positions_BT, key_mask_BS, cache: KVCache | None, start,
+          last_only: bool = False, segments_BT=None):
     """Logits (B, T, V) fp32 (``last_only``: (B, 1, V) of the last slot) and the
-    new per-layer keys/values.
+    new per-layer keys/values (run inside ``hk.transform``: ``_transformed``).
 
     Without a cache the keys are the T input tokens (S == T) and the second
     result is the (k, v) tuples of those T slots. With a cache the T new tokens
@@ -198,17 +187,19 @@ def _gptj(p: Params, config: GPTJConfig, tokens_BT, positions_BT, key_mask_BS, c
     writes (and its queries sit at) slots [start[b], start[b] + T).
     ``segments_BT`` (no cache): packed rows, a token attends only to the
     tokens of its own segment (block-diagonal causal attention).
+
+    The modules are made here, at the top level, so that their parameters are
+    ``wte``, ``h_{i}/...``, ``ln_f``, ``lm_head`` with no enclosing module name.
     """
     c = config
     B, T = tokens_BT.shape
-    H, K, HK = c.n_head, c.d_head, c.n_head * c.d_head
     dtype = dtype_of(c)
 
     # The residual stream is kept 2-D, (B*T, D): every matmul and its gradients are
     # then plain 2-D dots, which XLA:CPU runs without transposed copies of the
     # cotangents (3-D operands made it transpose whole gradient chains).
     N = B * T
-    x_ND = jnp.asarray(p["wte"]["embeddings"])[(tokens_BT.reshape(N),)].astype(dtype)
+    x_ND = Embed(c.vocab, c.d_model)(tokens_BT.reshape(N), dtype)
     sin, cos = _rotary_sin_cos(positions_BT, c.rotary_dim)
     sin, cos = sin.transpose(0, 2, 1, 3), cos.transpose(0, 2, 1, 3)  # (B, 1, T, R): broadcast over heads
 
@@ -223,64 +214,32 @@ def _gptj(p: Params, config: GPTJConfig, tokens_BT, positions_BT, key_mask_BS, c
         allowed_BTS = allowed_BTS & (segments_BT[:, :, None] == segments_BT[:, None, :])
 
     # Long self-attention (training, long prompts) runs in causal query blocks.
-    block = _CAUSAL_BLOCK if cache is None and T >= 2 * _CAUSAL_BLOCK else 0
+    block = CAUSAL_BLOCK if cache is None and T >= 2 * CAUSAL_BLOCK else 0
+    sh = Shared(B, T, sin, cos, allowed_BTS, start, per_row, block)
     new_k, new_v = [], []
     for i in range(c.n_layer):
         x_ND = checkpoint_name(x_ND, LAYER_INPUT)  # what per-layer rematerialisation keeps (train.py)
-        h_ND = _layer_norm(x_ND, p[f"h_{i}/ln"], c.ln_eps)
-        # Three matmuls: one fused q/k/v matmul measured no faster here, and its
-        # stacked weight would cost memory (or a copy per decode step) at 6B.
-        q_BHTK, k_BHTK, v_BHTK = ((h_ND @ p[f"h_{i}/attn/{n}"]["w"]).reshape(B, T, H, K).transpose(0, 2, 1, 3)
-                                  for n in "qkv")
-        q_BHTK = _apply_rotary(q_BHTK, sin, cos, c.rotary_dim)
-        k_BHTK = _apply_rotary(k_BHTK, sin, cos, c.rotary_dim)
-        if cache is None:
-            k_BHSK, v_BHSK = k_BHTK, v_BHTK
-        else:
-            # Only the T new slots are written; inside a decode loop XLA updates the buffer in place.
-            k_BHSK = _write(cache.k[i], k_BHTK, start, per_row)
-            v_BHSK = _write(cache.v[i], v_BHTK, start, per_row)
+        x_ND, k_BHSK, v_BHSK = Block(c, name=f"h_{i}")(x_ND, sh, None if cache is None else (cache.k[i], cache.v[i]))
         new_k.append(k_BHSK)
         new_v.append(v_BHSK)
-        ctx_BHTK = _attention(q_BHTK, k_BHSK, v_BHSK, allowed_BTS, K, block)
-        ctx_ND = ctx_BHTK.transpose(0, 2, 1, 3).reshape(N, HK).astype(dtype)
-        attn_ND = ctx_ND @ p[f"h_{i}/attn/out"]["w"]
-        ff_NF = jax.nn.gelu(h_ND @ p[f"h_{i}/mlp/fc_in"]["w"] + p[f"h_{i}/mlp/fc_in"]["b"], approximate=True)
-        mlp_ND = ff_NF @ p[f"h_{i}/mlp/fc_out"]["w"] + p[f"h_{i}/mlp/fc_out"]["b"]
-        # Parallel residual: attention and MLP both read the same normalised input.
-        x_ND = x_ND + attn_ND + mlp_ND
 
     if last_only:
         x_ND = x_ND.reshape(B, T, c.d_model)[:, -1]
-    x_ND = _layer_norm(x_ND, p["ln_f"], c.ln_eps)
-    logits_NV = (x_ND @ p["lm_head"]["w"] + p["lm_head"]["b"]).astype(jnp.float32)
+    x_ND = LayerNorm(c.ln_eps, name="ln_f")(x_ND)
+    logits_NV = Linear(c.vocab, bias=True, name="lm_head")(x_ND).astype(jnp.float32)
     return logits_NV.reshape(B, -1, c.vocab), KVCache(tuple(new_k), tuple(new_v))
-
-
-def _write(buf_BHSK, new_BHTK, start, per_row: bool) -> jax.Array:
-    """``new`` written into slots [start, start + T) of ``buf`` (per row: row b at start[b])."""
-    new_BHTK = new_BHTK.astype(buf_BHSK.dtype)
-    if not per_row:
-        return jax.lax.dynamic_update_slice(buf_BHSK, new_BHTK, (0, 0, start, 0))
-    return jax.vmap(lambda b, n, s: jax.lax.dynamic_update_slice(b, n, (0, s, 0)))(buf_BHSK, new_BHTK, start)
-
-
-def _network(config):
-    """The forward pass of ``config``'s architecture (the one place that dispatches)."""
-    if architecture(config) == "llama":
-        from . import llama
-
-        return llama.network
-    return _gptj
 
 
 @functools.lru_cache(maxsize=None)
 def _transformed(config: GPTJConfig) -> hk.Transformed:
+    """``config``'s network as a pure (init, apply) pair (the one place that dispatches
+    on the architecture); apply(params, tokens_BT, positions_BT, key_mask_BS, cache,
+    start, last_only=False, segments_BT=None), as ``_gptj``."""
     if architecture(config) == "llama":
         from . import llama
 
-        return hk.without_apply_rng(hk.transform(functools.partial(llama.declare, config)))
-    return hk.without_apply_rng(hk.transform(functools.partial(_declare, config)))
+        return hk.without_apply_rng(hk.transform(functools.partial(llama.network, config)))
+    return hk.without_apply_rng(hk.transform(functools.partial(_gptj, config)))
 
 
 # ----------------------------------------------------------------------------- public API
@@ -295,7 +254,9 @@ def init_params(config: GPTJConfig, rng) -> Params:
 
 @functools.partial(jax.jit, static_argnames="config")
 def _init(config: GPTJConfig, rng) -> Params:
-    params = _transformed(config).init(rng)
+    # One token through the network: enough for every module to create its parameters.
+    zeros_11 = jnp.zeros((1, 1), jnp.int32)
+    params = _transformed(config).init(rng, zeros_11, zeros_11, jnp.ones((1, 1), bool), None, 0)
     return jax.tree.map(lambda p: p.astype(dtype_of(config)), params)
 
 
@@ -324,7 +285,8 @@ def forward(params: Params, tokens_BT: jax.Array, config: GPTJConfig,
     mask_BT = jnp.ones(tokens_BT.shape, bool) if mask is None else jnp.asarray(mask, bool)
     if positions_BT is None:
         positions_BT = default_positions(mask_BT)
-    logits_BTV, _ = _network(config)(params, config, tokens_BT, positions_BT, mask_BT, None, 0, segments_BT=segments)
+    logits_BTV, _ = _transformed(config).apply(params, tokens_BT, positions_BT, mask_BT, None, 0,
+                                               segments_BT=segments)
     return logits_BTV
 
 
@@ -349,8 +311,8 @@ def prefill(params: Params, tokens_BT: jax.Array, mask_BT: jax.Array, config: GP
     key_mask_BS = jnp.zeros((B, max_len), bool).at[:, :T].set(mask_BT)
     # The prompt attends to itself only (the empty slots after it are masked out
     # anyway), then its keys/values are padded to the cache length.
-    logits_B1V, kv = _network(config)(params, config, jnp.asarray(tokens_BT, jnp.int32),
-                                      default_positions(mask_BT), mask_BT, None, 0, last_only=True)
+    logits_B1V, kv = _transformed(config).apply(params, jnp.asarray(tokens_BT, jnp.int32),
+                                                default_positions(mask_BT), mask_BT, None, 0, last_only=True)
     pad = ((0, 0), (0, 0), (0, max_len - T), (0, 0))
     cache = KVCache(*(tuple(jnp.pad(x, pad) for x in xs) for xs in kv))
     return logits_B1V[:, 0], cache, key_mask_BS
@@ -375,8 +337,9 @@ def prefill_after(params: Params, prefix: KVCache, tokens_BT: jax.Array, mask_BT
                                       jnp.zeros((B, x.shape[1], T, x.shape[3]), x.dtype)], axis=2)
     cache = KVCache(tuple(map(grow, prefix.k)), tuple(map(grow, prefix.v)))
     key_mask_BS = jnp.concatenate([jnp.ones((B, P), bool), mask_BT], axis=1)
-    logits_B1V, cache = _network(config)(params, config, jnp.asarray(tokens_BT, jnp.int32),
-                                         P + default_positions(mask_BT), key_mask_BS, cache, P, last_only=True)
+    logits_B1V, cache = _transformed(config).apply(params, jnp.asarray(tokens_BT, jnp.int32),
+                                                   P + default_positions(mask_BT), key_mask_BS, cache, P,
+                                                   last_only=True)
     return logits_B1V[:, 0], cache
 
 
@@ -385,8 +348,8 @@ def decode_step(params: Params, token_B: jax.Array, position_B: jax.Array, slot,
                 key_mask_BS: jax.Array, config: GPTJConfig) -> tuple[jax.Array, KVCache, jax.Array]:
     """One token per row written to cache slot ``slot``. Returns (logits (B, V), cache, key mask)."""
     key_mask_BS = key_mask_BS.at[:, slot].set(True)
-    logits_BTV, cache = _network(config)(params, config, token_B[:, None], position_B[:, None], key_mask_BS, cache,
-                                         slot)
+    logits_BTV, cache = _transformed(config).apply(params, token_B[:, None], position_B[:, None], key_mask_BS,
+                                                   cache, slot)
     return logits_BTV[:, 0], cache, key_mask_BS
 
 
@@ -399,6 +362,6 @@ def decode_rows(params: Params, token_B: jax.Array, length_B: jax.Array, cache: 
     S = cache.k[0].shape[2]
     length_B = jnp.minimum(length_B, S - 1)  # a finished row may sit at the end; it is not read back
     key_mask_BS = jnp.arange(S)[None, :] <= length_B[:, None]
-    logits_BTV, cache = _network(config)(params, config, token_B[:, None], length_B[:, None], key_mask_BS, cache,
-                                         length_B)
+    logits_BTV, cache = _transformed(config).apply(params, token_B[:, None], length_B[:, None], key_mask_BS,
+                                                   cache, length_B)
     return logits_BTV[:, 0], cache

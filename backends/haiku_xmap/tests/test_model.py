@@ -1,17 +1,19 @@
-"""GPT-J model: parameter names/shapes/counts, parity with an independent NumPy
-GPT-J (HF's formulas), KV-cache decoding, padding invariance, bf16."""
+"""GPT-J model: parameter names/shapes/counts (and the Llama-style decoder's), the
+Haiku modules that create them, parity with an independent NumPy GPT-J (HF's
+formulas), KV-cache decoding, padding invariance, bf16."""
 
 from __future__ import annotations
 
 import math
 
+import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from star_haiku_xmap import model
-from star_haiku_xmap.config import PRESETS, GPTJConfig, param_count
+from star_haiku_xmap import layers, llama, model
+from star_haiku_xmap.config import PRESETS, GPTJConfig, LlamaConfig, param_count
 
 CFG = GPTJConfig(n_layer=2, d_model=64, n_head=4, d_head=16, d_ff=128, rotary_dim=8, n_ctx=64, vocab=72)
 
@@ -40,6 +42,58 @@ def test_param_names_and_shapes():
         want[f"h_{i}/mlp/fc_in"] = {"w": (c.d_model, c.d_ff), "b": (c.d_ff,)}
         want[f"h_{i}/mlp/fc_out"] = {"w": (c.d_ff, c.d_model), "b": (c.d_model,)}
     assert shapes == want
+
+
+LLAMA = LlamaConfig(n_layer=2, d_model=64, n_head=4, n_kv_head=2, d_head=16, d_ff=96, n_ctx=64, vocab=80)
+
+
+@pytest.mark.parametrize("qkv_bias, tie", [(False, False), (True, True)])
+def test_llama_param_names_and_shapes(qkv_bias, tie):
+    c = LLAMA.replace(qkv_bias=qkv_bias, tie_embeddings=tie)
+    shapes = jax.tree.map(lambda x: x.shape, model.init_params(c, 0))
+    D, HK, GK = c.d_model, c.n_head * c.d_head, c.n_kv_head * c.d_head
+    want = {"wte": {"embeddings": (c.vocab, D)}, "ln_f": {"scale": (D,)}}
+    if not tie:
+        want["lm_head"] = {"w": (D, c.vocab)}
+    for i in range(c.n_layer):
+        want[f"h_{i}/ln_attn"] = want[f"h_{i}/ln_mlp"] = {"scale": (D,)}
+        for n, width in (("q", HK), ("k", GK), ("v", GK)):
+            want[f"h_{i}/attn/{n}"] = {"w": (D, width), "b": (width,)} if qkv_bias else {"w": (D, width)}
+        want[f"h_{i}/attn/out"] = {"w": (HK, D)}
+        want[f"h_{i}/mlp/gate"] = want[f"h_{i}/mlp/up"] = {"w": (D, c.d_ff)}
+        want[f"h_{i}/mlp/down"] = {"w": (c.d_ff, D)}
+    assert shapes == want
+
+
+def _shared(B: int, T: int, rotary_dim: int) -> layers.Shared:
+    sin, cos = model._rotary_sin_cos(jnp.zeros((B, T), jnp.int32), rotary_dim)
+    allowed_BTS = jnp.ones((B, T, T), bool)
+    return layers.Shared(B, T, sin.transpose(0, 2, 1, 3), cos.transpose(0, 2, 1, 3), allowed_BTS, 0, False, 0)
+
+
+@pytest.mark.parametrize("arch", [model, llama])
+def test_modules_create_their_own_parameters(arch):
+    # The network is Haiku modules that create the parameters they use: a layer
+    # transformed on its own makes exactly its part of the model's tree.
+    c = CFG if arch is model else LLAMA
+    for cls in (arch.Attention, arch.MLP, arch.Block, layers.Linear, layers.Embed, layers.LayerNorm, layers.RMSNorm):
+        assert issubclass(cls, hk.Module)
+    full = jax.tree.map(jnp.shape, model.init_params(c, 0))
+    B, T = 2, 3
+    x_ND = jnp.zeros((B * T, c.d_model), model.dtype_of(c))
+    sh = _shared(B, T, c.rotary_dim)
+
+    def alone(f, *args):
+        return jax.tree.map(jnp.shape, hk.transform(f).init(jax.random.key(0), *args))
+
+    block = alone(lambda x: arch.Block(c, name="h_1")(x, sh, None), x_ND)
+    assert block == {k: v for k, v in full.items() if k.startswith("h_1/")}
+    mlp = alone(lambda x: arch.MLP(c)(x), x_ND)
+    assert mlp == {k[len("h_1/"):]: v for k, v in full.items() if k.startswith("h_1/mlp/")}
+    out, k_BHSK, v_BHSK = hk.transform(lambda x: arch.Block(c, name="h_1")(x, sh, None)).apply(
+        model.init_params(c, 0), None, x_ND)
+    kv_heads = getattr(c, "n_kv_head", c.n_head)
+    assert out.shape == x_ND.shape and k_BHSK.shape == v_BHSK.shape == (B, kv_heads, T, c.d_head)
 
 
 def test_param_count_gptj_6b():
