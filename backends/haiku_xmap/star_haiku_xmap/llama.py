@@ -2,7 +2,7 @@
 ``MistralForCausalLM``), behind the same public API as GPT-J (``model.py``
 dispatches here on ``config.architecture``).
 
-Parameter tree (haiku names; ``hf_llama.py`` maps the HF tensors onto them)::
+Parameter tree (haiku names; ``convert/hf_llama.py`` maps the HF tensors onto them)::
 
     wte/embeddings (V, D)
     h_{i}/ln_attn/scale (D,)              h_{i}/ln_mlp/scale (D,)        RMSNorm weights
