@@ -74,7 +74,12 @@ class Embed(hk.Module):
 
     def __call__(self, tokens_N: jax.Array, dtype) -> jax.Array:
         """The (N, D) embeddings of ``tokens_N`` in ``dtype``."""
-        return self._table_VD()[(tokens_N,)].astype(dtype)
+        table_VD = self._table_VD()
+        if hk.running_init():  # creating the parameters needs no lookup, whose int32 index
+            # arithmetic fails for a vocabulary of 2^31 or more (a forged checkpoint's shapes
+            # are computed abstractly, to be refused by size)
+            return jnp.zeros((tokens_N.shape[0], self.d_model), dtype)
+        return table_VD[(tokens_N,)].astype(dtype)
 
     def attend(self, x_ND: jax.Array, dtype) -> jax.Array:
         """Logits (N, V) of ``x_ND`` against the table (in ``dtype``)."""
