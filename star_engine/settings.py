@@ -144,35 +144,33 @@ class Rationalization(Section):
     p_show_hint_save: float = _f("float", 0.0, 0, 1)
 
 
-class Trains:
-    """A training section (``[base_training]``, ``[training]``): one fine-tuning job of it."""
+@dataclass(frozen=True)
+class Trains(Section):
+    """What both training sections (``[base_training]``, ``[training]``) have: the shape of a
+    step and its optimizer; ``train_spec`` makes one fine-tuning job of it."""
+
+    batch_size: int = _f("int", 8, 1)
+    grad_accum: int = _f("int", 1, 1)
+    packing: str = _f("str", "segments", choices=PACKINGS)
+    loss: str = _f("str", "completion", choices=LOSSES)
+    optimizer: Optimizer = _table(Optimizer)
 
     def train_spec(self, steps: int, seed: int) -> TrainSpec:
         """The backend's job; ``optimizer`` is the table (a dict), as TOML gives it."""
-        return TrainSpec(steps, self.batch_size, self.grad_accum, seed, self.optimizer.as_dict(),  # type: ignore
-                         packing=self.packing, loss=self.loss)  # type: ignore
+        return TrainSpec(steps, self.batch_size, self.grad_accum, seed, self.optimizer.as_dict(),
+                         packing=self.packing, loss=self.loss)
 
 
 @dataclass(frozen=True)
-class BaseTraining(Section, Trains):
+class BaseTraining(Trains):
     steps: int = _f("int", 0, 0)
-    batch_size: int = _f("int", 8, 1)
-    grad_accum: int = _f("int", 1, 1)
-    packing: str = _f("str", "segments", choices=PACKINGS)
-    loss: str = _f("str", "completion", choices=LOSSES)
-    optimizer: Optimizer = _table(Optimizer)
 
 
 @dataclass(frozen=True)
-class Training(Section, Trains):
+class Training(Trains):
     schedule: dict = _f("component", {"name": "exponential_grow"})
     restart_from_base: bool = _f("bool", True)
     source: str = _f("str", "generated", choices=("generated", "gold"))
-    batch_size: int = _f("int", 8, 1)
-    grad_accum: int = _f("int", 1, 1)
-    packing: str = _f("str", "segments", choices=PACKINGS)
-    loss: str = _f("str", "completion", choices=LOSSES)
-    optimizer: Optimizer = _table(Optimizer)
 
 
 @dataclass(frozen=True)
