@@ -177,6 +177,25 @@ def barrier(name: str) -> None:
     coordinated(name)
 
 
+def save_checkpoint(path: Any, params: Any, **kw: Any) -> None:
+    """``convert.checkpoint_write.save_checkpoint`` of parameters that may span processes:
+    every process takes part in the per-leaf gathers, process 0 writes (the path must be
+    on a filesystem all of them see), then all wait."""
+    import jax
+
+    from .convert.checkpoint_write import save_checkpoint as save, write_checkpoint
+
+    if jax.process_count() == 1:
+        return save(path, params, **kw)
+    leaves = host_leaves(params)
+    if is_primary():
+        write_checkpoint(path, leaves, **kw)
+    else:
+        for _ in leaves:
+            pass
+    barrier(f"saved {path}")
+
+
 def host_leaves(params: Any) -> Any:
     """Yield ``(key path, host numpy array)`` of a params tree one leaf at a time;
     a leaf spread over several processes is gathered (every process must iterate,

@@ -16,8 +16,9 @@ from star_engine.api import GenRequest, GenSpec, Progress, TrainExample, TrainRe
 from star_engine.errors import UserError
 from star_engine.options import is_int
 
-from .config import ARCHITECTURES, DTYPES, PRESETS, architecture as arch_of, config_from_dict
+from .config import PRESETS, architecture as arch_of, config_from_dict
 from .machine import set_cpu_devices, use_compile_cache, use_every_core
+from .options import check_run_options
 from .text import generate_text
 
 BACKEND = "haiku_xmap"
@@ -56,8 +57,6 @@ class HaikuXmapBackend:
     training state so that a killed run resumes mid-stage (``resume.py``; 0 = off;
     default: every 10 minutes, 30 for models of 1B parameters or more)."""
 
-    GENERATION = ("continuous", "static")
-
     def __init__(self, preset: str | None = None, dtype: str | None = None, n_layer: int | None = None,
                  d_model: int | None = None, n_head: int | None = None, d_head: int | None = None,
                  d_ff: int | None = None, rotary_dim: int | None = None, n_ctx: int | None = None,
@@ -72,13 +71,9 @@ class HaikuXmapBackend:
         from . import distributed as dist
         from . import resume
 
-        if generation not in self.GENERATION:
-            raise UserError(f"model.generation: must be one of {list(self.GENERATION)}, got {generation!r}")
-        if isinstance(generation_chunk, bool) or not isinstance(generation_chunk, int) or not \
-                1 <= generation_chunk <= 4096:
-            raise UserError(f"model.generation_chunk: must be an int in [1, 4096], got {generation_chunk!r}")
-        if not isinstance(share_prefix, bool):
-            raise UserError(f"model.share_prefix: must be true or false, got {share_prefix!r}")
+        check_run_options(generation=generation, generation_chunk=generation_chunk, share_prefix=share_prefix,
+                          zero=zero, opt_state_dtype=opt_state_dtype, remat=remat, dtype=dtype,
+                          architecture=architecture)
         self.generation, self.generation_chunk, self.share_prefix = generation, generation_chunk, share_prefix
         resume.check_options(train_checkpoint_steps,
                              0 if train_checkpoint_minutes is None else train_checkpoint_minutes)
@@ -95,27 +90,14 @@ class HaikuXmapBackend:
             from .coordination import start_heartbeat
 
             start_heartbeat()
-        if isinstance(zero, bool) or zero not in (0, 1):
-            raise UserError(f"model.zero: must be 0 (off) or 1 (ZeRO-1: optimizer state split over dp), got {zero!r}")
-        from .train import OPT_STATE_DTYPES
-
-        if opt_state_dtype not in OPT_STATE_DTYPES:
-            raise UserError(f"model.opt_state_dtype: must be one of {list(OPT_STATE_DTYPES)}, "
-                            f"got {opt_state_dtype!r}")
         self.zero, self.opt_state_dtype = zero, opt_state_dtype
         self.master_dtype, self.grad_accum_dtype = master_dtype, grad_accum_dtype
-        if not isinstance(remat, bool):
-            raise UserError(f"model.remat: must be true or false, got {remat!r}")
         self.remat = remat
 
         from . import sharding
         from .convert.checkpoint import read_manifest
         from .tokenizer import ByteTokenizer, HFTokenizer, tokenizer_from_dict
 
-        if dtype is not None and dtype not in DTYPES:
-            raise UserError(f"model.dtype: must be one of {list(DTYPES)}, got {dtype!r}")
-        if architecture is not None and architecture not in ARCHITECTURES:
-            raise UserError(f"model.architecture: must be one of {list(ARCHITECTURES)}, got {architecture!r}")
         overrides = dict(n_layer=n_layer, d_model=d_model, n_head=n_head, d_head=d_head, d_ff=d_ff,
                          rotary_dim=rotary_dim, n_ctx=n_ctx, vocab=vocab, n_kv_head=n_kv_head)
         self._checkpoint_path = str(checkpoint_path) if checkpoint_path else ""
@@ -187,30 +169,13 @@ class HaikuXmapBackend:
     def _save(self, path: Path, params: Any, extra: dict, dtype: str | None = None) -> None:
         """Write ``params``; ``dtype``: the stored dtype when it is not the compute
         dtype (fp32 master weights), recorded as the checkpoint's model dtype."""
-        import jax
-
-        from . import distributed as dist
-        from .convert.checkpoint_write import save_checkpoint, write_checkpoint
+        from .distributed import save_checkpoint
 
         config = self.config if dtype is None else self.config.replace(dtype=dtype)
-
         # On an mp > 1 mesh the mp-sharded leaves are stored as mp parts, so that a
         # later load reads only each device's slice (convert/checkpoint.py, version 2).
-        mp_split = int(self.mesh.shape["mp"])
-        if jax.process_count() == 1:
-            save_checkpoint(path, params, model_config=config.to_dict(), tokenizer=self.tokenizer.to_dict(),
-                            extra=extra, mp_split=mp_split)
-            return
-        # Several processes: every one takes part in the per-leaf gathers, process 0
-        # writes (the path must be on a filesystem all of them see), then all wait.
-        leaves = dist.host_leaves(params)
-        if dist.is_primary():
-            write_checkpoint(path, leaves, model_config=config.to_dict(), tokenizer=self.tokenizer.to_dict(),
-                             extra=extra, mp_split=mp_split)
-        else:
-            for _ in leaves:
-                pass
-        dist.barrier(f"saved {path}")
+        save_checkpoint(path, params, model_config=config.to_dict(), tokenizer=self.tokenizer.to_dict(),
+                        extra=extra, mp_split=int(self.mesh.shape["mp"]))
 
     def checkpoint_id(self, checkpoint: str) -> str:
         from .convert.checkpoint import manifest_sha256

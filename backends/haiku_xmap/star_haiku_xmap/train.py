@@ -29,6 +29,7 @@ from star_engine.options import is_int, is_number
 
 from . import model, packing, sharding
 from .distributed import global_array, place, to_host
+from .options import OPT_STATE_DTYPES
 from .config import GPTJConfig
 from .packing import Encoded, bucket_lengths, encode_example, plan_steps  # noqa: F401  (the backend's API)
 
@@ -39,7 +40,6 @@ OPTIMIZER_DEFAULTS: dict[str, Any] = {
 SCHEDULES = ("constant", "linear", "cosine")
 MASTER_DTYPES = ("float32", "bfloat16")
 ACCUM_DTYPES = ("float32", "bfloat16")
-OPT_STATE_DTYPES = ("float32", "bfloat16")
 
 
 class TrainState(NamedTuple):

@@ -1,0 +1,36 @@
+"""The ``[model]`` table's run-time options (how to generate, train and store, not the
+model's shape), checked before anything is built: each failure is a ``UserError``
+naming its key, as ``model.<key>: ...``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from star_engine.errors import UserError
+from star_engine.options import is_int
+
+from .config import ARCHITECTURES, DTYPES
+
+GENERATION = ("continuous", "static")
+OPT_STATE_DTYPES = ("float32", "bfloat16")
+
+
+def check_run_options(*, generation: Any, generation_chunk: Any, share_prefix: Any, zero: Any,
+                      opt_state_dtype: Any, remat: Any, dtype: Any, architecture: Any) -> None:
+    """The values each option may take (the model's dtypes against each other are
+    ``train.check_dtypes``'s, the shape options the config's)."""
+    if generation not in GENERATION:
+        raise UserError(f"model.generation: must be one of {list(GENERATION)}, got {generation!r}")
+    if not is_int(generation_chunk) or not 1 <= generation_chunk <= 4096:
+        raise UserError(f"model.generation_chunk: must be an int in [1, 4096], got {generation_chunk!r}")
+    for name, value in (("share_prefix", share_prefix), ("remat", remat)):
+        if not isinstance(value, bool):
+            raise UserError(f"model.{name}: must be true or false, got {value!r}")
+    if isinstance(zero, bool) or zero not in (0, 1):
+        raise UserError(f"model.zero: must be 0 (off) or 1 (ZeRO-1: optimizer state split over dp), got {zero!r}")
+    if opt_state_dtype not in OPT_STATE_DTYPES:
+        raise UserError(f"model.opt_state_dtype: must be one of {list(OPT_STATE_DTYPES)}, got {opt_state_dtype!r}")
+    if dtype is not None and dtype not in DTYPES:
+        raise UserError(f"model.dtype: must be one of {list(DTYPES)}, got {dtype!r}")
+    if architecture is not None and architecture not in ARCHITECTURES:
+        raise UserError(f"model.architecture: must be one of {list(ARCHITECTURES)}, got {architecture!r}")
