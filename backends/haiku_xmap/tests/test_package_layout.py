@@ -14,11 +14,11 @@ CONVERT = {"safeio", "checkpoint", "checkpoint_write", "hf_import", "hf_llama", 
            "mtj_export", "commands", "plan", "plan_models"}
 # The top-level modules that import from the subpackage, and why they must.
 USES_CONVERT = {
-    "plugin": {"checkpoint", "checkpoint_write", "commands"},  # loads and saves checkpoints; registers the commands
+    "plugin": {"checkpoint", "commands"},  # loads checkpoints; registers the commands
     "inference": {"checkpoint", "hf_import"},  # load_model: a native checkpoint or an HF folder
     "preflight": {"checkpoint", "safeio"},  # a run's checkpoint files checked before the run starts
     "resume": {"checkpoint", "checkpoint_write"},  # a training snapshot is a checkpoint folder
-    "distributed": {"checkpoint"},  # host_leaves: a params tree in the checkpoint's leaf order
+    "distributed": {"checkpoint", "checkpoint_write"},  # save_checkpoint / host_leaves: a save across processes
     "tokenizer": {"safeio"},  # a tokenizer.json read with a size bound
 }
 MAX_LINES = 400
