@@ -171,8 +171,12 @@ def init_train_state(params: Any, tx: optax.GradientTransformation, mesh, *, zer
     abstract = jax.eval_shape(lambda p: init_state(p, tx), params)
     compute = jax.tree.leaves(params)[0].dtype if compute_dtype is None else compute_dtype
     state_sh = state_shardings(abstract, mesh, zero, compute)
-    build = jax.jit(lambda p: init_state(p, tx), out_shardings=state_sh, donate_argnums=0)
-    return build(params), state_sh
+    return _build_state(params, tx, state_sh), state_sh
+
+
+def _build_state(params: Any, tx: optax.GradientTransformation, state_sh: Any) -> TrainState:
+    """``init_state`` jit'd straight into ``state_sh`` (``params`` donated)."""
+    return jax.jit(lambda p: init_state(p, tx), out_shardings=state_sh, donate_argnums=0)(params)
 
 
 # ----------------------------------------------------------------------------- loss / step
@@ -294,16 +298,18 @@ def train(params: Any, config: GPTJConfig, encoded: Sequence[Encoded], *, steps:
                          out_shardings=sharding.tree_shardings(params, mesh))(place(params, mesh))
         batch_sh = sharding.batch_sharding(mesh, batch_axis=1, ndim=3)
         put = lambda batch: {k: global_array(v, batch_sh) for k, v in batch.items()}  # noqa: E731
-        state_sh = state_shardings(jax.eval_shape(lambda p: init_state(p, tx), params), mesh, zero, compute)
-    restored = None
-    if snapshots is not None:  # ``resume.py``: the stage's saved state, laid out as a fresh one would be
-        restored = snapshots.restore(jax.eval_shape(lambda p: init_state(p, tx), params), state_sh)
+    # The state's shapes, for its shardings and a snapshot's restore (traced once).
+    abstract = None if mesh is None and snapshots is None else jax.eval_shape(lambda p: init_state(p, tx), params)
+    if mesh is not None:
+        state_sh = state_shardings(abstract, mesh, zero, compute)
+    # ``resume.py``: the stage's saved state, laid out as a fresh one would be
+    restored = snapshots.restore(abstract, state_sh) if snapshots is not None else None
     if restored:
         state = restored.state
     elif mesh is None:
         state = init_state(params, tx)
-    else:
-        state, state_sh = init_train_state(params, tx, mesh, zero=zero, compute_dtype=compute)
+    else:  # the moments are born in their final (ZeRO) shardings
+        state = _build_state(params, tx, state_sh)
     del params  # the state holds the (master) copy
     update = make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=accum_dtype, remat=remat)
     state, metrics, n_tokens = run_steps(update, state, batches, mesh=mesh, put=put, progress=progress,
