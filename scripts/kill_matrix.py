@@ -157,19 +157,49 @@ def listing(root: Path) -> list[str]:
     return out
 
 
-def saved(root: Path) -> set[tuple[str, int]]:
-    """(file, inode) of every finished file of the run, training snapshots included (a new
-    snapshot is a new folder): what an attempt has saved shows as new entries."""
+def saved(root: Path) -> dict[str, tuple[int, int, int]]:
+    """file -> (inode, mtime, size) of every finished file of the run, training snapshots
+    included (a new snapshot is a new folder); an inode alone can be reused by the next file."""
     if not root.exists():
-        return set()
-    out = set()
+        return {}
+    out = {}
     for rel in listing(root):
         if not any(is_temporary(part) for part in Path(rel).parts):
             try:
-                out.add((rel, (root / rel).stat().st_ino))
+                st = (root / rel).stat()
+                out[rel] = (st.st_ino, st.st_mtime_ns, st.st_size)
             except FileNotFoundError:
                 pass
     return out
+
+
+def _digest(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+class Progress:
+    """What an attempt has saved since it started: a file that was not there, or one
+    replaced by different bytes. A resume that rewrites a finished file with the same bytes
+    (the report, re-rendered by every attempt that reaches it) has not progressed: counting
+    it would let a chain kill every attempt right after that rewrite, for ever."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.before = saved(root)
+        self.digests = {rel: _digest(root / rel) for rel in self.before}
+
+    def made(self) -> bool:
+        for rel, sig in saved(self.root).items():
+            if rel not in self.before:
+                return True
+            if sig != self.before[rel]:
+                digest = _digest(self.root / rel)
+                if digest is not None and digest != self.digests[rel]:
+                    return True
+        return False
 
 
 # ---------------------------------------------------------------------------- snapshots
@@ -565,7 +595,7 @@ class Matrix:
         events, pending = run_dir / "events.jsonl", []
         while res.attempts < max_attempts:
             offset = events.stat().st_size if events.exists() else 0
-            before = saved(run_dir)
+            progress = Progress(run_dir)
             kill = Kill("periodic", f"every {every:.1f} s", 0.0, None, every, [])
             t_start = time.monotonic()
             proc, log = self._start(run_dir)
@@ -580,7 +610,7 @@ class Matrix:
                     with open(events, "rb") as f:
                         f.seek(offset)
                         t0 = now if _opened(f.read()) else None
-                if t0 is not None and now - t0 >= every and saved(run_dir) - before:
+                if t0 is not None and now - t0 >= every and progress.made():
                     self._kill(proc, run_dir, kill, t_start)
                     break
                 time.sleep(POLL if t0 is None or now - t0 < every else 0.02)

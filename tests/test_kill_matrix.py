@@ -141,3 +141,22 @@ def test_kills_more_often_than_base_training_lasts_and_still_finishes(shared):
     assert res.problems == []
     c = res.comparison
     assert (c.lost, c.duplicated, c.changed, res.orphans) == (0, 0, 0, 0) and c.checkpoints == 4
+
+
+def test_progress_is_a_new_file_or_new_bytes_never_the_same_bytes_rewritten(tmp_path):
+    """The periodic chain kills an attempt once it has progressed; a resume that only
+    re-renders a finished file (the report) with the same bytes has not, or the chain
+    could kill every attempt right after that rewrite and never finish."""
+    (tmp_path / "report.png").write_bytes(b"png")
+    progress = km.Progress(tmp_path)
+    assert not progress.made()
+    tmp = tmp_path / "new.tmp"
+    tmp.write_bytes(b"png")
+    tmp.replace(tmp_path / "report.png")  # a new inode, the same bytes
+    assert not progress.made()
+    tmp.write_bytes(b"png2")
+    tmp.replace(tmp_path / "report.png")
+    assert progress.made()
+    progress = km.Progress(tmp_path)
+    (tmp_path / "report.md").write_bytes(b"md")
+    assert progress.made()
