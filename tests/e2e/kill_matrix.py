@@ -38,8 +38,8 @@ GPT-J, 200 base-training steps — with the real ``haiku_xmap`` backend:
 
 Usage::
 
-    python scripts/kill_matrix.py                 # 20 random kills + every boundary
-    python scripts/kill_matrix.py --random 5 --boundaries start,checkpoint --seed 3
+    python tests/e2e/kill_matrix.py                 # 20 random kills + every boundary
+    python tests/e2e/kill_matrix.py --random 5 --boundaries start,checkpoint --seed 3
 
 It prints every kill, then the totals (kills, resumes, rows compared, differences)
 and exits 1 when differences > 0 or fewer kills landed than asked for.
@@ -70,7 +70,7 @@ from typing import Any, Callable, Iterable
 
 from star_engine.fsio import is_temporary  # the one rule the store cleans by
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXPERIMENT = REPO / "experiments" / "addition.toml"
 LIMIT = 12
 ITERATIONS = 2

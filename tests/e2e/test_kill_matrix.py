@@ -1,4 +1,4 @@
-"""Kill -9 and resume with the real haiku_xmap backend (scripts/kill_matrix.py).
+"""Kill -9 and resume with the real haiku_xmap backend (kill_matrix.py, beside this file).
 
 The default run kills the shortened embedded-default experiment 5 times (at the creation
 of the run directory, right after iteration 1's checkpoint appears, and at 3 seeded random
@@ -17,10 +17,8 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import REPO, TOY_TOML, cli, scripted_env
-
-sys.path.insert(0, str(REPO / "scripts"))
-import kill_matrix as km  # noqa: E402
+import kill_matrix as km  # beside this file (tests/e2e/)
+from helpers import TOY_TOML, cli, scripted_env
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +115,7 @@ def test_run_killed_before_config_json_starts_again(toy_toml):
 
 @pytest.mark.slow
 def test_full_kill_matrix(tmp_path):
-    res = subprocess.run([sys.executable, str(REPO / "scripts" / "kill_matrix.py"), "--workdir", str(tmp_path)],
+    res = subprocess.run([sys.executable, km.__file__, "--workdir", str(tmp_path)],
                          capture_output=True, text=True, timeout=1800)
     print(res.stdout[-6000:])
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]

@@ -2,7 +2,7 @@
 redone; a full disk or a kill in the middle of a write leaves the previous good state.
 
 All with the real haiku_xmap backend, on copies of the shortened embedded-default run that
-tests/test_kill_matrix.py also uses (scripts/kill_matrix.py makes it once per session).
+test_kill_matrix.py beside it also uses (kill_matrix.py makes it once per session).
 """
 
 from __future__ import annotations
@@ -18,10 +18,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import REPO
-
-sys.path.insert(0, str(REPO / "scripts"))
-import kill_matrix as km  # noqa: E402
+import kill_matrix as km  # beside this file (tests/e2e/)
 
 # Rewritten by every start or every iteration whatever was damaged: not stage outputs.
 BOOKKEEPING = {"config.json", "manifest.json", "requirements.txt", "events.jsonl", "metrics.parquet", "report.png",
