@@ -33,7 +33,7 @@ import json
 import os
 import sys
 
-from common import (MALLOC_HELP, MALLOC_MODES, Peer, apply_malloc, choose_peers, cpu_name, first_call,
+from bench_common import (MALLOC_HELP, MALLOC_MODES, Peer, apply_malloc, choose_peers, cpu_name, first_call,
                     interleave, matmul_peak, paired_ratio, summarise, thp_mode, threads, timed)
 
 
@@ -132,7 +132,7 @@ def jax_workloads(a) -> tuple[dict, object, object]:
 
     info["generate_first_call_s"] = first_call(gen)
 
-    tx = train.make_optimizer({"lr": 1e-4, "clip_norm": 1.0}, 1000)
+    tx = train.make_optimizer({"lr": 1e-4, "warmup_steps": 0}, 1000)
     state = train.init_state(jax.tree.map(jnp.copy, params), tx)  # the update donates its state
     update = train.make_update(cfg, tx, mesh, state)
     tokens = rng.integers(0, a.vocab, (1, a.train_batch, a.train_seq)).astype(np.int32)

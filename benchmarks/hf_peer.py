@@ -1,12 +1,12 @@
 """The HF transformers side of ``gptj_throughput.py --peer``: ``GPTJForCausalLM``
 (``LlamaForCausalLM`` for ``--arch llama``; torch, CPU) at the benchmark's shapes, dtype and thread count, served from a
 child process (``gptj_throughput.py --hf-serve``, so that it gets the same malloc
-settings) one timed call per request (``common.serve``), so the two runtimes'
+settings) one timed call per request (``bench_common.serve``), so the two runtimes'
 thread pools never compete and JAX and HF calls can alternate."""
 
 from __future__ import annotations
 
-from common import first_call, matmul_peak, serve, threads, timed_reply
+from bench_common import first_call, matmul_peak, serve, threads, timed_reply
 
 
 def hf_model(a, n_positions: int):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from common import serve, timed_reply
+from bench_common import serve, timed_reply
 from hf_peer import adamw_step, hf_model
 
 

@@ -47,7 +47,7 @@ import tempfile
 import tomllib
 from pathlib import Path
 
-from common import (MALLOC_HELP, MALLOC_MODES, Peer, apply_malloc, choose_peers, cpu_name, paired_ratio, rotate,
+from bench_common import (MALLOC_HELP, MALLOC_MODES, Peer, apply_malloc, choose_peers, cpu_name, paired_ratio, rotate,
                     summarise, thp_mode, threads, timed)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -204,7 +204,7 @@ def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
                                                  batch_size=mix["train_batch"], grad_accum=1, seed=0,
                                                  seq_len=cfg.n_ctx, pad_id=mix["pad"], dp=sharding.dp_size(mesh),
                                                  packing=pack))
-            tx = train.make_optimizer({"lr": 1e-4, "clip_norm": 1.0}, 10_000)
+            tx = train.make_optimizer({"lr": 1e-4, "warmup_steps": 0}, 10_000)
             box = [train.init_state(jax.tree.map(jnp.copy, params), tx)]
             update = train.make_update(cfg, tx, mesh, box[0])
             put = lambda b: jax.device_put(b, sharding.batch_sharding(mesh, batch_axis=1, ndim=3))

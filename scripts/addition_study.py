@@ -137,7 +137,7 @@ def measure(args: argparse.Namespace) -> None:
         raise SystemExit("addition_study: --hinted needs rationalization enabled (the hint formatter)")
     task, backend = exp.task, exp.backend  # guarded: attributes pass through, a failing method names its plugin
     bt, seed = exp.config.base_training, exp.config.experiment.seed
-    optimizer = bt.optimizer.as_dict()
+    optimizer = dict(bt.optimizer)
     steps = args.steps or bt.steps
     dev = exp.splits["dev"][: args.dev_limit or None]
     seeds = task.seed_examples()

@@ -98,8 +98,8 @@ LOSSES = ("completion", "all")
 
 @dataclass(frozen=True)
 class TrainSpec:
-    """One fine-tuning job. ``optimizer`` is the TOML ``[training.optimizer]`` table
-    (lr, warmup_steps, end_lr, schedule, weight_decay, clip_norm, ...).
+    """One fine-tuning job. ``optimizer`` is the TOML ``[training.optimizer]`` table (or
+    ``[base_training.optimizer]``), completed by the backend's ``optimizer_table``.
 
     A step takes ``batch_size`` x ``grad_accum`` examples (``"stream"``: sequences)
     and minimises the mean loss over every loss-carrying token of the step.
@@ -245,6 +245,14 @@ class Backend(Protocol):
         run will sample with; ``training`` maps "base_training" (when it trains) and
         "training" to a ``TrainSpec`` whose ``steps`` is 0 where the schedule decides it per
         iteration. ``star-engine validate`` and ``run`` call it (``runner.preflight``)."""
+
+    optimizer_table: type
+    """Optional. The typed section (a frozen ``star_engine.settings.Section`` of
+    ``settings.setting`` fields) of the ``[base_training.optimizer]`` and
+    ``[training.optimizer]`` tables, which are the backend's: ``experiment.build`` checks each
+    table against it (unknown keys, types, ranges: one line naming the key) and fills in its
+    defaults, so ``config.json`` records what trains and ``TrainSpec.optimizer`` arrives
+    complete. Without it the tables reach ``validate_run`` and ``train`` as written."""
 
     def base(self, workdir: Path, seed: int) -> str:
         """The base checkpoint: the configured weights, or a fresh random

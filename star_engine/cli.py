@@ -53,9 +53,10 @@ def _load(args: argparse.Namespace, load_data: bool = True):
 
     if args.limit is not None and args.limit < 1:
         raise UserError("--limit: must be >= 1")
-    cfg = load_experiment(args.file, args.overrides, args.limit)
+    registry = Registry()
+    cfg = load_experiment(args.file, args.overrides, args.limit, registry)
     try:
-        exp = build(cfg, Registry(), load_data=load_data)
+        exp = build(cfg, registry, load_data=load_data)
         return exp, preflight(exp)
     except UserError as e:
         raise type(e)(Origins(args.file, args.overrides).blame(str(e))) from None

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .datafiles import read_capped
-from .errors import UserError
+from .errors import PluginError, UserError
 from .options import is_int, is_number
-from .registry import close_matches
-from .settings import FREE, OPTIMIZER, REQUIRED, SCHEMA  # noqa: F401  (OPTIMIZER: the schema's [*.optimizer])
+from .registry import Registry, close_matches
+from .settings import FREE, REQUIRED, SCHEMA
 
 _TYPE_NAMES = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
                "strlist": "a list of strings", "table": "a table", "component": "a name or a table with 'name'",
@@ -52,45 +52,59 @@ def _describe(v: Any) -> str:
     return f"{kind.get(type(v), type(v).__name__)} {v!r}"
 
 
-def _validate(src: Callable[[str], str], data: dict[str, Any], schema: dict[str, Any], prefix: str
+def _validate(src: Callable[[str], str] | None, data: dict[str, Any], schema: dict[str, Any], prefix: str
               ) -> dict[str, Any]:
-    """``data`` checked against ``schema``; ``src(key)`` names where a key's value came from."""
+    """``data`` checked against ``schema``; ``src(key)`` names where a key's value came from
+    (``None``: the message starts with the key, for ``Origins.blame`` to place)."""
+    def fail(path: str, message: str) -> UserError:
+        return UserError(f"{src(path)}: {message}" if src else message)
+
     out: dict[str, Any] = {}
     for key in data:
         if key not in schema:
             where = f"{prefix}{key}"
-            raise UserError(f"{src(where)}: unknown key '{where}'{close_matches(key, list(schema))}; "
-                            f"allowed in [{prefix.rstrip('.') or 'top level'}]: {', '.join(schema)}")
+            raise fail(where, f"unknown key '{where}'{close_matches(key, list(schema))}; "
+                              f"allowed in [{prefix.rstrip('.') or 'top level'}]: {', '.join(schema)}")
     for key, spec in schema.items():
         path = f"{prefix}{key}"
         if spec is FREE:
             value = data.get(key, REQUIRED)
             if value is REQUIRED:
-                raise UserError(f"{src(path)}: missing required table '{path}'")
+                raise fail(path, f"missing required table '{path}'")
             if not isinstance(value, dict):
-                raise UserError(f"{src(path)}: {path}: expected a table, got {_describe(value)}")
+                raise fail(path, f"{path}: expected a table, got {_describe(value)}")
             out[key] = copy.deepcopy(value)
             continue
         if isinstance(spec, dict):
             value = data.get(key, {})
             if not isinstance(value, dict):
-                raise UserError(f"{src(path)}: {path}: expected a table, got {_describe(value)}")
+                raise fail(path, f"{path}: expected a table, got {_describe(value)}")
             out[key] = _validate(src, value, spec, path + ".")
             continue
         if key not in data:
             if spec.default is REQUIRED:
-                raise UserError(f"{src(path)}: missing required key '{path}'")
+                raise fail(path, f"missing required key '{path}'")
             out[key] = copy.deepcopy(spec.default)
             continue
         value = data[key]
         if not _type_ok(spec.type, value):
-            raise UserError(f"{src(path)}: {path}: expected {_TYPE_NAMES[spec.type]}, got {_describe(value)}")
+            raise fail(path, f"{path}: expected {_TYPE_NAMES[spec.type]}, got {_describe(value)}")
         if spec.type == "float" and not math.isfinite(value):
-            raise UserError(f"{src(path)}: {path}: must be a finite number, got {value!r}")
+            raise fail(path, f"{path}: must be a finite number, got {value!r}")
         if spec.check is not None and not spec.check(value):
-            raise UserError(f"{src(path)}: {path}: {spec.rule}, got {value!r}")
+            raise fail(path, f"{path}: {spec.rule}, got {value!r}")
         out[key] = float(value) if spec.type == "float" else copy.deepcopy(value)
     return out
+
+
+def check_table(data: Any, schema: dict[str, Any], key: str) -> dict[str, Any]:
+    """A plugin's own table (``data``, at TOML key ``key``) checked against ``schema`` (a typed
+    section's ``schema()``, fields made with ``settings.setting``), its defaults filled in: the
+    experiment file's rules and messages. The message starts with the key (or says ``unknown
+    key '...'``); the CLI's ``Origins.blame`` puts the file or the ``--set`` in front."""
+    if not isinstance(data, dict):
+        raise UserError(f"{key}: expected a table, got {_describe(data)}")
+    return _validate(None, data, schema, key + ".")
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -141,6 +155,9 @@ class Origins:
         """``message`` (an error from a later check) with its origin in front: a message that
         starts with a configuration key gets that key's origin; one that names a file (``/abs``,
         ``file:line``) is left alone; any other gets the TOML file."""
+        named = re.match(r"(?:unknown|missing required) key '([\w\-.\[\]]+)'", message)
+        if named and re.split(r"[.\[]", named.group(1), maxsplit=1)[0] in SCHEMA:
+            return f"{self(named.group(1))}: {message}"
         head = message.split(":", 1)[0]
         section = re.split(r"[.\[]", head, maxsplit=1)[0]
         if section in SCHEMA and re.fullmatch(r"[\w\-]+(\.[\w\-]+|\[\d+\])*", head):
@@ -208,9 +225,11 @@ def normalize_component(value: Any) -> dict[str, Any]:
     return {"name": value} if isinstance(value, str) else dict(value)
 
 
-def load_experiment(path: Path, overrides: list[str] | None = None, limit: int | None = None) -> dict[str, Any]:
+def load_experiment(path: Path, overrides: list[str] | None = None, limit: int | None = None,
+                    registry: Registry | None = None) -> dict[str, Any]:
     """Parse, override, validate and resolve one experiment file. An error names the file, or
-    the ``--set`` that gave the faulty value (``Origins``)."""
+    the ``--set`` that gave the faulty value (``Origins``). ``registry`` (default: a new one)
+    finds the backend whose typed table the ``[*.optimizer]`` tables are checked by."""
     data = load_toml(path)
     apply_overrides(data, overrides or [])
     if limit is not None:
@@ -245,7 +264,24 @@ def load_experiment(path: Path, overrides: list[str] | None = None, limit: int |
     if not cfg["evaluation"]["splits"]:
         raise UserError(f"{src('evaluation.splits')}: evaluation.splits: needs at least one split")
     _resolve_sampled_evaluation(cfg, src)
+    _complete_optimizers(cfg, registry if registry is not None else Registry(), src)
     return cfg
+
+
+def _complete_optimizers(cfg: dict[str, Any], registry: Registry, src: Callable[[str], str]) -> None:
+    """The ``[*.optimizer]`` tables are the backend's: checked against its typed table
+    (``Backend.optimizer_table``, an attribute of its factory) and completed with its
+    defaults, so that ``config.json`` records what trains. Left as written when the backend
+    declares none, or is unknown or broken (``experiment.build`` then says so)."""
+    try:
+        factory = registry.get("backend", cfg["model"]["backend"], "model.backend").factory
+    except PluginError:
+        return
+    table = getattr(factory, "optimizer_table", None)
+    if table is None:
+        return
+    for section in ("base_training", "training"):
+        cfg[section]["optimizer"] = _validate(src, cfg[section]["optimizer"], table.schema(), f"{section}.optimizer.")
 
 
 def _resolve_sampled_evaluation(cfg: dict[str, Any], src: Callable[[str], str]) -> None:

@@ -6,7 +6,10 @@ classes, so the TOML reference, the validation in :mod:`star_engine.config` and 
 objects the core reads name the same keys. :func:`Config.from_dict` builds the objects
 from a configuration ``config.load_experiment`` has validated and resolved; nothing is
 checked twice. ``[model]`` and the component references (``task.checker``, ...) are
-plugin option tables: they stay dicts, passed as keyword options to the factories.
+plugin option tables: they stay dicts, passed as keyword options to the factories. The
+``[*.optimizer]`` tables are the backend's: it declares their typed section
+(``Backend.optimizer_table``, made with :func:`setting`) and ``experiment.build`` checks
+and completes them by it (``config.check_table``).
 """
 
 from __future__ import annotations
@@ -32,23 +35,31 @@ class F:
     rule: str = ""  # what ``check`` demands, for the error message
 
 
-def _rng(lo: float, hi: float = math.inf, lo_open: bool = False) -> tuple[Callable[[Any], bool], str]:
+def _rng(lo: float, hi: float = math.inf, lo_open: bool = False, hi_open: bool = False
+         ) -> tuple[Callable[[Any], bool], str]:
     def ok(v: Any) -> bool:
-        return (v > lo if lo_open else v >= lo) and v <= hi
-    left = "(" if lo_open else "["
-    return ok, f"must be in {left}{lo}, {hi}]" if hi != math.inf else f"must be {'>' if lo_open else '>='} {lo}"
+        return (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+    left, right = "(" if lo_open else "[", ")" if hi_open else "]"
+    return ok, f"must be in {left}{lo}, {hi}{right}" if hi != math.inf else f"must be {'>' if lo_open else '>='} {lo}"
 
 
-def _f(type_: str, default: Any = REQUIRED, lo: float | None = None, hi: float = math.inf,
-       lo_open: bool = False, choices: tuple[str, ...] | None = None) -> Any:
-    """A dataclass field whose schema is ``F(type_, default, ...)``."""
+def setting(type_: str, default: Any = REQUIRED, lo: float | None = None, hi: float = math.inf,
+            lo_open: bool = False, hi_open: bool = False, choices: tuple[str, ...] | None = None) -> Any:
+    """A field of a typed section (a frozen dataclass deriving from ``Section``) whose schema
+    is ``F(type_, default, ...)``: ``type_`` one of ``F.type``'s, ``default`` (``REQUIRED``:
+    none), the allowed range ``lo``..``hi`` (each end closed unless ``*_open``) or ``choices``.
+    The core's sections are made of these, and so are a plugin's own tables (a backend's
+    optimizer table), checked by the same rules and messages (``config.check_table``)."""
     if choices is not None:
         spec = F(type_, default, lambda v: v in choices, f"must be one of {', '.join(choices)}")
     elif lo is None:
         spec = F(type_, default)
     else:
-        spec = F(type_, default, *_rng(lo, hi, lo_open))
+        spec = F(type_, default, *_rng(lo, hi, lo_open, hi_open))
     return field(metadata={"spec": spec})
+
+
+_f = setting
 
 
 def _table(spec: Any) -> Any:
@@ -89,18 +100,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     return value
-
-
-@dataclass(frozen=True)
-class Optimizer(Section):
-    lr: float = _f("float", 1e-6, 0, lo_open=True)
-    warmup_steps: int = _f("int", 100, 0)
-    schedule: str = _f("str", "constant", choices=("constant", "linear", "cosine"))
-    end_lr: float = _f("float", 1e-6, 0)
-    weight_decay: float = _f("float", 0.0, 0)
-    clip_norm: float = _f("float", 1.0, 0, lo_open=True)
-    b1: float = _f("float", 0.9, 0, 1)
-    b2: float = _f("float", 0.999, 0, 1)
 
 
 @dataclass(frozen=True)
@@ -147,17 +146,18 @@ class Rationalization(Section):
 @dataclass(frozen=True)
 class Trains(Section):
     """What both training sections (``[base_training]``, ``[training]``) have: the shape of a
-    step and its optimizer; ``train_spec`` makes one fine-tuning job of it."""
+    step and its optimizer (the backend's table: ``experiment.build`` completes it with the
+    backend's defaults); ``train_spec`` makes one fine-tuning job of it."""
 
     batch_size: int = _f("int", 8, 1)
     grad_accum: int = _f("int", 1, 1)
     packing: str = _f("str", "segments", choices=PACKINGS)
     loss: str = _f("str", "completion", choices=LOSSES)
-    optimizer: Optimizer = _table(Optimizer)
+    optimizer: dict = _f("table", {})
 
     def train_spec(self, steps: int, seed: int) -> TrainSpec:
-        """The backend's job; ``optimizer`` is the table (a dict), as TOML gives it."""
-        return TrainSpec(steps, self.batch_size, self.grad_accum, seed, self.optimizer.as_dict(),
+        """The backend's job; ``optimizer`` is the table (a dict), as the backend completed it."""
+        return TrainSpec(steps, self.batch_size, self.grad_accum, seed, copy.deepcopy(self.optimizer),
                          packing=self.packing, loss=self.loss)
 
 
@@ -203,4 +203,3 @@ class Config(Section):
 
 
 SCHEMA: dict[str, Any] = Config.schema()
-OPTIMIZER: dict[str, F] = Optimizer.schema()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TESTS, TOY_TOML
+from star_testkit import TESTS, TOY_TOML
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def toy_toml(tmp_path: Path):
 def scripted(monkeypatch):
     """In-process: only the scripted plugin is loaded."""
     monkeypatch.setenv("STAR_ENGINE_DISABLE_AUTOLOAD", "1")
-    monkeypatch.setenv("STAR_ENGINE_PLUGINS", "scripted_plugin")
+    monkeypatch.setenv("STAR_ENGINE_PLUGINS", "star_testkit.scripted")
     monkeypatch.syspath_prepend(str(TESTS))
     monkeypatch.delenv("SCRIPTED_KILL", raising=False)
     monkeypatch.delenv("SCRIPTED_SLEEP", raising=False)
@@ -35,7 +35,7 @@ def scripted(monkeypatch):
 def generate_calls(scripted, monkeypatch) -> list:
     """Every call the scripted backend's ``generate`` gets, in order, as ``(requests, spec)``;
     the calls still generate as before."""
-    import scripted_plugin
+    from star_testkit import scripted as scripted_plugin
 
     calls: list = []
     real = scripted_plugin.ScriptedBackend.generate

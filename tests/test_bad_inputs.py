@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TESTS, TOY_TOML
+from star_testkit import TESTS, TOY_TOML
 from star_engine.cli import main
 
 
@@ -233,7 +233,7 @@ backend = "scripted"
 def cli_env() -> dict[str, str]:
     """The installed task plugins, the scripted backend (no model is built), no tracker."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STAR_ENGINE_")}
-    env.update({"STAR_ENGINE_PLUGINS": "scripted_plugin", "STAR_ENGINE_BLOCK_PLUGINS": "tracking,haiku_xmap",
+    env.update({"STAR_ENGINE_PLUGINS": "star_testkit.scripted", "STAR_ENGINE_BLOCK_PLUGINS": "tracking,haiku_xmap",
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH", "")]))})
     return env
 

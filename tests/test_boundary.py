@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import TESTS, cli, scripted_env
+from star_testkit import TESTS, cli, scripted_env
 from star_engine.cli import main
 from star_engine.metrics import METRICS_SCHEMA
 
@@ -82,7 +82,7 @@ def test_a_plugin_command_bug_names_the_plugin_module(tmp_path):
 def test_a_refusal_mid_run_is_recorded_in_the_event_log(scripted, toy_toml, capsys, monkeypatch):
     """The backend refuses at its first generation (its validate_run is switched off to let the
     run start): the one-line error also lands in events.jsonl, as the run's last event."""
-    from scripted_plugin import ScriptedBackend
+    from star_testkit.scripted import ScriptedBackend
 
     monkeypatch.delattr(ScriptedBackend, "validate_run")
     path = toy_toml(extra="max_tokens = 8\n")

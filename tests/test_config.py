@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TOY_TOML, cli
+from star_testkit import TOY_TOML, cli
 from star_engine.cli import main
 from star_engine.config import load_experiment
 

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fuzzing import budget, json_values, mutated
-from helpers import TOY_TOML
+from star_testkit.fuzzing import budget, json_values, mutated
+from star_testkit import TOY_TOML
 from star_engine.config import SCHEMA, Origins, load_experiment, parse_override
 from star_engine.errors import UserError
 

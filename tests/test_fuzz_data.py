@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fuzzing import budget, json_values, mutated
+from star_testkit.fuzzing import budget, json_values, mutated
 from star_engine.errors import UserError
 
 star_cqa = pytest.importorskip("star_cqa.task")

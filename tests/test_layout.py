@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from helpers import REPO
+from star_testkit import REPO
 
 
 def imports_of(path: Path, local: set[str]) -> set[str]:

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import cli, scripted_env
+from star_testkit import cli, scripted_env
 from star_engine.cli import main
 from star_engine.ledger import LEDGER_SCHEMA, latest, summary
 

@@ -11,7 +11,7 @@ import time
 
 import pyarrow.parquet as pq
 
-from helpers import cli, scripted_env
+from star_testkit import cli, scripted_env
 from star_engine import rundir
 from star_engine.cli import main
 

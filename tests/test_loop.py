@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import cli, scripted_env
+from star_testkit import cli, scripted_env
 from star_engine.cli import main
 
 
@@ -123,7 +123,7 @@ KILLS = ["generate:3", "generate:30", "generate:61", "train_step:2", "train_step
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ref")
-    from helpers import TOY_TOML
+    from star_testkit import TOY_TOML
 
     path = tmp / "toy.toml"
     path.write_text(TOY_TOML.format(out=(tmp / "run").as_posix()))
@@ -223,7 +223,7 @@ def test_no_prompt_evaluates_without_few_shot_after_fine_tuning(scripted, toy_to
     run = _run(toy_toml(), "evaluation.no_prompt=true", "experiment.iterations=1")
     ev0 = {r["question_id"]: r["prompt_hash"] for r in rows(run, "iterations/000/eval_dev.parquet")}
     ev1 = {r["question_id"]: r["prompt_hash"] for r in rows(run, "iterations/001/eval_dev.parquet")}
-    from scripted_plugin import ToyTask
+    from star_testkit.scripted import ToyTask
 
     task = ToyTask()
     for ex in task.load("dev", None):
@@ -301,7 +301,7 @@ def test_direct_rationalization_uses_the_direct_hint_prompt(scripted, toy_toml, 
 
 
 def test_a_prompt_kind_the_task_lacks_fails_before_the_run(scripted, toy_toml, monkeypatch, capsys):
-    import scripted_plugin
+    from star_testkit import scripted as scripted_plugin
 
     prompt = scripted_plugin.ToyTask.prompt
     monkeypatch.setattr(scripted_plugin.ToyTask, "prompt",

@@ -1,7 +1,7 @@
 """Broken third-party plugins, through the command line: small plugin packages written into a
 temporary folder on PYTHONPATH (a module, and a ``.dist-info`` giving it a distribution,
 a version and an entry point), loaded by entry point or by STAR_ENGINE_PLUGINS, next to the
-scripted backend of tests/scripted_plugin.py.
+scripted backend of tests/star_testkit/scripted.py.
 
 A plugin that fails to import, has a hook with a wrong signature or a misspelled hook is
 reported with its distribution, version and the hook, and is fatal only to an experiment that
@@ -25,7 +25,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import TESTS, TOY_TOML
+from star_testkit import TESTS, TOY_TOML
 
 
 def install(site: Path, dist: str, version: str, package: str, source: str, entry_point: str | None) -> None:
@@ -45,7 +45,7 @@ def install(site: Path, dist: str, version: str, package: str, source: str, entr
 
 def env_for(site: Path, modules: str = "") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STAR_ENGINE_")}
-    env.update({"STAR_ENGINE_PLUGINS": ",".join(filter(None, ["scripted_plugin", modules])),
+    env.update({"STAR_ENGINE_PLUGINS": ",".join(filter(None, ["star_testkit.scripted", modules])),
                 "STAR_ENGINE_BLOCK_PLUGINS": "tracking", "PYTHONDONTWRITEBYTECODE": "1",
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), str(site), env.get("PYTHONPATH", "")]))})
     return env
@@ -121,7 +121,7 @@ def test_broken_plugins_listed_with_distribution_version_and_hook(broken_site, t
         assert all(s in p["error"] for s in says), p["error"]
         assert "\n" not in p["error"]
         assert p["components"] == {}  # nothing half-registered
-    assert plugins["scripted_plugin"]["error"] is None and plugins["cqa"]["error"] is None
+    assert plugins["star_testkit.scripted"]["error"] is None and plugins["cqa"]["error"] is None
     res = star("plugins", env=env_for(broken_site), cwd=tmp_path)  # the table shows them too
     assert res.returncode == 0 and "star-fussy" in res.stdout and "2.0.1" in res.stdout
 

@@ -20,7 +20,7 @@ SUBSET = "chunk_size = 5\nn_train_samples = 10"
 
 
 def with_samplers(monkeypatch, extra: str = "") -> None:
-    monkeypatch.setenv("STAR_ENGINE_PLUGINS", ",".join(filter(None, ["scripted_plugin", "star_samplers.plugin",
+    monkeypatch.setenv("STAR_ENGINE_PLUGINS", ",".join(filter(None, ["star_testkit.scripted", "star_samplers.plugin",
                                                                       extra])))
 
 
@@ -56,7 +56,7 @@ def test_adaptive_sampler_reads_the_ledger(scripted, toy_toml, monkeypatch):
     assert (ada / "config.json").read_text().count('"adaptive"') == 1
     assert len(drawn(ada, 1)) == 10
     from star_samplers.samplers import AdaptiveSampler
-    from helpers import scripted_plugin_examples
+    from star_testkit import scripted_plugin_examples
 
     ledger = pq.read_table(ada / "questions.parquet").to_pylist()
     questions = scripted_plugin_examples()
@@ -106,7 +106,7 @@ def test_the_documented_sampler_works():
     exec(compile(source, "docs/plugins.md", "exec"), module.__dict__)
     reg = Registry(autoload=False)
     assert reg.add(module).components == {"sampler": ["hardest_first"]}
-    from helpers import scripted_plugin_examples
+    from star_testkit import scripted_plugin_examples
 
     qs = scripted_plugin_examples()
     ledger = [{"iteration": 1, "question_id": q.id, "times_solved": int(i % 2 == 0)} for i, q in enumerate(qs)]

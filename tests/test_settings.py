@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO
+from star_testkit import REPO
 from star_engine.config import SCHEMA, load_experiment
+from star_engine.errors import UserError
 from star_engine.experiment import build
 from star_engine.registry import Registry
-from star_engine.settings import Config, Optimizer
+from star_engine.settings import Config
+from star_testkit.scripted import ToyOptimizer
 
 
 def test_the_schema_is_the_sections_fields():
@@ -23,7 +25,8 @@ def test_the_schema_is_the_sections_fields():
     for name, spec in sections.items():
         if name != "model":  # a plugin's table
             assert list(SCHEMA[name]) == [f.name for f in dataclasses.fields(spec)]
-    assert list(SCHEMA["training"]["optimizer"]) == [f.name for f in dataclasses.fields(Optimizer)]
+    for section in ("base_training", "training"):  # the backend's table (Backend.optimizer_table)
+        assert SCHEMA[section]["optimizer"].type == "table"
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "experiments").glob("*.toml")), ids=lambda p: p.stem)
@@ -31,7 +34,7 @@ def test_shipped_experiments_round_trip(path: Path):
     cfg = load_experiment(path)
     config = Config.from_dict(cfg)
     assert json.dumps(config.as_dict()) == json.dumps(cfg)  # same keys, order, types and values
-    assert config.training.optimizer.lr == cfg["training"]["optimizer"]["lr"]
+    assert config.training.optimizer == cfg["training"]["optimizer"]
     assert config.evaluation.splits == tuple(cfg["evaluation"]["splits"])
 
 
@@ -42,8 +45,30 @@ def test_build_makes_the_typed_config_once(scripted, toy_toml):
     assert exp.config.task.checker == {"name": "toy_exact"} == exp.cfg["task"]["checker"]  # the task's default
     spec = exp.config.training.train_spec(3, 11)
     assert (spec.steps, spec.seed, spec.batch_size, spec.packing) == (3, 11, 8, "segments")
-    assert spec.optimizer == {**{k: f.default for k, f in SCHEMA["training"]["optimizer"].items()}, "lr": 3e-4}
+    assert spec.optimizer == {**{k: f.default for k, f in ToyOptimizer.schema().items()}, "lr": 3e-4}
     with pytest.raises(dataclasses.FrozenInstanceError):
         exp.config.training.batch_size = 2  # type: ignore[misc]
     exp.cfg["experiment"]["seed"] = 0  # a copy: the configuration is not changed through it
     assert exp.config.experiment.seed == 7 and exp.cfg["experiment"]["seed"] == 7
+
+
+def test_the_optimizer_tables_are_the_backends(scripted, toy_toml, monkeypatch):
+    """``[*.optimizer]`` is checked and completed by the backend's ``optimizer_table`` when the
+    experiment is loaded, with the file's rules and messages (the ``--set`` that gave a value
+    named); a backend without one gets the tables as written."""
+    from star_testkit.scripted import ScriptedBackend
+
+    cfg = load_experiment(toy_toml(), ["training.optimizer.lr=3e-4"])
+    defaults = {k: f.default for k, f in ToyOptimizer.schema().items()}
+    assert cfg["training"]["optimizer"] == {**defaults, "lr": 3e-4} and cfg["base_training"]["optimizer"] == defaults
+    for sets, message in ((["training.optimizer.lrr=1"],
+                           "--set training.optimizer.lrr=1: unknown key 'training.optimizer.lrr' (did you mean 'lr'?)"),
+                          (['base_training.optimizer.schedule="step"'],
+                           "--set base_training.optimizer.schedule=\"step\": base_training.optimizer.schedule: "
+                           "must be one of constant, linear, cosine, got 'step'")):
+        with pytest.raises(UserError) as err:
+            load_experiment(toy_toml(), sets)
+        assert str(err.value).startswith(message), str(err.value)
+    monkeypatch.delattr(ScriptedBackend, "optimizer_table")
+    cfg = load_experiment(toy_toml(), ["training.optimizer.lrr=1"])
+    assert cfg["training"]["optimizer"] == {"lrr": 1} and cfg["base_training"]["optimizer"] == {}

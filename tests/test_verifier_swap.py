@@ -2,7 +2,7 @@
 answer checker (a built-in one, or one from a third-party package) or adds a filter,
 and the run's kept rationales change exactly as predicted.
 
-The predictions come from the scripted model's rule (tests/scripted_plugin.py), not
+The predictions come from the scripted model's rule (tests/star_testkit/scripted.py), not
 from the run's own output: before any training it answers a question right when
 ``_h("a+b") % 3 == 0`` and otherwise ``a + b + off`` with ``off`` in 1..8 drawn from
 the generation seed the core derives for (experiment seed, iteration, question, sample).
@@ -17,8 +17,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import REPO, TESTS, TOY_TOML
-from scripted_plugin import ToyTask, _h
+from star_testkit import REPO, TESTS, TOY_TOML
+from star_testkit.scripted import ToyTask, _h
 from star_engine.cli import main
 from star_engine.stages import derive_seed
 
@@ -32,7 +32,7 @@ CAP = 29  # toy rationales are 27, 29, 31 or 32 characters long
 def plugins(monkeypatch):
     """The scripted plugin, the built-in checkers/filters and the example package, loaded by module name."""
     monkeypatch.setenv("STAR_ENGINE_DISABLE_AUTOLOAD", "1")
-    monkeypatch.setenv("STAR_ENGINE_PLUGINS", "scripted_plugin,star_filters.plugin,star_plugin_example.plugin")
+    monkeypatch.setenv("STAR_ENGINE_PLUGINS", "star_testkit.scripted,star_filters.plugin,star_plugin_example.plugin")
     monkeypatch.syspath_prepend(str(TESTS))
     monkeypatch.syspath_prepend(str(EXAMPLE))
     monkeypatch.delenv("SCRIPTED_KILL", raising=False)

@@ -18,7 +18,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-import kill_matrix as km  # beside this file (tests/e2e/)
+from star_testkit import load_script
+
+km = load_script(Path(__file__).with_name("kill_matrix.py"))  # beside this file
+
 
 # Rewritten by every start or every iteration whatever was damaged: not stage outputs.
 BOOKKEEPING = {"config.json", "manifest.json", "requirements.txt", "events.jsonl", "metrics.parquet", "report.png",

@@ -13,12 +13,14 @@ import copy
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-import kill_matrix as km  # beside this file (tests/e2e/)
-from helpers import TOY_TOML, cli, scripted_env
+from star_testkit import TOY_TOML, cli, load_script, scripted_env
+
+km = load_script(Path(__file__).with_name("kill_matrix.py"))  # beside this file
 
 
 @pytest.fixture(scope="module")

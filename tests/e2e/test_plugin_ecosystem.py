@@ -35,7 +35,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import REPO, TESTS, TOY_TOML
+from star_testkit import REPO, TESTS, TOY_TOML
 from star_engine import hookimpl
 from star_engine.cli import main
 
@@ -179,7 +179,7 @@ def test_third_party_plugin_lifecycle(fresh):
 def probe_plugin(calls: list[tuple]) -> types.ModuleType:
     """A plugin implementing all ten hooks: it renames the scripted plugin's components and
     records the observer calls."""
-    import scripted_plugin as sp
+    import star_testkit.scripted as sp
 
     mod = types.ModuleType("hook_probe")
 

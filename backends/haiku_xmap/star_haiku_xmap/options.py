@@ -1,18 +1,40 @@
 """The ``[model]`` table's run-time options (how to generate, train and store, not the
 model's shape), checked before anything is built: each failure is a ``UserError``
-naming its key, as ``model.<key>: ...``."""
+naming its key, as ``model.<key>: ...``; and the optimizer tables' typed section
+(``AdamW``), which the core checks and completes the ``[*.optimizer]`` tables by."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from star_engine.errors import UserError
 from star_engine.options import is_int
+from star_engine.settings import Section, setting
 
 from .config import ARCHITECTURES, DTYPES
 
 GENERATION = ("continuous", "static")
 OPT_STATE_DTYPES = ("float32", "bfloat16")
+SCHEDULES = ("constant", "linear", "cosine")
+
+
+@dataclass(frozen=True)
+class AdamW(Section):
+    """The ``[base_training.optimizer]`` and ``[training.optimizer]`` tables (the backend's:
+    ``HaikuXmapBackend.optimizer_table``): global-norm clipping, then AdamW (weight decay on
+    matrices only); the learning rate rises linearly from 0 to ``lr`` over ``warmup_steps``,
+    then stays (``constant``) or anneals (``linear``, ``cosine``) to ``end_lr`` at the last
+    step. The defaults are the paper's: 1e-6 after 100 warmup steps, constant."""
+
+    lr: float = setting("float", 1e-6, 0, lo_open=True)
+    warmup_steps: int = setting("int", 100, 0)
+    schedule: str = setting("str", "constant", choices=SCHEDULES)
+    end_lr: float = setting("float", 1e-6, 0)
+    weight_decay: float = setting("float", 0.0, 0)
+    clip_norm: float = setting("float", 1.0, 0, lo_open=True)
+    b1: float = setting("float", 0.9, 0, 1, hi_open=True)
+    b2: float = setting("float", 0.999, 0, 1, hi_open=True)
 
 
 def check_run_options(*, generation: Any, generation_chunk: Any, share_prefix: Any, zero: Any,

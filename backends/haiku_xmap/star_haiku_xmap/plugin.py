@@ -18,7 +18,7 @@ from star_engine.options import is_int
 
 from .config import PRESETS, architecture as arch_of, config_from_dict
 from .machine import set_cpu_devices, use_compile_cache, use_every_core
-from .options import check_run_options
+from .options import AdamW, check_run_options
 from .text import generate_text
 
 BACKEND = "haiku_xmap"
@@ -56,6 +56,8 @@ class HaikuXmapBackend:
     ``train_checkpoint_minutes``: how often a fine-tuning stage snapshots its whole
     training state so that a killed run resumes mid-stage (``resume.py``; 0 = off;
     default: every 10 minutes, 30 for models of 1B parameters or more)."""
+
+    optimizer_table = AdamW  # the [*.optimizer] tables: experiment.build checks and completes them
 
     def __init__(self, preset: str | None = None, dtype: str | None = None, n_layer: int | None = None,
                  d_model: int | None = None, n_head: int | None = None, d_head: int | None = None,
@@ -263,11 +265,6 @@ class HaikuXmapBackend:
                 raise UserError(f"training example {i}: {exc}") from None
         if spec.steps > 0 and not encoded:
             raise UserError(f"training: {spec.steps} steps requested but there are no training examples")
-        try:
-            tr.optimizer_options(spec.optimizer)
-        except ValueError as exc:
-            raise UserError(f"training.{exc}") from None
-
         from .resume import stage_snapshots
 
         snapshots = stage_snapshots(self, init, out, spec, encoded, self._train_checkpoint_minutes)

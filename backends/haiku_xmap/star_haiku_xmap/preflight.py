@@ -1,7 +1,7 @@
 """What this backend checks before a run writes anything (``HaikuXmapBackend.validate_run``,
 the optional ``Backend.validate_run`` of ``star_engine.api``): the generation and training
 specs the run will use against the model (context length, room for a prompt, sampling
-values, optimizer tables), and the configured checkpoint's files (manifest, part files and
+values), and the configured checkpoint's files (manifest, part files and
 sizes, the largest leaf against the memory available), without reading any weights.
 
 Everything ``generate`` and ``train`` would refuse later for these specs is refused here,
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -46,18 +45,12 @@ def check_generation(key: str, spec: GenSpec, n_ctx: int) -> None:
 
 
 def check_training(key: str, spec: TrainSpec) -> None:
-    """``spec`` (from TOML section ``key``): its sizes and its optimizer table."""
-    from .train import optimizer_options
-
+    """``spec`` (from TOML section ``key``): its sizes (its optimizer table was checked and
+    completed by ``options.AdamW`` when the experiment was built)."""
     for name, minimum in (("steps", 0), ("batch_size", 1), ("grad_accum", 1)):
         value = getattr(spec, name)
         if not _int(value, minimum):
             raise UserError(f"{key}.{name}: must be an int >= {minimum}, got {value!r}")
-    try:
-        optimizer_options(spec.optimizer)
-    except (ValueError, TypeError) as exc:  # "optimizer.b1 must be < 1, got 1.0" -> "training.optimizer.b1: ..."
-        m = re.match(r"(optimizer\.\w+) (.*)$", str(exc), re.DOTALL)
-        raise UserError(f"{key}.{m.group(1)}: {m.group(2)}" if m else f"{key}.optimizer: {exc}") from None
 
 
 def validate_run(backend: Any, generation: Mapping[str, GenSpec], training: Mapping[str, TrainSpec]) -> None:

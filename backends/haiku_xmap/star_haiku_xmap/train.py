@@ -25,21 +25,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from star_engine.options import is_int, is_number
+from star_engine.config import check_table
 
 from . import model, packing, sharding
 from .distributed import global_array, place, to_host
-from .options import OPT_STATE_DTYPES
+from .options import OPT_STATE_DTYPES, SCHEDULES, AdamW
 from .config import GPTJConfig
 from .packing import Encoded, bucket_lengths, encode_example, plan_steps  # noqa: F401  (the backend's API)
 
-OPTIMIZER_DEFAULTS: dict[str, Any] = {
-    "lr": 1e-4, "warmup_steps": 0, "schedule": "constant", "end_lr": None,
-    "weight_decay": 0.0, "clip_norm": 1.0, "b1": 0.9, "b2": 0.999,
-}
-SCHEDULES = ("constant", "linear", "cosine")
 MASTER_DTYPES = ("float32", "bfloat16")
 ACCUM_DTYPES = ("float32", "bfloat16")
+
+
+OPTIMIZER_DEFAULTS: dict[str, Any] = {name: f.default for name, f in AdamW.schema().items()}  # the paper's
 
 
 class TrainState(NamedTuple):
@@ -51,58 +49,36 @@ class TrainState(NamedTuple):
 # ----------------------------------------------------------------------------- optimizer
 
 
-def optimizer_options(opt: Mapping[str, Any]) -> dict[str, Any]:
-    """The TOML optimizer table with defaults filled in and values checked (ValueError)."""
-    unknown = sorted(set(opt) - set(OPTIMIZER_DEFAULTS))
-    if unknown:
-        raise ValueError(f"unknown optimizer keys {unknown}; allowed: {sorted(OPTIMIZER_DEFAULTS)}")
-    o = {**OPTIMIZER_DEFAULTS, **opt}
-    if o["end_lr"] is None:
-        o["end_lr"] = o["lr"]
-    for key in ("lr", "end_lr", "weight_decay", "clip_norm", "b1", "b2"):
-        v = o[key]
-        if not is_number(v) or not np.isfinite(v) or v < 0:
-            raise ValueError(f"optimizer.{key} must be a finite number >= 0, got {v!r}")
-        o[key] = float(v)
-    for key in ("b1", "b2"):
-        if not o[key] < 1:
-            raise ValueError(f"optimizer.{key} must be < 1, got {o[key]}")
-    if not is_int(o["warmup_steps"]) or o["warmup_steps"] < 0:
-        raise ValueError(f"optimizer.warmup_steps must be an int >= 0, got {o['warmup_steps']!r}")
-    if o["schedule"] not in SCHEDULES:
-        raise ValueError(f"optimizer.schedule must be one of {SCHEDULES}, got {o['schedule']!r}")
-    return o
+def optimizer_options(opt: Mapping[str, Any], key: str = "optimizer") -> dict[str, Any]:
+    """The optimizer table ``opt`` (TOML key ``key``) checked against ``AdamW`` with its
+    defaults filled in (``UserError`` naming ``key.<name>``)."""
+    return check_table(dict(opt), AdamW.schema(), key)
 
 
 def make_schedule(opt: Mapping[str, Any], total_steps: int) -> optax.Schedule:
     """Linear warmup 0 -> lr over warmup_steps, then constant lr or a linear/cosine
-    anneal to end_lr at ``total_steps``."""
-    o = optimizer_options(opt)
-    lr, end_lr, warmup = o["lr"], o["end_lr"], o["warmup_steps"]
+    anneal to end_lr at ``total_steps`` (``opt`` as ``optimizer_options`` completes it)."""
+    lr, end_lr, warmup = opt["lr"], opt["end_lr"], opt["warmup_steps"]
     decay_steps = max(1, total_steps - warmup)
-    if o["schedule"] == "constant":
+    if opt["schedule"] == "constant":
         after = optax.constant_schedule(lr)
-    elif o["schedule"] == "linear":
+    elif opt["schedule"] == "linear":
         after = optax.linear_schedule(lr, end_lr, decay_steps)
-    elif lr > 0:
-        after = optax.cosine_decay_schedule(lr, decay_steps, alpha=end_lr / lr)
     else:
-        after = optax.constant_schedule(0.0)
+        after = optax.cosine_decay_schedule(lr, decay_steps, alpha=end_lr / lr)
     if warmup == 0:
         return after
     return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), after], [warmup])
 
 
 def make_optimizer(opt: Mapping[str, Any], total_steps: int) -> optax.GradientTransformation:
-    """Global-norm clipping (clip_norm 0 = off), then AdamW. Weight decay applies to
-    matrices only (LayerNorms and biases are not decayed)."""
+    """Global-norm clipping, then AdamW. Weight decay applies to matrices only (LayerNorms
+    and biases are not decayed). ``opt``: an optimizer table, completed and checked here."""
     o = optimizer_options(opt)
     adamw = optax.adamw(make_schedule(o, total_steps), b1=o["b1"], b2=o["b2"], eps=1e-8,
                         weight_decay=o["weight_decay"],
                         mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p))
-    if o["clip_norm"] > 0:
-        return optax.chain(optax.clip_by_global_norm(o["clip_norm"]), adamw)
-    return adamw
+    return optax.chain(optax.clip_by_global_norm(o["clip_norm"]), adamw)
 
 
 def check_dtypes(config: GPTJConfig, master_dtype: str, accum_dtype: str = "float32") -> None:

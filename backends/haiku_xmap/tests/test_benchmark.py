@@ -9,16 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from star_testkit import load_script
+
 SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "gptj_throughput.py"
 
 
 def _ceiling_module():
     """benchmarks/ceiling.py (the benchmarks folder is scripts, not a package)."""
-    if str(SCRIPT.parent) not in sys.path:
-        sys.path.insert(0, str(SCRIPT.parent))
-    import ceiling
-
-    return ceiling
+    return load_script(SCRIPT.parent / "ceiling.py")
 
 
 def test_benchmark_prints_one_json_line_with_throughputs_and_mfu():
@@ -86,7 +84,7 @@ def test_ceiling_train_step_learns_a_repeated_batch():
 
     cfg = GPTJConfig(n_layer=1, d_model=32, n_head=2, d_head=16, d_ff=64, rotary_dim=8, n_ctx=16, vocab=64)
     mesh = sharding.make_mesh({"dp": 1, "mp": 1}, jax.devices()[:1])
-    tx = train.make_optimizer({"lr": 1e-2}, 100)
+    tx = train.make_optimizer({"lr": 1e-2, "warmup_steps": 0}, 100)
     state = train.init_state(jax.tree.map(jnp.copy, model.init_params(cfg, 0)), tx)
     update = ceiling.make_dense_update(cfg, tx, mesh, state)
     tokens = np.random.default_rng(0).integers(0, 64, (4, 16)).astype(np.int32)
@@ -135,10 +133,7 @@ class _Args:
 
 
 def _workload_module():
-    _ceiling_module()  # puts benchmarks/ on sys.path
-    import star_workload
-
-    return star_workload
+    return load_script(SCRIPT.parent / "star_workload.py")
 
 
 def test_addition_mix_is_one_iteration_of_the_demo():

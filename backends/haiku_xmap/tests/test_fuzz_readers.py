@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fuzzing import budget, json_values, memory_cap, mutated
+from star_testkit.fuzzing import budget, json_values, memory_cap, mutated
 from star_engine.errors import UserError
 from star_haiku_xmap.config import GPTJConfig
 from star_haiku_xmap.convert import checkpoint as C

@@ -33,7 +33,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from helpers import REPO
+from star_testkit import REPO
 from star_engine.errors import IntegrityError
 from star_haiku_xmap import inference
 from star_haiku_xmap.config import GPTJConfig

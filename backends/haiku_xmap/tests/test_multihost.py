@@ -36,7 +36,7 @@ WORKER = textwrap.dedent("""
     examples = [TrainExample(prompt=f"{a} + {b} =", completion=f" {a + b}.") for a in range(7) for b in range(5)]
     base = backend.base(work, seed=0)
     res = backend.train(base, work / "ft", examples, TrainSpec(steps=3, batch_size=8, grad_accum=2, seed=0,
-                                                              optimizer={"lr": 3e-3}))
+                                                              optimizer={"lr": 3e-3, "warmup_steps": 0}))
     gens = backend.generate(res.checkpoint, [GenRequest(prompt=f"{i} + 1 =", seed=i) for i in range(6)],
                             GenSpec(max_new_tokens=6, temperature=0.0, top_p=1.0, stop=(), batch_size=4))
     out = {"process_count": jax.process_count(), "devices": jax.device_count(), "local": jax.local_device_count(),

@@ -59,7 +59,7 @@ def test_packed_step_equals_padded_step(grad_accum, batch_size):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6 * float(np.abs(a).max()),
                                    err_msg=jax.tree_util.keystr(path))
     # The jit'd update (scan over micro-batches, clipping, AdamW): the same step.
-    tx = train.make_optimizer({"lr": 1e-3}, 1)
+    tx = train.make_optimizer({"lr": 1e-3, "warmup_steps": 0}, 1)
     update = train.make_update(CFG, tx)
     s_a, m_a = update(train.init_state(jax.tree.map(jnp.copy, params), tx), padded)
     s_b, m_b = update(train.init_state(jax.tree.map(jnp.copy, params), tx), packed)
@@ -71,7 +71,7 @@ def test_packed_step_equals_padded_step(grad_accum, batch_size):
 def test_training_packed_is_deterministic_and_learns():
     params = model.init_params(CFG, 1)
     enc = _examples(24, seed=5)
-    kw = dict(steps=4, batch_size=4, grad_accum=2, seed=3, optimizer={"lr": 3e-3}, seq_len=128, pad_id=0)
+    kw = dict(steps=4, batch_size=4, grad_accum=2, seed=3, optimizer={"lr": 3e-3, "warmup_steps": 0}, seq_len=128, pad_id=0)
     p_seg, l_seg, n_seg = train.train(params, CFG, enc, packing="segments", **kw)
     p_again, l_again, n_again = train.train(params, CFG, enc, packing="segments", **kw)
     assert l_seg == l_again and n_seg == n_again and l_seg[-1] < l_seg[0]
@@ -244,7 +244,7 @@ def test_stream_examples_see_earlier_examples_and_train():
     """In a chunk, later examples attend to earlier ones (as the original); training
     on the stream lowers the loss; completion loss counts completion targets only."""
     enc = _examples(40, seed=17)
-    kw = dict(steps=6, batch_size=2, grad_accum=2, seed=0, optimizer={"lr": 3e-3}, seq_len=63, pad_id=0,
+    kw = dict(steps=6, batch_size=2, grad_accum=2, seed=0, optimizer={"lr": 3e-3, "warmup_steps": 0}, seq_len=63, pad_id=0,
               packing="stream")
     _, losses, n_all = train.train(model.init_params(CFG, 0), CFG, enc, loss="all", **kw)
     _, _, n_comp = train.train(model.init_params(CFG, 0), CFG, enc, loss="completion", **kw)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from helpers import SHARED_DATA, STAR_PROMPTS
+from star_testkit import SHARED_DATA, STAR_PROMPTS
 
 from star_cqa import CQATask
 from star_cqa.task import mark_choice

@@ -116,7 +116,7 @@ examples = [TrainExample(f"Q: {rng.randint(0, 10 ** rng.randint(1, 5))}\nA:", " 
             for _ in range(300)]
 root = tempfile.mkdtemp()
 result = backend.train(backend.base(root, seed=0), root + "/m", examples,
-                       TrainSpec(steps=int(sys.argv[1]), batch_size=16, grad_accum=1, seed=0, optimizer={"lr": 1e-3}))
+                       TrainSpec(steps=int(sys.argv[1]), batch_size=16, grad_accum=1, seed=0, optimizer={"lr": 1e-3, "warmup_steps": 0}))
 print("RESULT", result.losses[0], result.losses[-1])
 """
 

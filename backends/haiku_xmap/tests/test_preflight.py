@@ -6,6 +6,7 @@ arguments in one line."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import jax
@@ -14,12 +15,14 @@ import pytest
 
 from star_engine.api import GenSpec, TrainSpec
 from star_engine.cli import main
+from star_engine.config import check_table
 from star_engine.errors import IntegrityError, UserError
 from star_haiku_xmap import preflight
 from star_haiku_xmap.config import GPTJConfig
 from star_haiku_xmap.convert import checkpoint as C
 from star_haiku_xmap.convert import checkpoint_write as CW
 from star_haiku_xmap.model import init_params
+from star_haiku_xmap.options import AdamW
 from star_haiku_xmap.plugin import HaikuXmapBackend
 
 EXPERIMENT = """
@@ -54,7 +57,7 @@ def star(monkeypatch, capsys):
     (["generation.max_new_tokens=600"], "generation.max_new_tokens: 600 leaves no room for a prompt in the model's "
                                         "context of n_ctx = 512 tokens"),
     (["evaluation.max_new_tokens=512"], "evaluation.max_new_tokens: 512 leaves no room"),
-    (["base_training.steps=2", "base_training.optimizer.b1=1.0"], "base_training.optimizer.b1: must be < 1, got 1.0"),
+    (["base_training.steps=2", "base_training.optimizer.b1=1.0"], "base_training.optimizer.b1: must be in [0, 1), got 1.0"),
     (["model.n_layer=0"], "model.n_layer: must be a positive int, got 0"),
     (["model.n_ctx=8"], "generation.max_new_tokens: 96 leaves no room for a prompt in the model's context of "
                         "n_ctx = 8"),
@@ -99,7 +102,7 @@ def test_a_damaged_checkpoint_path_is_refused_by_validate(tmp_path, star):
 def test_validate_run_checks_each_spec(tmp_path):
     backend = HaikuXmapBackend(preset="tiny")
     ok = GenSpec(16, 0.0, 1.0, (), 4)
-    train = TrainSpec(0, 4, 1, 0, {"lr": 1e-3})
+    train = TrainSpec(0, 4, 1, 0, {"lr": 1e-3, "warmup_steps": 0})
     backend.validate_run({"generation": ok, "evaluation": ok}, {"training": train})
     for spec, message in [(GenSpec(512, 0.0, 1.0, (), 4), "generation.max_new_tokens: 512 leaves no room"),
                           (GenSpec(16, float("nan"), 1.0, (), 4), "generation.temperature"),
@@ -108,10 +111,14 @@ def test_validate_run_checks_each_spec(tmp_path):
         with pytest.raises(UserError, match=message):
             backend.validate_run({"generation": spec}, {})
     backend.validate_run({"generation": GenSpec(511, 0.0, 1.0, (), 4)}, {})  # one token of prompt: as generate
-    for opt, message in [({"lr": -1.0}, "training.optimizer.lr"), ({"schedule": "exp"}, "training.optimizer.schedule"),
-                         ({"lrr": 1.0}, "training.optimizer: unknown optimizer keys")]:
-        with pytest.raises(UserError, match=message):
-            backend.validate_run({}, {"training": TrainSpec(0, 4, 1, 0, opt)})
+    # The optimizer tables are checked once, by the backend's table, when the experiment is
+    # loaded (config.load_experiment -> Backend.optimizer_table), not again here.
+    assert HaikuXmapBackend.optimizer_table is AdamW
+    for opt, message in [({"lr": -1.0}, "training.optimizer.lr: must be > 0"),
+                         ({"schedule": "exp"}, "training.optimizer.schedule: must be one of"),
+                         ({"lrr": 1.0}, "unknown key 'training.optimizer.lrr' (did you mean 'lr'?)")]:
+        with pytest.raises(UserError, match=re.escape(message)):
+            check_table(opt, AdamW.schema(), "training.optimizer")
     ck = _checkpoint(tmp_path / "ck")
     assert preflight.check_checkpoint(ck)["version"] == C.VERSION
     (ck / C.MANIFEST).write_bytes(b"\x80")

@@ -85,7 +85,7 @@ def loss(p, t, m, lm):
     return s / n
 def logits_and_grads(p, t, m, lm):
     return model.forward(p, t, cfg, mask=m), jax.grad(loss)(p, t, m, lm)
-tx = train.make_optimizer({"lr": 1e-2, "clip_norm": 0.5, "weight_decay": 0.1}, 10)
+tx = train.make_optimizer({"lr": 1e-2, "warmup_steps": 0, "clip_norm": 0.5, "weight_decay": 0.1}, 10)
 w = np.roll(loss_mask, -1, axis=1)
 w[:, -1] = False
 batch = {"tokens": tokens[None], "targets": np.roll(tokens, -1, axis=1)[None], "weights": w[None],

@@ -18,7 +18,7 @@ from star_haiku_xmap.convert.checkpoint import load_checkpoint, read_manifest
 SMALL = dict(preset="tiny", n_layer=1, d_model=64, n_head=4, d_head=16, d_ff=128, rotary_dim=8, n_ctx=64,
              seq_len=48)
 EXAMPLES = [TrainExample(f"Q: {a}+{b}\nA:", f" {a + b}\n") for a in range(6) for b in range(4)]
-SPEC = TrainSpec(steps=4, batch_size=4, grad_accum=2, seed=1, optimizer={"lr": 1e-3})
+SPEC = TrainSpec(steps=4, batch_size=4, grad_accum=2, seed=1, optimizer={"lr": 1e-3, "warmup_steps": 0})
 
 
 def _leaves(path):

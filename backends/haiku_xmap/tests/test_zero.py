@@ -46,7 +46,7 @@ SCRIPT = textwrap.dedent("""
                      "param_spec": str(p["h_0/attn/q"]["w"].sharding.spec)}
     # the state itself: where the moments live
     params = model.init_params(cfg, 0)
-    tx = tr.make_optimizer({"lr": 1e-2}, 4)
+    tx = tr.make_optimizer({"lr": 1e-2, "warmup_steps": 0}, 4)
     state, _ = tr.init_train_state(D.place(params, mesh), tx, mesh, zero=1)
     adam = state.opt_state[1][0]
     specs = {k: str(getattr(adam.mu[k.rsplit("/", 1)[0]][k.rsplit("/", 1)[1]], "sharding").spec)

@@ -8,7 +8,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
-from helpers import SHARED_DATA
+from star_testkit import SHARED_DATA
 
 from star_cqa import plugin
 from star_cqa.prompts import EXAMPLES

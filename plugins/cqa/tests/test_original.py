@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import STAR_PROMPTS
+from star_testkit import STAR_PROMPTS
 
 from star_cqa.answers import first_line, original_letter
 from star_cqa.task import CQATask, _split_answer

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import STAR_PROMPTS
+from star_testkit import STAR_PROMPTS
 
 from star_engine.api import Example
 from star_engine.errors import UserError

@@ -13,14 +13,14 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import TESTS, TOY_TOML
+from star_testkit import TESTS, TOY_TOML
 from star_engine.cli import main
 from star_tracking import tracker
 from star_tracking.events import read_records, read_scalars
 
 pytest.importorskip("tensorboardX", reason="the [tensorboard] extra is not installed")
 
-PLUGINS = "scripted_plugin,star_tracking.plugin"
+PLUGINS = "star_testkit.scripted,star_tracking.plugin"
 
 
 @pytest.fixture

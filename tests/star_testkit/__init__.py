@@ -1,13 +1,18 @@
-"""Helpers shared by the core tests: the toy experiment and running the CLI in a subprocess."""
+"""What the tests of every folder share: the toy experiment, running the CLI in a subprocess
+with the scripted backend (``star_testkit.scripted``), where the real data lives; the fuzz
+tests' pieces are in ``star_testkit.fuzzing``. A uniquely named package on the tests' path
+(pyproject.toml's ``pythonpath``), so that no generic module name (``helpers``) is importable."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 # The real data sets and the original STaR prompt files (never in the repository):
 # ../shared/data next to the checkout, or wherever STAR_SHARED_DATA points (a git
@@ -49,7 +54,7 @@ backend = "scripted"
 
 def scripted_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"STAR_ENGINE_DISABLE_AUTOLOAD": "1", "STAR_ENGINE_PLUGINS": "scripted_plugin",
+    env.update({"STAR_ENGINE_DISABLE_AUTOLOAD": "1", "STAR_ENGINE_PLUGINS": "star_testkit.scripted",
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH", "")]))})
     env.pop("SCRIPTED_KILL", None)
     env.pop("SCRIPTED_SLEEP", None)
@@ -66,6 +71,28 @@ def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) 
 
 def scripted_plugin_examples(split: str = "train"):
     """The toy task's questions of ``split`` as a run of TOY_TOML loads them."""
-    from scripted_plugin import ToyTask
+    from star_testkit.scripted import ToyTask
 
     return ToyTask().load(split, None)
+
+
+def load_script(path: Path) -> types.ModuleType:
+    """Import a script that is not part of a package (benchmarks/*.py) as ``_script_<stem>``,
+    its own folder on ``sys.path`` only while it is imported (for its imports of the scripts
+    beside it, which must carry unique names: ``bench_common``), so that no generic name
+    (``ceiling``) stays importable."""
+    name = f"_script_{path.stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while it is executed
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    finally:
+        sys.path.remove(str(path.parent))
+    return module

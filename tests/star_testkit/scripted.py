@@ -18,11 +18,13 @@ import random
 import re
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from star_engine import hookimpl
 from star_engine.api import Example, TrainExample, TrainResult, Verdict
 from star_engine.errors import UserError
+from star_engine.settings import Section, setting
 from star_engine.store import atomic_write_bytes
 
 _counts: dict[str, int] = {}
@@ -133,9 +135,23 @@ class ToyLinear:
         return self.k * iteration if n_examples else 0
 
 
+@dataclass(frozen=True)
+class ToyOptimizer(Section):
+    """The scripted backend's optimizer table (it trains nothing with it): the core checks and
+    completes ``[*.optimizer]`` by it, as by a real backend's. ``b1`` may be 1 here, for
+    ``validate_run`` to refuse."""
+
+    lr: float = setting("float", 1e-6, 0, lo_open=True)
+    warmup_steps: int = setting("int", 100, 0)
+    schedule: str = setting("str", "constant", choices=("constant", "linear", "cosine"))
+    b1: float = setting("float", 0.9, 0, 1)
+
+
 class ScriptedBackend:
     """``max_tokens`` (0 = none) is a context length: ``generate`` refuses longer generations,
     and ``validate_run`` refuses them before the run starts."""
+
+    optimizer_table = ToyOptimizer
 
     def __init__(self, easy_mod: int = 3, leak_mod: int = 2, max_tokens: int = 0):
         self.easy_mod, self.leak_mod, self.max_tokens = easy_mod, leak_mod, max_tokens
