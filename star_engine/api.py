@@ -249,10 +249,11 @@ class Backend(Protocol):
     optimizer_table: type
     """Optional. The typed section (a frozen ``star_engine.settings.Section`` of
     ``settings.setting`` fields) of the ``[base_training.optimizer]`` and
-    ``[training.optimizer]`` tables, which are the backend's: ``experiment.build`` checks each
-    table against it (unknown keys, types, ranges: one line naming the key) and fills in its
-    defaults, so ``config.json`` records what trains and ``TrainSpec.optimizer`` arrives
-    complete. Without it the tables reach ``validate_run`` and ``train`` as written."""
+    ``[training.optimizer]`` tables, which are the backend's: a class attribute of its
+    factory. ``config.load_experiment`` checks each table against it (unknown keys, types,
+    ranges: one line naming the key and the file or ``--set``) and fills in its defaults, so
+    ``config.json`` records what trains and ``TrainSpec.optimizer`` arrives complete. Without
+    it the tables reach ``validate_run`` and ``train`` as written."""
 
     def base(self, workdir: Path, seed: int) -> str:
         """The base checkpoint: the configured weights, or a fresh random

@@ -8,8 +8,8 @@ from a configuration ``config.load_experiment`` has validated and resolved; noth
 checked twice. ``[model]`` and the component references (``task.checker``, ...) are
 plugin option tables: they stay dicts, passed as keyword options to the factories. The
 ``[*.optimizer]`` tables are the backend's: it declares their typed section
-(``Backend.optimizer_table``, made with :func:`setting`) and ``experiment.build`` checks
-and completes them by it (``config.check_table``).
+(``Backend.optimizer_table``, made with :func:`setting`) and ``config.load_experiment``
+checks and completes them by it, with the file's rules and messages.
 """
 
 from __future__ import annotations
@@ -146,8 +146,8 @@ class Rationalization(Section):
 @dataclass(frozen=True)
 class Trains(Section):
     """What both training sections (``[base_training]``, ``[training]``) have: the shape of a
-    step and its optimizer (the backend's table: ``experiment.build`` completes it with the
-    backend's defaults); ``train_spec`` makes one fine-tuning job of it."""
+    step and its optimizer (the backend's table: ``config.load_experiment`` completes it with
+    the backend's defaults); ``train_spec`` makes one fine-tuning job of it."""
 
     batch_size: int = _f("int", 8, 1)
     grad_accum: int = _f("int", 1, 1)

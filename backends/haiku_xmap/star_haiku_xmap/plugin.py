@@ -57,7 +57,7 @@ class HaikuXmapBackend:
     training state so that a killed run resumes mid-stage (``resume.py``; 0 = off;
     default: every 10 minutes, 30 for models of 1B parameters or more)."""
 
-    optimizer_table = AdamW  # the [*.optimizer] tables: experiment.build checks and completes them
+    optimizer_table = AdamW  # the [*.optimizer] tables: config.load_experiment checks and completes them
 
     def __init__(self, preset: str | None = None, dtype: str | None = None, n_layer: int | None = None,
                  d_model: int | None = None, n_head: int | None = None, d_head: int | None = None,
@@ -356,7 +356,7 @@ class HaikuXmapBackend:
 
     def validate_run(self, generation: Mapping[str, GenSpec], training: Mapping[str, TrainSpec]) -> None:
         """Every check the run's specs need before it starts (``Backend.validate_run``;
-        ``preflight.py``): context length, sampling values, optimizer tables, the checkpoint's files."""
+        ``preflight.py``): context length, sampling values, training sizes, the checkpoint's files."""
         from .preflight import validate_run
 
         validate_run(self, generation, training)
