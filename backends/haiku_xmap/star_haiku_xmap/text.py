@@ -36,9 +36,13 @@ def generate_text(params: Any, requests: Sequence[GenRequest], spec: GenSpec, *,
     prompts = [(tok.encode(r.prompt) or [tok.eos_id])[-max_prompt:] for r in requests]
     stops = tuple(s for s in spec.stop if s)
     # Continuous batching checks the stop strings after each chunk of decode steps and frees the slot.
-    stop = (lambda i, ids: cut_at_stop(tok.decode(ids), stops) != tok.decode(ids)) if stops else None
+    def stop(i: int, ids: Sequence[int]) -> bool:  # a row's tokens so far hold a stop string
+        text = tok.decode(ids)
+        return any(s in text for s in stops)
+
     if generation == "continuous":
-        run = functools.partial(continuous.generate, chunk=chunk, stop=stop, share_prefix=share_prefix)
+        run = functools.partial(continuous.generate, chunk=chunk, stop=stop if stops else None,
+                                share_prefix=share_prefix)
     else:  # the static path: length-sorted batches, each until its last row ends
         run = functools.partial(sample.generate_batches, max_new_tokens=spec.max_new_tokens)
     out = run(params, prompts, [r.seed for r in requests], [spec.max_new_tokens] * len(requests),

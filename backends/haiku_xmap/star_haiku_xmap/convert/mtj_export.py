@@ -18,7 +18,7 @@ import numpy as np
 from numpy.lib import format as npy_format
 
 from star_engine.errors import UserError
-from star_engine.fsio import temporary_sibling
+from star_engine.fsio import fsync_dir, temporary_sibling
 
 from ..config import GPTJConfig
 from .checkpoint import checked_manifest, read_leaf
@@ -87,7 +87,10 @@ def export_mtj(checkpoint: str | os.PathLike, dest: str | os.PathLike, *, shards
             for f in (tmp / f"shard_{s}").iterdir():
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
+            fsync_dir(tmp / f"shard_{s}")
+        fsync_dir(tmp)
         os.rename(tmp, dest)
+        fsync_dir(dest.parent)  # the rename itself survives a power cut
         created = []
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
