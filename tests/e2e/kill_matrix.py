@@ -180,19 +180,34 @@ def _digest(path: Path) -> str | None:
         return None
 
 
+# Rewritten (or, tensorboard/, written anew) by every start or every iteration whatever was
+# done before: not stage outputs, and no sign that an attempt got anywhere.
+BOOKKEEPING = {"config.json", "manifest.json", "requirements.txt", "events.jsonl", "metrics.parquet", "report.png",
+               "report.md", "tracking.json", ".lock", "experiment.toml"}
+
+
+def is_bookkeeping(rel: str) -> bool:
+    return rel in BOOKKEEPING or rel.startswith("tensorboard/")
+
+
 class Progress:
-    """What an attempt has saved since it started: a file that was not there, or one
-    replaced by different bytes. A resume that rewrites a finished file with the same bytes
-    (the report, re-rendered by every attempt that reaches it) has not progressed: counting
-    it would let a chain kill every attempt right after that rewrite, for ever."""
+    """What an attempt has saved since it started: a stage output (a training snapshot
+    included) that was not there, or one replaced by different bytes. Neither the files every
+    start writes (``BOOKKEEPING``: the manifest, the event log, a new tensorboard file, ...) nor
+    a finished file rewritten with the same bytes count: counting them let a chain kill every
+    attempt right after start-up (or, at the end, right after the report's re-render), for
+    ever, whenever the kill interval was shorter than an attempt needs to reach its next
+    stage output or snapshot (a loaded machine)."""
 
     def __init__(self, root: Path):
         self.root = root
         self.before = saved(root)
-        self.digests = {rel: _digest(root / rel) for rel in self.before}
+        self.digests = {rel: _digest(root / rel) for rel in self.before if not is_bookkeeping(rel)}
 
     def made(self) -> bool:
         for rel, sig in saved(self.root).items():
+            if is_bookkeeping(rel):
+                continue
             if rel not in self.before:
                 return True
             if sig != self.before[rel]:

@@ -23,10 +23,6 @@ from star_testkit import load_script
 km = load_script(Path(__file__).with_name("kill_matrix.py"))  # beside this file
 
 
-# Rewritten by every start or every iteration whatever was damaged: not stage outputs.
-BOOKKEEPING = {"config.json", "manifest.json", "requirements.txt", "events.jsonl", "metrics.parquet", "report.png",
-               "report.md", "tracking.json", ".lock"}
-
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
@@ -55,8 +51,7 @@ def changed(before: dict, after: dict) -> set[str]:
     return {rel for rel in set(before) | set(after) if before.get(rel) != after.get(rel)}
 
 
-def is_bookkeeping(rel: str) -> bool:
-    return rel in BOOKKEEPING or rel.startswith("tensorboard/")
+is_bookkeeping = km.is_bookkeeping  # rewritten by every start or every iteration: not stage outputs
 
 
 def events_since(run: Path, offset: int) -> list[dict]:

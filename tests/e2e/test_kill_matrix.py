@@ -143,20 +143,28 @@ def test_kills_more_often_than_base_training_lasts_and_still_finishes(shared):
     assert (c.lost, c.duplicated, c.changed, res.orphans) == (0, 0, 0, 0) and c.checkpoints == 4
 
 
-def test_progress_is_a_new_file_or_new_bytes_never_the_same_bytes_rewritten(tmp_path):
-    """The periodic chain kills an attempt once it has progressed; a resume that only
-    re-renders a finished file (the report) with the same bytes has not, or the chain
-    could kill every attempt right after that rewrite and never finish."""
-    (tmp_path / "report.png").write_bytes(b"png")
+def test_progress_is_a_new_stage_output_or_new_bytes_never_bookkeeping(tmp_path):
+    """The periodic chain kills an attempt once it has progressed. Neither what every start
+    writes (a new tensorboard file, the manifest, the event log) nor a finished file rewritten
+    with the same bytes is progress; otherwise the chain could kill every attempt right after
+    start-up, or right after the report's re-render, and never finish."""
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "train.json").write_bytes(b"{}")
     progress = km.Progress(tmp_path)
+    assert not progress.made()
+    (tmp_path / "tensorboard").mkdir()
+    (tmp_path / "tensorboard" / "events.out.tfevents.1").write_bytes(b"tb")
+    (tmp_path / "manifest.json").write_bytes(b"{}")
+    (tmp_path / "events.jsonl").write_bytes(b'{"event": "resume"}')
     assert not progress.made()
     tmp = tmp_path / "new.tmp"
-    tmp.write_bytes(b"png")
-    tmp.replace(tmp_path / "report.png")  # a new inode, the same bytes
+    tmp.write_bytes(b"{}")
+    tmp.replace(tmp_path / "base" / "train.json")  # a new inode, the same bytes
     assert not progress.made()
-    tmp.write_bytes(b"png2")
-    tmp.replace(tmp_path / "report.png")
+    tmp.write_bytes(b'{"steps": 1}')
+    tmp.replace(tmp_path / "base" / "train.json")
     assert progress.made()
     progress = km.Progress(tmp_path)
-    (tmp_path / "report.md").write_bytes(b"md")
+    (tmp_path / "base" / "model.partial").mkdir()
+    (tmp_path / "base" / "model.partial" / "state.msgpack").write_bytes(b"snapshot")
     assert progress.made()

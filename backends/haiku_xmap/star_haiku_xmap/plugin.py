@@ -194,6 +194,9 @@ class HaikuXmapBackend:
         from . import model, sharding
         from .convert.checkpoint import load_checkpoint, read_manifest
 
+        from .resume import release
+
+        release(checkpoint)  # loaded: the run has recorded the stage that wrote it
         dtype = dtype or self.config.dtype
         key = (str(Path(checkpoint).resolve()), self.checkpoint_id(checkpoint))
         stored = config_from_dict(read_manifest(checkpoint)["model_config"])
@@ -285,7 +288,8 @@ class HaikuXmapBackend:
         self._save(out, params, {"kind": "finetune", "init": self.checkpoint_id(init), "steps": spec.steps,
                                  "seed": spec.seed, "examples": len(encoded), "packing": packing, "loss": loss,
                                  "compute_dtype": self.config.dtype}, dtype=stored)
-        snapshots.discard()  # the stage's checkpoint is written: its snapshot has served
+        # The snapshot stays until this checkpoint is first loaded (resume.release): the run has
+        # not recorded the stage yet, and a kill before it does retrains from the snapshot.
         ckpt_id = self.checkpoint_id(str(out))
         # Cached for generation in the compute dtype, laid out by the rule table (ZeRO-1
         # returns fp32 masters split over dp).

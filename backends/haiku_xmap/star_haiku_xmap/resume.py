@@ -17,8 +17,11 @@ and its manifest's ``extra`` holds the stage's identity (``key``: the init check
 id, the training spec, a hash of the examples, the model config, dtypes, mesh and
 optimizer-state layout), the step, the losses and the token count. A rerun of the
 stage loads it only when all of these match and every part verifies; otherwise it
-is deleted and the stage starts from step 0. It is deleted once the stage's
-checkpoint is written.
+is deleted and the stage starts from step 0. It outlives the stage's checkpoint until
+that checkpoint is first loaded (``release``: as the init of a later stage, or to
+generate), by which time the run has recorded the stage: a kill between the checkpoint's
+write and the run's record of it (``train.json``), which makes the run train the stage
+again, then costs the steps since the last snapshot, not the whole stage.
 
 Cost: a snapshot holds the master weights plus two Adam moments, about 3x the
 fp32 weights (12 bytes a parameter; 8 with ``opt_state_dtype = "bfloat16"``): ~72 GB
@@ -237,13 +240,23 @@ class Snapshots:
         self.saved += 1
 
     def discard(self) -> None:
-        """Delete the snapshot (process 0; all wait). It is first renamed to a temporary's
-        name (``.<name>.tmp-...``, which a restarted run cleans away), so that a kill
-        during the deletion never leaves a half-deleted snapshot under its own name."""
-        from . import distributed as dist
+        discard(self.path)
 
-        if dist.is_primary() and self.path.exists():
-            doomed = temporary_sibling(self.path, "discard")
-            os.rename(self.path, doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
-        dist.barrier(f"discard {self.path}")
+
+def release(checkpoint: str | Path) -> None:
+    """Delete the snapshot of the stage that wrote ``checkpoint``, if one is left: called
+    when the checkpoint is loaded (every process)."""
+    discard(snapshot_dir(checkpoint))
+
+
+def discard(path: Path) -> None:
+    """Delete the snapshot at ``path`` (process 0; all wait). It is first renamed to a
+    temporary's name (``.<name>.tmp-...``, which a restarted run cleans away), so that a kill
+    during the deletion never leaves a half-deleted snapshot under its own name."""
+    from . import distributed as dist
+
+    if dist.is_primary() and path.exists():
+        doomed = temporary_sibling(path, "discard")
+        os.rename(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+    dist.barrier(f"discard {path}")

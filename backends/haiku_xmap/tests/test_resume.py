@@ -1,13 +1,14 @@
 """Training snapshots (``resume.py``): a fine-tuning stage killed midway continues
 from its last snapshot and ends with the uninterrupted stage's exact parameters,
 losses and checkpoint id; a snapshot of another stage, or a damaged one, is
-deleted and the stage starts over; the snapshot goes once the checkpoint is written."""
+deleted and the stage starts over; the snapshot goes once the checkpoint is loaded."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from star_engine.api import TrainExample, TrainSpec
+from star_engine.api import GenRequest, GenSpec, TrainExample, TrainSpec
 from star_engine.errors import UserError
 from star_haiku_xmap import plugin, resume
 from star_haiku_xmap.convert.checkpoint import load_checkpoint, read_manifest
@@ -82,7 +83,15 @@ def test_killed_stage_resumes_bit_identical(reference, tmp_path):
     assert_same(ref.checkpoint, res.checkpoint)
     assert res.checkpoint_id == ref.checkpoint_id
     assert (res.losses, res.tokens, res.steps) == (ref.losses, ref.tokens, ref.steps)
-    assert not snap.exists()  # removed with the checkpoint written
+    # The snapshot outlives the checkpoint until that is loaded (the run has recorded the stage
+    # by then): a kill before the run records it retrains from the snapshot, not from step 0.
+    assert read_manifest(snap)["extra"]["step"] == 8
+    shutil.rmtree(out)  # the run's retry of an unrecorded stage: its checkpoint is removed
+    calls = []
+    again = b.train(base, out, EXAMPLES, SPEC, progress=calls.append)
+    assert calls[0] == 8 and again.checkpoint_id == ref.checkpoint_id and again.losses == ref.losses
+    b.generate(again.checkpoint, [GenRequest("ab", 0)], GenSpec(2, 0.0, 1.0, (), 1))
+    assert not snap.exists()  # released when its checkpoint was first loaded
 
 
 def test_time_trigger_and_a_second_kill(reference, tmp_path):
@@ -120,7 +129,8 @@ def test_snapshot_of_another_stage_or_damaged_is_deleted(reference, tmp_path):
     calls = []
     res = b.train(base, out, EXAMPLES, SPEC, progress=calls.append)
     assert calls == [1] * SPEC.steps
-    assert res.checkpoint_id == ref.checkpoint_id and not snap.exists()
+    assert res.checkpoint_id == ref.checkpoint_id
+    assert read_manifest(snap)["extra"]["step"] == 6  # this run's own snapshot, kept until the checkpoint is loaded
 
 
 def test_options_and_triggers(tmp_path):
@@ -147,7 +157,7 @@ _MESH_SCRIPT = r"""
 import json, sys, tempfile
 from pathlib import Path
 import numpy as np
-from star_engine.api import TrainExample, TrainSpec
+from star_engine.api import GenRequest, GenSpec, TrainExample, TrainSpec
 from star_haiku_xmap import plugin, resume
 from star_haiku_xmap.convert.checkpoint import load_checkpoint, read_manifest
 
