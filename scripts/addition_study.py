@@ -132,7 +132,8 @@ def measure(args: argparse.Namespace) -> None:
     from star_haiku_xmap.convert import checkpoint as ckpt
     from star_haiku_xmap.convert import checkpoint_write as ckpt_write
 
-    exp = build(load_experiment(Path(args.experiment), args.set), Registry())
+    registry = Registry()
+    exp = build(load_experiment(Path(args.experiment), args.set, registry=registry), registry)
     if args.hinted and not exp.config.rationalization.enabled:
         raise SystemExit("addition_study: --hinted needs rationalization enabled (the hint formatter)")
     task, backend = exp.task, exp.backend  # guarded: attributes pass through, a failing method names its plugin

@@ -59,8 +59,6 @@ def setting(type_: str, default: Any = REQUIRED, lo: float | None = None, hi: fl
     return field(metadata={"spec": spec})
 
 
-_f = setting
-
 
 def _table(spec: Any) -> Any:
     """A dataclass field holding a nested section (a dataclass) or a plugin table (``FREE``)."""
@@ -104,43 +102,43 @@ def _plain(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class ExperimentSection(Section):
-    name: str = _f("str")
-    seed: int = _f("int", 0, 0)
-    output_dir: str = _f("str", "")
-    iterations: int = _f("int", REQUIRED, 1)
-    early_stop_patience: int = _f("int", 0, 0)
-    limit: int = _f("int", 0, 0)
+    name: str = setting("str")
+    seed: int = setting("int", 0, 0)
+    output_dir: str = setting("str", "")
+    iterations: int = setting("int", REQUIRED, 1)
+    early_stop_patience: int = setting("int", 0, 0)
+    limit: int = setting("int", 0, 0)
 
 
 @dataclass(frozen=True)
 class TaskSection(Section):
-    dataset: str = _f("str")
-    options: dict = _f("table", {})
-    data: dict = _f("table", {})
-    checker: dict = _f("component", "")
-    hint: dict = _f("component", "")
-    filters: tuple = _f("components", [])
-    direct: bool = _f("bool", False)
-    few_shot_train: bool = _f("bool", False)
+    dataset: str = setting("str")
+    options: dict = setting("table", {})
+    data: dict = setting("table", {})
+    checker: dict = setting("component", "")
+    hint: dict = setting("component", "")
+    filters: tuple = setting("components", [])
+    direct: bool = setting("bool", False)
+    few_shot_train: bool = setting("bool", False)
 
 
 @dataclass(frozen=True)
 class Generation(Section):
-    max_new_tokens: int = _f("int", 96, 1)
-    temperature: float = _f("float", 0.0, 0)
-    top_p: float = _f("float", 1.0, 0, 1, lo_open=True)
-    batch_size: int = _f("int", 8, 1)
-    samples_per_question: int = _f("int", 1, 1)
-    n_train_samples: int = _f("int", 0, 0)
-    sampler: dict = _f("component", "")
-    chunk_size: int = _f("int", 256, 1)
+    max_new_tokens: int = setting("int", 96, 1)
+    temperature: float = setting("float", 0.0, 0)
+    top_p: float = setting("float", 1.0, 0, 1, lo_open=True)
+    batch_size: int = setting("int", 8, 1)
+    samples_per_question: int = setting("int", 1, 1)
+    n_train_samples: int = setting("int", 0, 0)
+    sampler: dict = setting("component", "")
+    chunk_size: int = setting("int", 256, 1)
 
 
 @dataclass(frozen=True)
 class Rationalization(Section):
-    enabled: bool = _f("bool", True)
-    p_rationalization: float = _f("float", 1.0, 0, 1)
-    p_show_hint_save: float = _f("float", 0.0, 0, 1)
+    enabled: bool = setting("bool", True)
+    p_rationalization: float = setting("float", 1.0, 0, 1)
+    p_show_hint_save: float = setting("float", 0.0, 0, 1)
 
 
 @dataclass(frozen=True)
@@ -149,11 +147,11 @@ class Trains(Section):
     step and its optimizer (the backend's table: ``config.load_experiment`` completes it with
     the backend's defaults); ``train_spec`` makes one fine-tuning job of it."""
 
-    batch_size: int = _f("int", 8, 1)
-    grad_accum: int = _f("int", 1, 1)
-    packing: str = _f("str", "segments", choices=PACKINGS)
-    loss: str = _f("str", "completion", choices=LOSSES)
-    optimizer: dict = _f("table", {})
+    batch_size: int = setting("int", 8, 1)
+    grad_accum: int = setting("int", 1, 1)
+    packing: str = setting("str", "segments", choices=PACKINGS)
+    loss: str = setting("str", "completion", choices=LOSSES)
+    optimizer: dict = setting("table", {})
 
     def train_spec(self, steps: int, seed: int) -> TrainSpec:
         """The backend's job; ``optimizer`` is the table (a dict), as the backend completed it."""
@@ -163,28 +161,28 @@ class Trains(Section):
 
 @dataclass(frozen=True)
 class BaseTraining(Trains):
-    steps: int = _f("int", 0, 0)
+    steps: int = setting("int", 0, 0)
 
 
 @dataclass(frozen=True)
 class Training(Trains):
-    schedule: dict = _f("component", {"name": "exponential_grow"})
-    restart_from_base: bool = _f("bool", True)
-    source: str = _f("str", "generated", choices=("generated", "gold"))
+    schedule: dict = setting("component", {"name": "exponential_grow"})
+    restart_from_base: bool = setting("bool", True)
+    source: str = setting("str", "generated", choices=("generated", "gold"))
 
 
 @dataclass(frozen=True)
 class Evaluation(Section):
-    splits: tuple = _f("strlist", ["dev"])
-    no_prompt: bool = _f("bool", False)
-    every: int = _f("int", 1, 1)
-    at_start: bool = _f("bool", True)
-    max_new_tokens: int = _f("int", 0, 0)
-    temperature: float = _f("float", 0.0, 0)
-    top_p: float = _f("float", 1.0, 0, 1, lo_open=True)
-    samples_per_question: int = _f("int", 0, 0)
-    sample_temperature: float = _f("float", 0.0, 0)
-    pass_k: int = _f("int", 0, 0)
+    splits: tuple = setting("strlist", ["dev"])
+    no_prompt: bool = setting("bool", False)
+    every: int = setting("int", 1, 1)
+    at_start: bool = setting("bool", True)
+    max_new_tokens: int = setting("int", 0, 0)
+    temperature: float = setting("float", 0.0, 0)
+    top_p: float = setting("float", 1.0, 0, 1, lo_open=True)
+    samples_per_question: int = setting("int", 0, 0)
+    sample_temperature: float = setting("float", 0.0, 0)
+    pass_k: int = setting("int", 0, 0)
 
 
 @dataclass(frozen=True)

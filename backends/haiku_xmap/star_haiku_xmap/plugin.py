@@ -193,7 +193,6 @@ class HaikuXmapBackend:
 
         from . import model, sharding
         from .convert.checkpoint import load_checkpoint, read_manifest
-
         from .resume import release
 
         release(checkpoint)  # loaded: the run has recorded the stage that wrote it

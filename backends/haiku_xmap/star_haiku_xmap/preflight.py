@@ -46,7 +46,7 @@ def check_generation(key: str, spec: GenSpec, n_ctx: int) -> None:
 
 def check_training(key: str, spec: TrainSpec) -> None:
     """``spec`` (from TOML section ``key``): its sizes (its optimizer table was checked and
-    completed by ``options.AdamW`` when the experiment was built)."""
+    completed by ``options.AdamW`` when the experiment was loaded)."""
     for name, minimum in (("steps", 0), ("batch_size", 1), ("grad_accum", 1)):
         value = getattr(spec, name)
         if not _int(value, minimum):

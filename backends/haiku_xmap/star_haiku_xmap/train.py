@@ -29,14 +29,12 @@ from star_engine.config import check_table
 
 from . import model, packing, sharding
 from .distributed import global_array, place, to_host
-from .options import OPT_STATE_DTYPES, SCHEDULES, AdamW
+from .options import OPT_STATE_DTYPES, AdamW
 from .config import GPTJConfig
 from .packing import Encoded, bucket_lengths, encode_example, plan_steps  # noqa: F401  (the backend's API)
 
 MASTER_DTYPES = ("float32", "bfloat16")
 ACCUM_DTYPES = ("float32", "bfloat16")
-
-
 OPTIMIZER_DEFAULTS: dict[str, Any] = {name: f.default for name, f in AdamW.schema().items()}  # the paper's
 
 
