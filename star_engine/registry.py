@@ -261,14 +261,16 @@ def check_options(factory: Callable[..., Any], options: Mapping[str, Any], key: 
 
 
 class Guarded:
-    """Proxy that names the plugin when a component's method raises."""
+    """Proxy that names the plugin when a component's method raises. Only methods and
+    functions are wrapped; any other attribute passes through as it is, a callable object
+    included (a backend's jax ``Mesh`` is a context decorator: wrapped, it was a function)."""
 
     def __init__(self, obj: Any, comp: Component):
         self._obj, self._comp = obj, comp
 
     def __getattr__(self, attr: str) -> Any:
         value = getattr(self._obj, attr)
-        if not callable(value):
+        if not inspect.isroutine(value):
             return value
         comp = self._comp
 

@@ -202,3 +202,25 @@ def test_command_cannot_shadow_builtin(monkeypatch, capsys):
     use(monkeypatch, FakeEP("cmds", plugin(register_commands=lambda register: register("plugins", Hello)), "star-cmd"))
     assert main(["plugins", "--requirements"]) == 0
     assert "star-engine==" in capsys.readouterr().out
+
+
+def test_guarded_wraps_methods_and_passes_other_attributes_through():
+    """A component's methods name its plugin when they raise; its other attributes, callable
+    objects among them (a backend's jax Mesh is a context decorator), are the objects."""
+    from star_engine.registry import Component, Guarded, PluginInfo
+
+    class Decorator:
+        def __call__(self, fn):
+            return fn
+
+    class Backend:
+        mesh = Decorator()
+        table = dict
+
+        def boom(self):
+            raise ValueError("bad")
+
+    guarded = Guarded(Backend(), Component("backend", "b", Backend, PluginInfo("p", "<test>", "0")))
+    assert guarded.mesh is Backend.mesh and guarded.table is dict
+    with pytest.raises(PluginError, match=r"backend 'b'\.boom raised ValueError: bad"):
+        guarded.boom()
