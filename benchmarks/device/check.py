@@ -60,6 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--train-rows", type=int, default=None, help="rows per micro-batch (default 8, --tiny 4)")
     ap.add_argument("--train-accum", type=int, default=None, help="micro-batches per step (default 2, --tiny 2)")
     ap.add_argument("--slots", type=int, default=None, help="continuous-batching slots (default 512, --tiny 16)")
+    ap.add_argument("--in-process", action="store_true", help="run the checks in this process (default: one "
+                    "child process each)")
+    ap.add_argument("--row-to", type=Path, default=None, help=argparse.SUPPRESS)  # a child's row, for its parent
     a = ap.parse_args(argv)
     d = ({"budget": 240.0, "train_steps": 3, "train_rows": 4, "train_accum": 2, "slots": 16} if a.tiny else
          {"budget": 520.0, "train_steps": 8, "train_rows": 8, "train_accum": 2, "slots": 512})
@@ -81,7 +84,7 @@ class Recorder:
         self.path, self.common = out / "check.jsonl", common
 
     def write(self, check: str, row: dict) -> None:
-        line = json.dumps({"check": check, **self.common, **row}, sort_keys=False)
+        line = json.dumps({"check": check, **row, **self.common}, sort_keys=False)
         with self.path.open("a") as f:
             f.write(line + "\n")
             f.flush()
@@ -166,42 +169,69 @@ def run_demo(a: argparse.Namespace, deadline: float) -> dict:
     return row
 
 
+def run_one(a: argparse.Namespace, check: str, deadline: float) -> dict:
+    """One check in this process: its figures, or its error."""
+    pk = peaks(device_facts(), a.tiny) if check in ("train", "train_lora", "generate") else {}
+    try:
+        if check == "parity":
+            row = workloads.parity()
+        elif check == "train":
+            row = workloads.train(workloads.shape("train", a.tiny), a, pk)
+        elif check == "train_lora":
+            row = workloads.train_lora(a, pk)
+        elif check == "generate":
+            row = workloads.generate(workloads.shape("generate", a.tiny), a, pk)
+        else:
+            row = run_demo(a, deadline)
+        if check != "addition_demo":
+            row.update(memory_used())
+    except Exception as e:  # one check's failure is a figure too; the others still run
+        row = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-2000:]}
+    # The device's facts last: the demo's child process must find the GPU's memory free, and
+    # a process that starts JAX on a GPU takes most of it.
+    return {**device_facts(), **row}
+
+
 def main(argv=None) -> int:
+    """Each check in a child process of its own (``--in-process`` runs it here): device
+    memory is returned between checks, and one that dies (out of memory) is a line too."""
+    import subprocess
+
+    argv = sys.argv[1:] if argv is None else list(argv)
     a = parse_args(argv)
     start = time.monotonic()
     deadline = start + a.budget
-    only = set(CHECKS if a.only is None else a.only.split(","))
-    unknown = only - set(CHECKS)
+    only = [c for c in CHECKS if a.only is None or c in a.only.split(",")]
+    unknown = set(a.only.split(",") if a.only else ()) - set(CHECKS)
     if unknown:
         print(f"--only: unknown check(s) {sorted(unknown)}; known: {list(CHECKS)}", file=sys.stderr)
         return 2
-    facts = device_facts()
-    rec = Recorder(a.out, {**facts, "tiny": a.tiny})
-    pk = peaks(facts, a.tiny)
+    rec = Recorder(a.out, {"tiny": a.tiny})
     failed = 0
-    for check in CHECKS:
-        if check not in only:
-            continue
+    for check in only:
         t0 = time.perf_counter()
-        try:
-            if check == "parity":
-                row = workloads.parity()
-            elif check == "train":
-                row = workloads.train(workloads.shape("train", a.tiny), a, pk)
-            elif check == "train_lora":
-                row = workloads.train_lora(a, pk)
-            elif check == "generate":
-                row = workloads.generate(workloads.shape("generate", a.tiny), a, pk)
-            else:
-                row = run_demo(a, deadline)
-            if check != "addition_demo":
-                row.update(memory_used())
-        except Exception as e:  # one check's failure is a figure too; the others still run
-            failed += 1
-            row = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-2000:]}
+        if a.in_process:
+            row = run_one(a, check, deadline)
+        else:
+            left = max(deadline - time.monotonic(), 1.0)
+            row_file = a.out / f".{check}.json"
+            try:
+                rc = subprocess.run([sys.executable, __file__, *argv, "--only", check, "--in-process",
+                                     "--budget", f"{left:.1f}", "--row-to", str(row_file)],
+                                    timeout=left + 120).returncode
+            except subprocess.TimeoutExpired:
+                rc = "a timeout"
+            row = (json.loads(row_file.read_text()) if row_file.is_file() else
+                   {"error": f"the check's process ended with {rc} and wrote nothing"})
+            row_file.unlink(missing_ok=True)
+        failed += "error" in row
         row["check_s"] = round(time.perf_counter() - t0, 1)
-        rec.write(check, row)
-    print(f"check: {rec.path} ({failed} failed, {time.monotonic() - start:.0f} s)", flush=True)
+        if a.row_to is not None:
+            a.row_to.write_text(json.dumps(row))
+        else:
+            rec.write(check, row)
+    if a.row_to is None:
+        print(f"check: {rec.path} ({failed} failed, {time.monotonic() - start:.0f} s)", flush=True)
     return 1 if failed else 0
 
 
