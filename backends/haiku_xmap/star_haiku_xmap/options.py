@@ -15,7 +15,7 @@ from star_engine.settings import Section, setting
 from .config import ARCHITECTURES, DTYPES
 
 GENERATION = ("continuous", "static")
-OPT_STATE_DTYPES = ("float32", "bfloat16")
+OPT_STATE_DTYPES = ("float32", "bfloat16", "mixed")  # mixed: first moment bf16, second fp32
 SCHEDULES = ("constant", "linear", "cosine")
 
 

@@ -152,6 +152,8 @@ def test_one_train_takes_the_optimizer_state_options_without_a_mesh():
     _, l32, _ = train.train(model.init_params(CFG, 2), CFG, enc, **kw)
     _, l16, _ = train.train(model.init_params(CFG, 2), CFG, enc, opt_state_dtype="bfloat16", **kw)
     assert l16[0] == l32[0] and l16 != l32 and np.allclose(l16, l32, rtol=1e-2)
+    _, lmix, _ = train.train(model.init_params(CFG, 2), CFG, enc, opt_state_dtype="mixed", **kw)
+    assert lmix[0] == l32[0] and np.allclose(lmix, l32, rtol=1e-2)
     with pytest.raises(ValueError, match="needs a mesh"):
         train.train(model.init_params(CFG, 2), CFG, enc, zero=1, **kw)
 

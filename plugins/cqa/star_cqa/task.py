@@ -23,6 +23,7 @@ from star_engine.api import Example, TrainExample
 from star_engine.datafiles import PROMPT_KINDS, few_shot_prompts, get, prompt_files, read_blocks, read_jsonl
 from star_engine.errors import UserError
 from star_engine.options import require_bool, require_choice, require_str_list
+from star_filters.text import clean_up_tokenization
 
 from .answers import extract_letter, first_line, original_letter
 from .prompts import answer_sentence, builtin_blocks, question_block
@@ -168,7 +169,11 @@ class CQATask:
         return original_letter(generation) if self.extraction == "original" else extract_letter(generation)
 
     def trim(self, generation: str) -> str:
-        """What of a generation is checked and stored (``stored_completion``)."""
+        """What of a generation is checked and stored (``stored_completion``); under
+        ``extraction = "original"`` with GPT-2's decoding clean-up first, as the released
+        code decoded (``star_filters.text``)."""
+        if self.extraction == "original":
+            generation = clean_up_tokenization(generation)
         return first_line(generation) if self.stored_completion == "original" else generation
 
     def gold_completion(self, example: Example, direct: bool) -> str:

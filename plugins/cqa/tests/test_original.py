@@ -184,3 +184,23 @@ def test_real_data_verbatim_and_strict_gold():
         r = rows[e.id]
         assert e.question == r["question"]["stem"]
         assert strict(ORIGINAL, ORIGINAL.gold_completion(e, direct=True), r["answerKey"]).correct
+
+
+@pytest.mark.parametrize("generation, kept, letter", [
+    (" So the answer is blotter (e) .", " So the answer is blotter (e).", "e"),   # " ." -> "."
+    (" It is n't here , so (b) .\nQ: x (a) .", " It isn't here, so (b).", "b"),   # first line, cleaned
+    (" The dog 's bowl (c) !", " The dog's bowl (c)!", "c"),
+    (" They 're out ; (d)  .", " They're out ; (d) .", ")"),  # one space goes: "  ." -> " ."
+])
+def test_original_decodes_with_gpt2_clean_up(generation, kept, letter):
+    """The released code decoded with GPT-2's clean_up_tokenization_spaces=True: " ." is
+    "." before the [-3] extraction and storage, so "(e) ." gives "e" (not ")")."""
+    assert ORIGINAL.trim(generation) == kept
+    assert ORIGINAL.extract(ORIGINAL.trim(generation)) == letter
+    assert CQATask().trim(generation) == generation  # lenient extraction: the text as decoded
+    assert strict(ORIGINAL, generation, letter).correct
+
+
+def test_without_the_clean_up_the_original_letter_would_be_the_parenthesis():
+    assert original_letter(" the answer is (e) .") == ")"  # what the engine read before decoding as GPT-2 did
+    assert ORIGINAL.extract(ORIGINAL.trim(" the answer is (e) .")) == "e"

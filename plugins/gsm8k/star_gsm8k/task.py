@@ -17,6 +17,7 @@ from star_engine.errors import UserError
 from star_engine.options import require_bool, require_choice, require_str, require_str_list
 
 from star_filters.numbers import canonical_number
+from star_filters.text import clean_up_tokenization
 
 from .answers import answer_lines, final_answer, original_answer
 from .prompts import builtin_blocks
@@ -147,7 +148,11 @@ class GSM8KTask:
         return original_answer(generation) if self.extraction == "original" else final_answer(generation)
 
     def trim(self, generation: str) -> str:
-        """What of a generation is checked and stored (``stored_completion``)."""
+        """What of a generation is checked and stored (``stored_completion``); under
+        ``extraction = "original"`` with GPT-2's decoding clean-up first, as the released
+        code decoded (``star_filters.text``)."""
+        if self.extraction == "original":
+            generation = clean_up_tokenization(generation)
         return answer_lines(generation) if self.stored_completion == "original" else generation
 
     def gold_completion(self, example: Example, direct: bool) -> str:

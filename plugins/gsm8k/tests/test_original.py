@@ -68,6 +68,16 @@ def test_stored_completion():
     assert GSM8KTask().trim(text) == text
 
 
+def test_original_decodes_with_gpt2_clean_up():
+    """The released code decoded with GPT-2's clean_up_tokenization_spaces=True before the
+    "####" split and storage: " ," and " ." lose their space."""
+    text = " Tom has 5 apples , then 3 more .\n5 + 3 = 8 .\n#### 8 .\n\nQ: next"
+    assert ORIGINAL.trim(text) == " Tom has 5 apples, then 3 more.\n5 + 3 = 8.\n#### 8."
+    assert ORIGINAL.extract(ORIGINAL.trim(text)) == "8."
+    assert ORIGINAL.extract(answer_lines(text)) == "8 ."  # what the engine read before
+    assert GSM8KTask().trim(text) == text
+
+
 def test_raw_gold_answer_keeps_commas():
     raw = GSM8KTask(gold_answer="raw").load("train", str(TRAIN))
     assert [e.answer for e in raw] == ["32", "1,350", "-6"]

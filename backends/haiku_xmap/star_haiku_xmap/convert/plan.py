@@ -30,6 +30,7 @@ from typing import Any
 
 GIB = 1 << 30
 STANDARD = (  # (mesh, zero, master, moments, grad accumulator, remat, device GiB, micro-batch, grad accum)
+    ("1x8", 0, "float32", "mixed", "bfloat16", False, 16.0, 1, 8),  # the paper files: mixed moments, bf16 accum
     ("1x8", 0, "float32", "bfloat16", "float32", False, 16.0, 1, 8),  # the paper's step (8 x 1537-token chunks)
     ("1x8", 0, "float32", "bfloat16", "bfloat16", False, 16.0, 1, 8),  # ... with a bf16 gradient accumulator
     ("1x8", 0, "float32", "float32", "bfloat16", False, 16.0, 1, 8),  # ... and fp32 moments: the original's
@@ -49,8 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="parameter dtype")
     parser.add_argument("--mesh", default="1x8", help="DPxMP, e.g. 1x8 (default), 8x1, 2x4")
     parser.add_argument("--zero", type=int, default=0, choices=(0, 1), help="1: ZeRO-1 optimizer state over dp")
-    parser.add_argument("--opt-state-dtype", default="bfloat16", choices=("float32", "bfloat16"),
-                        help="Adam moments' dtype (model.opt_state_dtype; default: the GPT-J experiments')")
+    parser.add_argument("--opt-state-dtype", default="mixed", choices=("float32", "bfloat16", "mixed"),
+                        help="Adam moments' dtype (model.opt_state_dtype; mixed: first moment bf16, second fp32; "
+                             "default: the GPT-J experiments')")
     parser.add_argument("--master-dtype", default="float32", choices=("float32", "bfloat16"),
                         help="dtype of the trained weights (model.master_dtype; default fp32 masters)")
     parser.add_argument("--grad-accum-dtype", default="float32", choices=("float32", "bfloat16"),
