@@ -32,12 +32,23 @@ def _parser(commands: dict | None = None) -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="write report.png and report.md for a run directory")
     rep.add_argument("run_dir", type=Path)
     rep.add_argument("--compare", type=Path, default=None, help="a second run directory to overlay")
-    exp = sub.add_parser("export", help="write a run's rationales in a training format (--pairs)")
+    exp = sub.add_parser("export", help="write a run's rationales in a training format (--pairs, --sft)")
     exp.add_argument("run_dir", type=Path)
     exp.add_argument("--pairs", action="store_true",
                      help="(question, correct rationale, wrong rationale) triples as JSON Lines (docs/ledger.md)")
-    exp.add_argument("--out", type=Path, default=None, help="output file (default RUN_DIR/pairs.jsonl)")
-    exp.add_argument("--max-pairs-per-question", type=int, default=0, metavar="N", help="0 = all")
+    exp.add_argument("--sft", action="store_true",
+                     help="the kept rationales as JSON Lines for TRL's SFTTrainer (docs/ledger.md)")
+    exp.add_argument("--out", type=Path, default=None,
+                     help="output file (default RUN_DIR/pairs.jsonl, RUN_DIR/sft.jsonl or RUN_DIR/sft_messages.jsonl)")
+    exp.add_argument("--max-pairs-per-question", type=int, default=0, metavar="N", help="--pairs: 0 = all")
+    exp.add_argument("--iteration", type=int, default=None, metavar="N",
+                     help="--sft: iteration N's fine-tuning set only (default: every iteration's, each text once)")
+    exp.add_argument("--format", dest="sft_format", default="prompt-completion",
+                     choices=("prompt-completion", "messages"),
+                     help="--sft: {prompt, completion} or {messages: [user, assistant]} (default prompt-completion)")
+    exp.add_argument("--few-shot", action="store_true",
+                     help="--sft: put the task's few-shot prompt before each stored prompt (default: the prompt "
+                          "the run fine-tuned on)")
     for name, command in (commands or {}).items():  # subcommands contributed by plugins
         command.add_arguments(sub.add_parser(name, help=command.help))
     return p
@@ -108,15 +119,31 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .export import export_pairs
+    from .export import export_pairs, export_sft
 
-    if not args.pairs:
-        raise UserError("export: say what to export: --pairs")
+    if not (args.pairs or args.sft):
+        raise UserError("export: say what to export: --pairs or --sft")
+    if args.pairs and args.sft:
+        raise UserError("export: --pairs and --sft exclude each other (one file each)")
+    if not args.sft:
+        for flag, given in (("--iteration", args.iteration is not None), ("--few-shot", args.few_shot),
+                            ("--format", args.sft_format != "prompt-completion")):
+            if given:
+                raise UserError(f"{flag}: only with --sft")
+    elif args.max_pairs_per_question:
+        raise UserError("--max-pairs-per-question: only with --pairs")
     if not args.run_dir.is_dir():
         raise UserError(f"{args.run_dir}: no such run directory")
-    out = args.out or args.run_dir / "pairs.jsonl"
-    n = export_pairs(args.run_dir, out, args.max_pairs_per_question)
-    print(f"wrote {n} pairs to {out}")
+    if args.pairs:
+        out = args.out or args.run_dir / "pairs.jsonl"
+        n, why = export_pairs(args.run_dir, out, args.max_pairs_per_question)
+        what = "pairs"
+    else:
+        name = "sft.jsonl" if args.sft_format == "prompt-completion" else "sft_messages.jsonl"
+        out = args.out or args.run_dir / name
+        n, why = export_sft(args.run_dir, out, args.sft_format, args.iteration, args.few_shot)
+        what = f"{args.sft_format} examples"
+    print(f"wrote {n} {what} to {out}" + (f" ({why})" if why else ""))
     return 0
 
 

@@ -1,9 +1,17 @@
-"""``star-engine export RUN_DIR --pairs``: (question, correct rationale, wrong rationale) triples.
+"""``star-engine export RUN_DIR``: a run's rationales for other trainers, as JSON Lines.
 
 Every candidate rationale stays in ``iterations/NNN/rationales.parquet`` with its verdict
-(``correct``, ``predicted``, ``kept``, ``rejected_by``); this pairs, per question over the whole
-run, each kept rationale with each wrong one (the checker said no), for training a verifier
-(V-STaR) or a preference model (DPO). One JSON object per line (``PAIR_FIELDS``).
+(``correct``, ``predicted``, ``kept``, ``rejected_by``).
+
+- ``--pairs``: per question over the whole run, each kept rationale with each wrong one (the
+  checker said no), for training a verifier (V-STaR) or a preference model (DPO). One JSON
+  object per line (``PAIR_FIELDS``).
+- ``--sft``: the kept rationales, the fine-tuning sets, as TRL's ``SFTTrainer`` reads them:
+  ``{"prompt", "completion"}`` (its standard prompt-completion type; the loss is on the
+  completion) or ``{"messages": [user, assistant]}`` (its conversational type, the chat template
+  applied by the trainer). The prompt is the stored one, what the run fine-tuned on: the
+  hint-free context, without the few-shot prefix unless ``task.few_shot_train`` stored it;
+  ``few_shot`` adds the task's prefix (as generation saw it).
 """
 
 from __future__ import annotations
@@ -19,8 +27,10 @@ import pyarrow.parquet as pq
 from .errors import IntegrityError, UserError
 from .fsio import sha256_file
 from .records import Rationale, read
-from .store import atomic_write_bytes, read_manifest
+from .seeds import coin
+from .store import atomic_write_bytes, read_json_file, read_manifest
 
+SFT_FORMATS = ("prompt-completion", "messages")
 PAIR_FIELDS = ("question_id", "class", "prompt", "gold", "chosen", "rejected", "chosen_iteration",
                "chosen_sample", "chosen_hinted", "rejected_iteration", "rejected_sample", "rejected_hinted",
                "rejected_predicted")
@@ -88,12 +98,96 @@ def _unique(rows: Any) -> list[Rationale]:
     return out
 
 
-def export_pairs(root: Path, out: Path, max_per_question: int = 0) -> int:
-    """Write the pairs of run ``root`` to ``out`` (JSON Lines, atomically); returns how many."""
-    if max_per_question < 0:
-        raise UserError("--max-pairs-per-question: must be >= 0")
-    lines = [json.dumps(p, ensure_ascii=False) for p in pairs(root, max_per_question)]
+def _write_lines(out: Path, objects: list[dict[str, Any]]) -> int:
+    """``objects`` as JSON Lines at ``out``, atomically (an existing file is replaced)."""
     if out.exists() and not out.is_file():
         raise UserError(f"{out}: exists and is not a file")
+    lines = [json.dumps(o, ensure_ascii=False) for o in objects]
     atomic_write_bytes(out, ("\n".join(lines) + "\n" if lines else "").encode())
     return len(lines)
+
+
+def export_pairs(root: Path, out: Path, max_per_question: int = 0) -> tuple[int, str]:
+    """Write the pairs of run ``root`` to ``out`` (JSON Lines, atomically); returns how many,
+    and why there are none when there are none."""
+    if max_per_question < 0:
+        raise UserError("--max-pairs-per-question: must be >= 0")
+    n = _write_lines(out, list(pairs(root, max_per_question)))
+    why = "" if n else ("no question has both a kept rationale and a wrong one stored with the same prompt"
+                        if _rationale_files(root) else "no iteration has selected its rationales yet")
+    return n, why
+
+
+# ----------------------------------------------------------------------------- --sft
+
+
+def kept_rationales(root: Path, iteration: int | None = None) -> tuple[list[Rationale], str]:
+    """The kept rows of iteration ``iteration``'s rationales (its fine-tuning set, in file order:
+    every row the run trained on), or of every iteration (each distinct prompt and completion
+    once, earliest first); and why there are none when there are none."""
+    rels = _rationale_files(root)
+    done = [int(_ITER.match(r).group(1)) for r in rels]
+    if iteration is not None:
+        if iteration not in done:
+            have = ", ".join(map(str, done)) or "none yet"
+            raise UserError(f"--iteration {iteration}: {root} has no rationales for it (iterations selected: {have})")
+        rels = [rel for rel, n in zip(rels, done) if n == iteration]
+    rows = [r for rel in rels for r in _rows(root / rel)]
+    kept = [r for r in rows if r.kept]
+    if iteration is None:
+        kept = _unique(kept)
+    if not rels:
+        return [], "no iteration has selected its fine-tuning set yet"
+    where = f"iteration {iteration}" if iteration is not None else f"iterations {done[0]}-{done[-1]}"
+    return kept, "" if kept else f"none of the {len(rows)} rationales of {where} was kept"
+
+
+def _prefixes(root: Path) -> tuple[Any, bool]:
+    """(a function row -> the few-shot prefix its stored prompt goes with, whether the stored
+    prompts already hold it), from the run's ``config.json`` and its task plugin."""
+    from .registry import Registry
+
+    cfg = read_json_file(root / "config.json", 64 << 20, "config.json")
+    try:
+        task_cfg, seed = cfg["task"], cfg["experiment"]["seed"]
+        p_show = cfg.get("rationalization", {}).get("p_show_hint_save", 0.0)
+        dataset, options = task_cfg["dataset"], task_cfg.get("options", {})
+    except (KeyError, TypeError, AttributeError):
+        raise UserError(f"{root / 'config.json'}: not a run's resolved configuration") from None
+    if task_cfg.get("few_shot_train", False):
+        return None, True
+    task = Registry().create("task", dataset, options, "task.dataset", "task.options")
+    # experiment.prompt_kinds: the kinds the run asked its task for, (plain, hinted)
+    plain, hinted = ("direct", "direct_hint") if task_cfg.get("direct", False) else ("rationale", "hint")
+    cache = {kind: task.prompt(kind) for kind in (plain, hinted) if kind == plain or p_show > 0}
+
+    def prefix(r: Rationale) -> str:
+        # stages.rationalize: a hinted row's prompt is the hinted context when this coin fired
+        shown = r.was_hinted and coin(p_show, seed, r.iteration, r.question_id, r.sample, "show_hint")
+        return cache[hinted if shown else plain]
+
+    return prefix, False
+
+
+def sft_record(prompt: str, completion: str, fmt: str) -> dict[str, Any]:
+    """One line of TRL's prompt-completion type, or of its conversational type (``messages``;
+    the contents stripped: a chat template puts its own separators around them)."""
+    if fmt == "messages":
+        return {"messages": [{"role": "user", "content": prompt.strip()},
+                             {"role": "assistant", "content": completion.strip()}]}
+    return {"prompt": prompt, "completion": completion}
+
+
+def export_sft(root: Path, out: Path, fmt: str = "prompt-completion", iteration: int | None = None,
+               few_shot: bool = False) -> tuple[int, str]:
+    """Write the kept rationales of run ``root`` to ``out`` in TRL's format ``fmt`` (JSON Lines,
+    atomically); returns how many, and why there are none (or a note on ``few_shot``)."""
+    if fmt not in SFT_FORMATS:
+        raise UserError(f"--format: {fmt!r} is not one of {', '.join(SFT_FORMATS)}")
+    if iteration is not None and iteration < 1:
+        raise UserError(f"--iteration: must be >= 1, got {iteration}")
+    rows, why = kept_rationales(root, iteration)
+    prefix, stored = _prefixes(root) if few_shot else (None, False)
+    note = "the stored prompts already hold the few-shot prefix (task.few_shot_train = true)" if stored else ""
+    lines = [sft_record((prefix(r) if prefix else "") + r.prompt, r.rationale, fmt) for r in rows]
+    return _write_lines(out, lines), why or note

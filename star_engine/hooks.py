@@ -38,7 +38,8 @@ def register_checkers(register) -> None:
     Args:
         register: ``register(name, factory)``; ``factory(**options)`` returns a
             :class:`star_engine.api.Checker`. ``options`` come from the
-            ``task.checker`` table.
+            ``task.checker`` table, or from an ``evaluation.checkers`` entry (a checker
+            whose verdicts on the evaluation answers are recorded beside the task's).
     Returns: nothing.
     Called: once, when the registry is built.
     """

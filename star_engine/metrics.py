@@ -10,11 +10,12 @@ from fractions import Fraction
 from typing import Any, Iterable, Sequence
 
 from .api import Example
-from .records import Evaluation, Metrics, Rationale, row, schema
+from .records import CheckerAccuracy, Evaluation, Metrics, Rationale, row, schema
 
 METRICS_SCHEMA = schema(Metrics)
 SAMPLING_COLUMNS = ("pass_k", "pass_at_k", "pass_at_1", "majority", "distinct_correct", "kept_len_mean",
                     "kept_len_std")
+LATER_COLUMNS = (*SAMPLING_COLUMNS, "checkers")  # columns files of earlier versions lack
 Answer = Rationale | Evaluation  # what pass@k and the majority vote read
 
 
@@ -124,10 +125,25 @@ def iteration_rows(n: int, rationales: Sequence[Rationale], evals: dict[str, Seq
             rows.append(_metrics(common, split=split, cls=c, n=len(e), generated=len(e),
                                  correct=sum(r.correct for r in e),
                                  accuracy=sum(r.correct for r in e) / len(e) if e else None,
-                                 rationalized=0, kept=0, coverage=cover.get("all", None),
+                                 rationalized=0, kept=0, coverage=cover.get("all", None), checkers=checker_columns(e),
                                  **sampling_columns([r for r in (sampled or {}).get(split, ())
                                                      if c == "all" or r.cls == c], pass_k)))
     return rows
+
+
+def checker_columns(answers: Sequence[Evaluation]) -> tuple[CheckerAccuracy, ...]:
+    """Each ``[evaluation] checkers`` entry's accuracy over ``answers`` (their ``verdicts``, in the
+    entries' order): the answers it judged (a null verdict is an unjudged one), right, timed out."""
+    tally: dict[str, list[int]] = {}  # label -> [judged, correct, timed out, skipped]
+    for r in answers:
+        for v in r.verdicts:
+            t = tally.setdefault(v.checker, [0, 0, 0, 0])
+            if v.correct is None:
+                t[3] += 1
+            else:
+                t[0], t[1], t[2] = t[0] + 1, t[1] + v.correct, t[2] + v.timed_out
+    return tuple(CheckerAccuracy(checker=label, accuracy=c / n if n else None, n=n, correct=c, timed_out=t,
+                                 skipped=s) for label, (n, c, t, s) in tally.items())
 
 
 def _train_sampling(rationales: Sequence[Rationale], lengths: Sequence[int], c: str) -> dict[str, Any]:

@@ -2,11 +2,12 @@
 
 A record is a frozen dataclass whose fields, in order, are the table's columns: a field's type
 gives the column's Arrow type (``str``: string, ``int``: int64, ``Int32``: int32, ``bool``,
-``float``: float64, ``tuple[str, ...]``: list of strings; ``X | None`` where a value may be
-null; every column is nullable, as the files have always been written), and a field named
-differently in the file (``class`` is a Python keyword: the field ``cls`` is the column ``class``) says so
-once, with ``column("class")``. ``schema`` derives the table's schema, ``table`` writes records
-and ``read`` reads them back (``row``: one record as {column: value}, the form the ledger and the
+``float``: float64, ``tuple[str, ...]``: list of strings, ``tuple[R, ...]`` of a record type
+``R``: list of structs of ``R``'s columns; ``X | None`` where a value may be null; every column
+is nullable, as the files have always been written), and a field named differently in the file
+(``class`` is a Python keyword: the field ``cls`` is the column ``class``) says so once, with
+``column("class")``. ``schema`` derives the table's schema, ``table`` writes records and
+``read`` reads them back (``row``: one record as {column: value}, the form the ledger and the
 metrics rows keep for plugins); no other module declares a column. A column missing from a file
 written by an older version reads as the field's default (``Evaluation.checker``).
 """
@@ -46,7 +47,16 @@ def _arrow(hint: Any) -> pa.DataType:
         return _arrow(inner)
     if origin is tuple:
         return pa.list_(_arrow(typing.get_args(hint)[0]))
+    if dataclasses.is_dataclass(hint):
+        return pa.struct([(col, typ) for _, col, typ in _layout(hint)])
     return _ARROW[hint]
+
+
+def _item(kind: type, f: dataclasses.Field) -> type | None:
+    """The record type of the items of ``kind``'s field ``f`` (``tuple[R, ...]``), else None."""
+    hint = typing.get_type_hints(kind)[f.name]
+    args = typing.get_args(hint) if typing.get_origin(hint) is tuple else ()
+    return args[0] if args and dataclasses.is_dataclass(args[0]) else None
 
 
 @functools.cache
@@ -63,8 +73,10 @@ def schema(kind: type, omit: tuple[str, ...] = ()) -> pa.Schema:
 
 
 def row(rec: Any, omit: tuple[str, ...] = ()) -> dict[str, Any]:
-    """``rec`` as a row: {column: value} (a tuple as a list, as Arrow reads it back)."""
-    return {col: list(v) if isinstance(v := getattr(rec, f.name), tuple) else v
+    """``rec`` as a row: {column: value} (a tuple as a list, a record in it as its row, as Arrow
+    reads them back)."""
+    return {col: [row(x) if dataclasses.is_dataclass(x) else x for x in v]
+            if isinstance(v := getattr(rec, f.name), tuple) else v
             for f, col, _ in _layout(type(rec)) if col not in omit}
 
 
@@ -81,12 +93,19 @@ def read(t: pa.Table, kind: type[R], where: str = "") -> list[R]:
         if col in t.column_names:
             values[f.name] = t.column(col).to_pylist()
             if pa.types.is_list(typ):
-                values[f.name] = [tuple(v or ()) for v in values[f.name]]
+                item = _item(kind, f)
+                values[f.name] = [tuple(v or ()) if item is None else tuple(_record(item, x) for x in v or ())
+                                  for v in values[f.name]]
         elif f.default is not dataclasses.MISSING:
             values[f.name] = [f.default] * len(t)
         else:
             raise IntegrityError(f"{where}: unreadable {kind.__name__} table (no column '{col}')")
     return [kind(**dict(zip(values, vs))) for vs in zip(*values.values())]
+
+
+def _record(kind: type[R], values: dict[str, Any]) -> R:
+    """A struct read back ({column: value}) as a record of ``kind``."""
+    return kind(**{f.name: values.get(col, f.default) for f, col, _ in _layout(kind)})
 
 
 # ----------------------------------------------------------------------------- the tables
@@ -130,6 +149,17 @@ class Rationale:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CheckerVerdict:
+    """One ``[evaluation] checkers`` entry's verdict on an evaluation answer: an item of
+    ``Evaluation.verdicts`` (a struct in the ``verdicts`` column)."""
+
+    checker: str  # the entry's label (its name; with its options when a name is listed twice)
+    predicted: str | None
+    correct: bool | None  # null: not judged (the checker skips this question's gold answer)
+    timed_out: bool = False  # the checker gave up at its time bound (then wrong)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Evaluation:
     """One answer to an evaluation question: ``eval_<split>.parquet`` (greedy: written without
     ``sample``) and ``eval_<split>_samples.parquet`` (``evaluation.samples_per_question`` each)."""
@@ -146,6 +176,7 @@ class Evaluation:
     checker: str | None = None  # which checker judged (files written before it was recorded lack it)
     model_checkpoint: str
     prompt_hash: str
+    verdicts: tuple[CheckerVerdict, ...] = ()  # the [evaluation] checkers', in their order (recorded only)
 
 
 GREEDY = ("sample",)
@@ -172,6 +203,19 @@ class Question:
     times_solved: Int32  # ... solved without a hint in
     first_solved: Int32 | None  # first iteration solved without a hint (null: not yet)
     last_solved: Int32 | None  # latest such iteration (null: not yet)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckerAccuracy:
+    """One ``[evaluation] checkers`` entry's accuracy on an evaluation split's greedy answers (of a
+    class): an item of ``Metrics.checkers`` (a struct in the ``checkers`` column)."""
+
+    checker: str  # as CheckerVerdict.checker
+    accuracy: float | None  # correct / n (null when it judged none)
+    n: int  # answers it judged
+    correct: int
+    timed_out: int  # ... of which it gave up on (counted wrong)
+    skipped: int  # answers not judged (the checker skips their gold answer)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,3 +248,5 @@ class Metrics:
     distinct_correct: float | None = None
     kept_len_mean: float | None = None
     kept_len_std: float | None = None
+    # Eval rows: each [evaluation] checkers entry's accuracy, beside the task's checker's (`accuracy`).
+    checkers: tuple[CheckerAccuracy, ...] = ()

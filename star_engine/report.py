@@ -17,7 +17,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from .errors import IntegrityError, UserError  # noqa: E402
-from .metrics import METRICS_SCHEMA, SAMPLING_COLUMNS, natural  # noqa: E402
+from .metrics import LATER_COLUMNS, METRICS_SCHEMA, natural  # noqa: E402
 from .store import atomic_write_bytes, read_json_file  # noqa: E402
 
 
@@ -48,7 +48,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
                       f"{MAX_BYTES} bytes")
         table = pq.read_table(path)
         missing = [f.name for f in METRICS_SCHEMA if f.name not in table.column_names]
-        if [m for m in missing if m not in SAMPLING_COLUMNS]:
+        if [m for m in missing if m not in LATER_COLUMNS]:
             raise bad(f"missing columns: {', '.join(missing)}")
         for m in missing:  # a run of a version before these columns
             table = table.append_column(METRICS_SCHEMA.field(m), pa.nulls(len(table), METRICS_SCHEMA.field(m).type))
@@ -228,12 +228,20 @@ def plot(rows: Sequence[dict], name: str, other: Sequence[dict] | None, other_na
     return buf.getvalue()
 
 
-def class_table(rows: Sequence[dict], name: str) -> list[str]:
-    """Markdown: eval accuracy (%) per iteration, one column per class and "all"."""
+def _under(r: dict, checker: str) -> float | None:
+    """Row ``r``'s accuracy under the ``[evaluation] checkers`` entry ``checker`` (None: none)."""
+    return next((c["accuracy"] for c in r.get("checkers") or () if c["checker"] == checker), None)
+
+
+def class_table(rows: Sequence[dict], name: str, checker: str | None = None) -> list[str]:
+    """Markdown: eval accuracy (%) per iteration, one column per class and "all" (under the
+    ``[evaluation] checkers`` entry ``checker``; None: the task's checker)."""
     split = _eval_split(rows)
     classes = [*_classes(rows, split), "all"]
-    acc = {(r["iteration"], r["class"]): r["accuracy"] for r in rows if r["split"] == split}
-    out = [f"{name}, {split} accuracy (%) per class:", "", "| iteration | " + " | ".join(classes) + " |",
+    acc = {(r["iteration"], r["class"]): r["accuracy"] if checker is None else _under(r, checker)
+           for r in rows if r["split"] == split}
+    what = "" if checker is None else f" under {checker}"
+    out = [f"{name}, {split} accuracy (%) per class{what}:", "", "| iteration | " + " | ".join(classes) + " |",
            "| ---: |" + " ---: |" * len(classes)]
     for n in sorted({it for it, _ in acc}):
         cells = ["–" if acc.get((n, c)) is None else f"{100 * acc[(n, c)]:.1f}" for c in classes]
@@ -305,7 +313,35 @@ def sampling_table(rows: Sequence[dict], name: str) -> list[str]:
     return out
 
 
-def markdown(rows: Sequence[dict], name: str, other: Sequence[dict] | None, other_name: str) -> str:
+def checker_tables(rows: Sequence[dict], name: str, own: str = "") -> list[str]:
+    """Markdown: the eval accuracy (%) under each ``[evaluation] checkers`` entry beside the task's
+    checker's (``own``) per iteration, with the answers it gave up on; per class when there are
+    classes (nothing when the run has no such entries)."""
+    split = _eval_split(rows)
+    alls = sorted((r for r in rows if r["split"] == split and r["class"] == "all" and r.get("checkers")),
+                  key=lambda r: r["iteration"])
+    if not alls:
+        return []
+    labels = list(dict.fromkeys(c["checker"] for r in alls for c in r["checkers"]))
+    def pct(v: float | None) -> str:
+        return "–" if v is None else f"{100 * v:.1f}"
+
+    def cell(c: dict | None) -> str:
+        return "–" if c is None else pct(c["accuracy"]) + (f" ({c['timed_out']} timed out)" if c["timed_out"] else "")
+
+    own = own or "task checker"
+    out = ["", f"{name}, {split} accuracy (%) by checker ({own}, the task's, decides what is kept):", "",
+           f"| iteration | {own} | " + " | ".join(labels) + " |", "| ---: |" + " ---: |" * (len(labels) + 1)]
+    for r in alls:
+        by = {c["checker"]: c for c in r["checkers"]}
+        out.append(f"| {r['iteration']} | {pct(r['accuracy'])} | " + " | ".join(cell(by.get(x)) for x in labels)
+                   + " |")
+    for label in labels if _classes(rows, split) else ():
+        out += ["", *class_table(rows, name, label)]
+    return out
+
+
+def markdown(rows: Sequence[dict], name: str, other: Sequence[dict] | None, other_name: str, own: str = "") -> str:
     split = _eval_split(rows)
     lines = [f"# STaR run: {name}", "", "![accuracy](report.png)", "", reading(rows, name, other, other_name), "",
              f"| iteration | {split} accuracy | train accuracy | rationalized | kept | steps | coverage |",
@@ -320,7 +356,7 @@ def markdown(rows: Sequence[dict], name: str, other: Sequence[dict] | None, othe
         lines.append(f"| {n} | {fmt(d and d['accuracy'])} | {fmt(t and t['accuracy'])} | "
                      f"{t['rationalized'] if t else '–'} | {t['kept'] if t else '–'} | "
                      f"{(t or d or {}).get('train_steps', '–')} | {fmt(t and t['coverage'])} |")
-    lines += ["", *class_table(rows, name), *sampling_table(rows, name)]
+    lines += ["", *class_table(rows, name), *sampling_table(rows, name), *checker_tables(rows, name, own)]
     if other is not None:
         xa, ya = _series(rows, split, "all")
         xb, yb = _series(other, _eval_split(other), "all")
@@ -330,13 +366,19 @@ def markdown(rows: Sequence[dict], name: str, other: Sequence[dict] | None, othe
     return "\n".join(lines) + "\n"
 
 
+def _config(run_dir: Path, section: str, key: str, default: str) -> str:
+    """``config.json``'s string ``section.key`` (``default`` if unreadable)."""
+    try:
+        value = read_json_file(run_dir / "config.json", 64 << 20, "config.json")[section][key]
+    except (UserError, KeyError, TypeError):
+        return default
+    value = value.get("name") if isinstance(value, dict) else value
+    return value if isinstance(value, str) else default
+
+
 def _name(run_dir: Path) -> str:
     """The experiment's name from its config.json (the folder's name if unreadable)."""
-    try:
-        name = read_json_file(run_dir / "config.json", 64 << 20, "config.json")["experiment"]["name"]
-    except (UserError, KeyError, TypeError):
-        return run_dir.name
-    return name if isinstance(name, str) else run_dir.name
+    return _config(run_dir, "experiment", "name", run_dir.name)
 
 
 def write_report(run_dir: Path, compare: Path | None = None) -> Path:
@@ -344,5 +386,6 @@ def write_report(run_dir: Path, compare: Path | None = None) -> Path:
     other = read_metrics(compare) if compare else None
     name, other_name = _name(run_dir), _name(compare) if compare else ""
     atomic_write_bytes(run_dir / "report.png", plot(rows, name, other, other_name))
-    atomic_write_bytes(run_dir / "report.md", markdown(rows, name, other, other_name).encode())
+    own = _config(run_dir, "task", "checker", "")
+    atomic_write_bytes(run_dir / "report.md", markdown(rows, name, other, other_name, own).encode())
     return run_dir / "report.md"

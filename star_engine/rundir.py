@@ -118,7 +118,11 @@ def inspect(cfg: dict[str, Any], defaults: Mapping[str, Any] | None = None) -> R
 def _with_defaults(old: dict[str, Any], cfg: dict[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
     """``old`` with an empty ``task.checker`` / ``task.hint`` (a run directory written before
     config.json named the task's defaults) read as the default it stood for, where the new
-    configuration resolved to that same default."""
+    configuration resolved to that same default; without ``evaluation.checkers`` (written before
+    that key) as with none."""
+    ev = old.get("evaluation")
+    if isinstance(ev, dict) and "checkers" not in ev:  # written before [evaluation] checkers: none
+        old = {**old, "evaluation": {**ev, "checkers": []}}
     task = old.get("task")
     if not isinstance(task, dict):
         return old

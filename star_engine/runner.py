@@ -21,6 +21,7 @@ from .experiment import Experiment, config_hash
 from .loop import run_star
 from .stages import Stages, derive_seed
 from .store import RunStore, clean_temporaries, json_bytes
+from .verdicts import log_skipped
 
 log = structlog.get_logger("star_engine")
 
@@ -94,6 +95,7 @@ def run(exp: Experiment, toml_path: Path) -> list[dict]:
 def _run(exp: Experiment, toml_path: Path) -> list[dict]:
     preflight(exp)
     store = prepare_run_dir(exp, toml_path)
+    log_skipped(exp.panel)  # gold answers the checkers skipped when the data was loaded
     exp.notify("on_run_start", run_dir=store.root, config=exp.cfg)
     t0 = time.perf_counter()
     rows = run_star(exp, store)

@@ -30,6 +30,7 @@ from .questions import draw
 from .records import GREEDY, Chunk, Evaluation, Rationale
 from .seeds import coin, derive_seed
 from .store import RunStore, loading_checkpoint
+from .verdicts import Judge
 
 log = structlog.get_logger("star_engine")
 
@@ -56,6 +57,7 @@ class Stages:
         self.kind, self.hint_kind = prompt_kinds(self.cfg)
         # Optional Task method: the part of a generation that is checked and stored.
         self.trim = getattr(self.task, "trim", None) or (lambda text: text)
+        self.judge = Judge(exp.checker, exp.checker_name, exp.panel)
         self.timings: dict[str, float] = {}
         # questions.parquet is rewritten as the loop goes, so whether to rewrite it is decided
         # from its row count read here, before any process can change it, and from the counts
@@ -164,14 +166,15 @@ class Stages:
     def _stored_prompt(self, context: str, kind: str) -> str:
         return (self.task.prompt(kind) + context) if self.cfg.task.few_shot_train else context
 
-    def _judge(self, text: str, gold: str) -> tuple[str, Verdict]:
-        """(the generation as the task keeps it, the checker's verdict on that)."""
+    def _judge(self, text: str, gold: str) -> tuple[str, str | None, Verdict]:
+        """(the generation as the task keeps it, the task's extraction, the checker's verdict)."""
         text = self.trim(text)
-        return text, self.exp.checker.check(text, self.task.extract(text), gold)
+        extracted = self.task.extract(text)
+        return text, extracted, self.judge(text, extracted, gold)
 
     def _row(self, n: int, ex: Example, s: int, text: str, stored: str, full: str, seed: int, hinted: bool,
              model_id: str, leaks: Sequence[str] = ()) -> Rationale:
-        text, verdict = self._judge(text, ex.answer)
+        text, _, verdict = self._judge(text, ex.answer)
         return _rationale(n, ex, s, stored, text, verdict, was_hinted=hinted, checker=self.exp.checker_name,
                           model_checkpoint=model_id, prompt_hash=prompt_hash(full), seed=seed,
                           leak_strings=tuple(leaks))
@@ -192,6 +195,7 @@ class Stages:
         rows = [self._row(n, ex, s, text, self._stored_prompt(self.task.context(ex), self.kind), full, seed,
                           False, mid)
                 for (ex, s), text, full, seed in zip(items, texts, prompts, seeds)]
+        self.judge.flush("generate", n)
         self._timed("generate", t0)
         return self._finish(rel, rows, Rationale, f"{it_dir(n)}/generate")
 
@@ -219,6 +223,7 @@ class Stages:
                       else self._stored_prompt(self.task.context(ex), self.kind))
             leaks = self.exp.hint.leak_strings(self.task, ex)
             rows.append(self._row(n, ex, s, text, stored, full, seed, True, mid, leaks))
+        self.judge.flush("rationalize", n)
         self._timed("rationalize", t0)
         return self._finish(rel, rows, Rationale, f"{it_dir(n)}/rationalize")
 
@@ -340,10 +345,12 @@ class Stages:
         mid = self.checkpoint_id(model)
         rows = []
         for (ex, s), text, full in zip(items, texts, prompts):
-            text, v = self._judge(text, ex.answer)
+            text, extracted, v = self._judge(text, ex.answer)
             rows.append(Evaluation(question_id=ex.id, cls=ex.cls, iteration=n, sample=s if k else None, split=split,
                                    generation=text, predicted=v.predicted, gold=ex.answer, correct=bool(v.correct),
-                                   checker=self.exp.checker_name, model_checkpoint=mid, prompt_hash=prompt_hash(full)))
+                                   checker=self.exp.checker_name, model_checkpoint=mid, prompt_hash=prompt_hash(full),
+                                   verdicts=self.judge.others(split, ex, text, extracted, v)))
+        self.judge.flush("evaluate_sampled" if k else "evaluate", n, split)
         self._timed("evaluate", t0)
         return self._finish(rel, rows, Evaluation, f"{it_dir(n)}/{name}", () if k else GREEDY)
 

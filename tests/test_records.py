@@ -11,10 +11,13 @@ from hypothesis import given, settings, strategies as st
 
 from star_engine.api import Candidate
 from star_engine.errors import IntegrityError
-from star_engine.records import (GREEDY, Chunk, Evaluation, Metrics, Question, Rationale, read, row, schema,
-                                 table)
+from star_engine.records import (GREEDY, CheckerAccuracy, CheckerVerdict, Chunk, Evaluation, Metrics, Question,
+                                 Rationale, read, row, schema, table)
 
 s, i32, i64, f64, b = pa.string(), pa.int32(), pa.int64(), pa.float64(), pa.bool_()
+verdicts = pa.list_(pa.struct([("checker", s), ("predicted", s), ("correct", b), ("timed_out", b)]))
+accuracies = pa.list_(pa.struct([("checker", s), ("accuracy", f64), ("n", i64), ("correct", i64), ("timed_out", i64),
+                                 ("skipped", i64)]))
 
 # The columns of every table a run writes, as the files have them: changing one is a change of
 # the file format (files written before must still read).
@@ -26,11 +29,12 @@ FORMAT = {
         ("checker", s), ("model_checkpoint", s), ("prompt_hash", s), ("seed", i64), ("leak_strings", pa.list_(s))]),
     "eval": (schema(Evaluation, GREEDY), [
         ("question_id", s), ("class", s), ("iteration", i32), ("split", s), ("generation", s), ("predicted", s),
-        ("gold", s), ("correct", b), ("checker", s), ("model_checkpoint", s), ("prompt_hash", s)]),
+        ("gold", s), ("correct", b), ("checker", s), ("model_checkpoint", s), ("prompt_hash", s),
+        ("verdicts", verdicts)]),
     "eval_samples": (schema(Evaluation), [
         ("question_id", s), ("class", s), ("iteration", i32), ("sample", i32), ("split", s), ("generation", s),
         ("predicted", s), ("gold", s), ("correct", b), ("checker", s), ("model_checkpoint", s),
-        ("prompt_hash", s)]),
+        ("prompt_hash", s), ("verdicts", verdicts)]),
     "questions": (schema(Question), [
         ("iteration", i32), ("question_id", s), ("class", s), ("samples", i32), ("correct", i32),
         ("hinted_samples", i32), ("hinted_correct", i32), ("solved", b), ("solved_with_hint", b), ("kept", i32),
@@ -41,7 +45,7 @@ FORMAT = {
         ("correct", i64), ("rationalized", i64), ("kept", i64), ("train_steps", i64), ("train_tokens", i64),
         ("train_loss", f64), ("wall_seconds", f64), ("coverage", f64), ("pass_k", i64), ("pass_at_k", f64),
         ("pass_at_1", f64), ("majority", f64), ("distinct_correct", f64), ("kept_len_mean", f64),
-        ("kept_len_std", f64)]),
+        ("kept_len_std", f64), ("checkers", accuracies)]),
 }
 
 
@@ -69,9 +73,11 @@ floats = st.floats(allow_nan=False)
 def records_of(kind: type) -> st.SearchStrategy:
     """Any record of ``kind``: each field drawn by its column's Arrow type (null where the field allows it)."""
     fields = {}
+    items = {"verdicts": CheckerVerdict, "checkers": CheckerAccuracy}  # the lists of records
     for f, col in ((f, f.metadata.get("column", f.name)) for f in dataclasses.fields(kind)):
         typ = schema(kind).field(col).type
         base = (i32s if typ == i32 else i64s if typ == i64 else floats if typ == f64 else st.booleans() if typ == b
+                else st.lists(records_of(items[col]), max_size=3).map(tuple) if col in items
                 else st.lists(text, max_size=3).map(tuple) if pa.types.is_list(typ) else text)
         fields[f.name] = st.one_of(st.none(), base) if "None" in str(f.type) else base
     return st.builds(kind, **fields)
@@ -105,9 +111,23 @@ def test_files_of_older_versions_read():
                     "generation": ["x"], "predicted": [None], "gold": ["1"], "correct": [False],
                     "model_checkpoint": ["m"], "prompt_hash": ["h"]})
     (e,) = read(old, Evaluation)
-    assert e.checker is None and e.sample is None and e.cls == "all"
+    assert e.checker is None and e.sample is None and e.cls == "all" and e.verdicts == ()
     with pytest.raises(IntegrityError, match="eval_dev.parquet.*no column 'prompt_hash'"):
         read(old.drop(["prompt_hash"]), Evaluation, "eval_dev.parquet")
+
+
+def test_the_evaluation_checkers_verdicts_are_records_in_a_list_of_structs():
+    """``verdicts`` (per answer) and ``checkers`` (per metrics row) hold records: a null verdict
+    (a skipped gold) and a timeout survive the trip, and a row holds them as plain dicts."""
+    v = (CheckerVerdict(checker="math_verify", predicted="1/2", correct=True),
+         CheckerVerdict(checker="gsm8k_strict", predicted=None, correct=None, timed_out=True))
+    e = Evaluation(question_id="q", cls="3", iteration=1, split="dev", generation=" 4.", predicted="4", gold="4",
+                   correct=True, checker="exact", model_checkpoint="m", prompt_hash="h", verdicts=v)
+    t = table([e], Evaluation, GREEDY)
+    assert t.column("verdicts").to_pylist() == [[
+        {"checker": "math_verify", "predicted": "1/2", "correct": True, "timed_out": False},
+        {"checker": "gsm8k_strict", "predicted": None, "correct": None, "timed_out": True}]]
+    assert read(t, Evaluation) == [e] and row(e)["verdicts"] == t.column("verdicts").to_pylist()[0]
 
 
 def test_filters_see_a_rationale_as_the_candidate_of_the_plugin_contract():

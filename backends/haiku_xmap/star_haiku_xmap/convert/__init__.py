@@ -9,6 +9,7 @@ from the model, training and sampling. Modules are imported by name; nothing is 
 - ``mtj_layout``: mesh-transformer-jax slim checkpoints' layout and its mapping to native parameters.
 - ``mtj_import``: reading a slim checkpoint into native parameters.
 - ``mtj_export``: writing a native checkpoint as a slim checkpoint.
+- ``hf_export``: writing a native checkpoint as a Hugging Face folder (``convert --to hf``).
 - ``commands``: ``star-engine convert`` and ``star-engine plan``.
 - ``plan``: the compiled memory plan for a mesh (``star-engine plan``).
 - ``plan_models``: ``plan --models``, the table of docs/models.md.

@@ -3,7 +3,8 @@
 - ``star-engine convert``: released GPT-J weights (Hugging Face safetensors, a
   mesh-transformer-jax slim checkpoint) or a native checkpoint into a native
   checkpoint, optionally pre-split for an mp-way mesh, or back into the
-  mesh-transformer-jax layout for another number of shards.
+  mesh-transformer-jax layout for another number of shards, or a native checkpoint
+  out as a Hugging Face folder (``--to hf``: ``hf_export.py``).
 - ``star-engine plan``: compile the GPT-J train and decode steps for a mesh with
   abstract parameters and print XLA's per-device memory analysis.
 
@@ -40,7 +41,7 @@ def _tokenizer_dict(args: argparse.Namespace, default_file: Path | None, stored:
 
 class ConvertCommand:
     help = ("convert weights (hf safetensors: GPT-J or Llama/Qwen2/Mistral | mtj slim checkpoint | native) into "
-            "a native or mtj checkpoint")
+            "a native or mtj checkpoint, or a native checkpoint into a Hugging Face folder")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.description = (
@@ -50,14 +51,22 @@ class ConvertCommand:
             "mesh-transformer-jax slim checkpoint: shard_*/N.npz), --from native (a checkpoint of this backend). "
             "--to native (default) writes a native checkpoint; with --mp N > 1 its model-parallel leaves are "
             "stored as N parts so that each device of an mp=N mesh reads only its own slice. --to mtj writes "
-            "the mesh-transformer-jax slim layout with --mp shards (default 8).")
+            "the mesh-transformer-jax slim layout with --mp shards (default 8). --to hf writes a native checkpoint "
+            "(GPT-J, Llama, Qwen2, Mistral) as a Hugging Face folder that transformers loads: safetensors, "
+            "config.json, generation_config.json, tokenizer.json and tokenizer_config.json. With --to mtj or "
+            "--to hf the source is a native checkpoint (--from native, the default there).")
         parser.add_argument("src", type=Path, help="source folder")
         parser.add_argument("dest", type=Path, help="destination folder (created; an existing checkpoint is "
-                                                    "replaced atomically)")
-        parser.add_argument("--from", dest="source", required=True, choices=("hf", "mtj", "native"))
-        parser.add_argument("--to", dest="target", default="native", choices=("native", "mtj"))
+                                                    "replaced atomically; --to mtj|hf: must not exist)")
+        parser.add_argument("--from", dest="source", default=None, choices=("hf", "mtj", "native"),
+                            help="required with --to native; --to mtj|hf read a native checkpoint")
+        parser.add_argument("--to", dest="target", default="native", choices=("native", "mtj", "hf"))
         parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=None,
-                            help="parameter dtype (default: bfloat16 for hf/mtj, the source's for native)")
+                            help="parameter dtype (default: bfloat16 from hf/mtj, the source's from native and "
+                                 "for --to hf)")
+        parser.add_argument("--max-shard-size", default=None, metavar="SIZE",
+                            help="--to hf: largest safetensors file (5GB, 500MiB, bytes); above it the weights are "
+                                 "split in shards listed by model.safetensors.index.json (default 5GB)")
         parser.add_argument("--mp", type=int, default=None, metavar="N",
                             help="--to native: store leaves pre-split for an mp=N mesh (default 1 = unsplit); "
                                  "--to mtj: number of shards (default 8)")
@@ -78,8 +87,14 @@ class ConvertCommand:
         if args.tokenizer_file is not None and args.byte_tokenizer:
             raise UserError("--tokenizer-file and --byte-tokenizer exclude each other")
         src, dest = args.src, args.dest
-        if args.target == "mtj":
-            return self._to_mtj(args, mp or 8)
+        if args.max_shard_size is not None and args.target != "hf":
+            raise UserError("--max-shard-size: only with --to hf")
+        if args.target in ("mtj", "hf"):
+            if args.source not in (None, "native"):
+                raise UserError(f"--to {args.target}: convert to a native checkpoint first (--from native SRC)")
+            return self._to_mtj(args, mp or 8) if args.target == "mtj" else self._to_hf(args)
+        if args.source is None:
+            raise UserError("--from: required (hf, mtj or native)")
         mp = mp or 1
         if args.source == "hf":
             from .hf_import import iter_hf, source_name
@@ -125,12 +140,23 @@ class ConvertCommand:
     def _to_mtj(self, args: argparse.Namespace, shards: int) -> int:
         from .mtj_export import export_mtj
 
-        if args.source != "native":
-            raise UserError("--to mtj: convert to a native checkpoint first (--from native SRC)")
         if args.tokenizer_file or args.byte_tokenizer:
             raise UserError("--to mtj: a slim checkpoint stores no tokenizer")
         export_mtj(args.src, args.dest, shards=shards, dtype=args.dtype)
         print(f"wrote {args.dest} (mesh-transformer-jax slim layout, {shards} shards)")
+        return 0
+
+    def _to_hf(self, args: argparse.Namespace) -> int:
+        from .hf_export import DEFAULT_MAX_SHARD, export_hf, parse_size
+
+        if args.mp is not None:
+            raise UserError("--to hf: --mp does not apply (a Hugging Face folder is not split for a mesh)")
+        max_shard = parse_size(args.max_shard_size) if args.max_shard_size is not None else DEFAULT_MAX_SHARD
+        tok = _tokenizer_dict(args, None) if args.tokenizer_file or args.byte_tokenizer else None
+        out = export_hf(args.src, args.dest, dtype=args.dtype, max_shard_size=max_shard, tokenizer=tok)
+        files = len(out["files"])
+        print(f"wrote {args.dest} (Hugging Face {out['architecture']}, {out['tensors']} tensors, {out['dtype']}, "
+              f"{out['bytes']} bytes in {files} safetensors file{'s' if files > 1 else ''}, tokenizer files)")
         return 0
 
 

@@ -1,0 +1,177 @@
+r"""Reading MATH files: Hendrycks et al.'s rows and the MATH-500 layout, checked row by row
+with errors that say ``file:line: reason``.
+
+- Hendrycks MATH (one JSON object per line, as the release's per-problem files):
+  ``{"problem", "solution", "level": "Level 3", "type": "Algebra"}``, optionally
+  ``"unique_id"``. The gold answer is the last ``\boxed{}`` of the solution.
+- MATH-500 (HuggingFaceH4/MATH-500 ``test.jsonl``; PRM800K's ``math_splits``):
+  ``{"problem", "solution", "answer", "subject", "level": 3, "unique_id"}``. The gold answer
+  is ``answer``.
+
+A file's layout is its first row's: MATH-500 when that row has ``answer`` or ``subject``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from star_engine.datafiles import get, read_capped
+from star_engine.errors import UserError
+
+from .answers import UnclosedBox, last_boxed
+
+MAX_BYTES = 1 << 30  # a MATH file larger than this is refused before it is read (all of MATH: ~10 MB)
+MAX_LINES = 1_000_000  # lines, counted before any is parsed (all of MATH: 12,500)
+_LEVEL = re.compile(r"Level\s+(\d{1,4}|\?)")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One problem as read: ``where`` is ``file:line``; ``level`` None for "Level ?"."""
+
+    where: str
+    problem: str
+    solution: str
+    answer: str
+    subject: str
+    level: int | None
+    unique_id: str | None
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    names = {str: "a string", list: "a list", dict: "an object", int: "an integer", float: "a number"}
+    return next((name for typ, name in names.items() if isinstance(value, typ)), type(value).__name__)
+
+
+def read_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
+    """The non-blank lines of a JSONL file as ``("file:line", object)``, as
+    ``star_engine.datafiles.read_jsonl`` reads them (same messages), with the file's size and
+    its number of lines checked against ``MAX_BYTES`` and ``MAX_LINES`` before anything is
+    parsed."""
+    p = Path(path)
+    data = read_capped(p, MAX_BYTES)
+    lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+    if lines > MAX_LINES:
+        raise UserError(f"{p}: {lines} lines, more than the limit of {MAX_LINES}")
+    rows: list[tuple[str, dict[str, Any]]] = []
+    for n, raw in enumerate(data.split(b"\n"), start=1):
+        where = f"{p}:{n}"
+        if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UserError(f"{where}: not valid UTF-8 (byte {e.start + 1} of the line)") from None
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{where}:{e.colno}: invalid JSON: {e.msg}") from None
+        except RecursionError:
+            raise UserError(f"{where}: invalid JSON: nested too deeply") from None
+        except ValueError as e:  # an integer of more than 4300 digits
+            raise UserError(f"{where}: invalid JSON: {e}") from None
+        if not isinstance(obj, dict):
+            raise UserError(f"{where}: expected a JSON object, got {_kind(obj)}")
+        rows.append((where, obj))
+    if not rows:
+        raise UserError(f"{p}: no examples (the file is empty)")
+    return rows
+
+
+def _boxed(solution: str, where: str) -> str | None:
+    try:
+        return last_boxed(solution)
+    except UnclosedBox as e:
+        raise UserError(f"{where}: field 'solution': {e}") from None
+
+
+def _hendrycks(where: str, obj: dict[str, Any]) -> Row:
+    problem = get(obj, "problem", str, where)
+    solution = get(obj, "solution", str, where)
+    level_text = get(obj, "level", str, where)
+    subject = get(obj, "type", str, where).strip()
+    m = _LEVEL.fullmatch(level_text.strip())
+    if m is None:
+        raise UserError(f"{where}: field 'level' must be 'Level <n>' or 'Level ?', got {level_text[:40]!r}")
+    answer = _boxed(solution, where)
+    if answer is None:
+        raise UserError(f"{where}: field 'solution' has no \\boxed{{...}} answer (or only an empty one) "
+                        f"to take the gold answer from")
+    unique_id = get(obj, "unique_id", str, where, required=False)
+    return Row(where, problem.strip(), solution.strip(), answer, subject,
+               None if m.group(1) == "?" else int(m.group(1)), unique_id)
+
+
+def _math500(where: str, obj: dict[str, Any]) -> Row:
+    problem = get(obj, "problem", str, where)
+    solution = get(obj, "solution", str, where)
+    answer = get(obj, "answer", str, where).strip()
+    subject = get(obj, "subject", str, where).strip()
+    level = get(obj, "level", int, where, nonempty=False)
+    if level < 1:
+        raise UserError(f"{where}: field 'level' must be an integer >= 1, got {level}")
+    unique_id = get(obj, "unique_id", str, where)
+    _boxed(solution, where)  # a box in the solution must close, though the answer is 'answer'
+    return Row(where, problem.strip(), solution.strip(), answer, subject, level, unique_id)
+
+
+def read_math(path: str | Path) -> tuple[str, list[Row]]:
+    """The layout (``"hendrycks"`` or ``"math500"``) and the rows of a MATH file."""
+    rows = read_rows(path)
+    layout = "math500" if {"answer", "subject"} & set(rows[0][1]) else "hendrycks"
+    parse = _math500 if layout == "math500" else _hendrycks
+    return layout, [parse(where, obj) for where, obj in rows]
+
+
+def subject_class(subject: str) -> str:
+    """``"Counting & Probability"`` -> ``"counting_and_probability"``."""
+    slug = re.sub(r"[^0-9a-z]+", "_", subject.lower().replace("&", " and ")).strip("_")
+    return slug or "unknown"
+
+
+def level_class(level: int | None) -> str:
+    return "level_unknown" if level is None else f"level_{level}"
+
+
+def problem_key(problem: str) -> str:
+    """A problem's text with runs of whitespace made one space: what matches it across files."""
+    return " ".join(problem.split())
+
+
+@dataclass(frozen=True)
+class Subset:
+    """The problems of a MATH-500 file (``math500_file``), in its order."""
+
+    path: str
+    ids: tuple[str, ...]
+    by_id: dict[str, int]
+    by_problem: dict[str, int]
+
+    @classmethod
+    def read(cls, path: str) -> Subset:
+        ids, by_id, by_problem = [], {}, {}
+        for where, obj in read_rows(path):
+            uid = get(obj, "unique_id", str, where)
+            key = problem_key(get(obj, "problem", str, where))
+            if uid in by_id:
+                raise UserError(f"{where}: duplicate unique_id {uid!r}")
+            by_id[uid] = len(ids)
+            by_problem.setdefault(key, len(ids))
+            ids.append(uid)
+        return cls(path, tuple(ids), by_id, by_problem)
+
+    def index(self, row: Row) -> int | None:
+        """Which of the subset's problems ``row`` is (by ``unique_id``, else by its text)."""
+        if row.unique_id is not None and row.unique_id in self.by_id:
+            return self.by_id[row.unique_id]
+        return self.by_problem.get(problem_key(row.problem))
