@@ -69,8 +69,13 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Verdict:
+    """A checker's judgement of one generation. ``timed_out``: the checker gave up on it at its
+    own time bound (``correct`` is then False); the core counts these in the run's events
+    (``checker_timeouts``) and, for the ``[evaluation] checkers``, in ``metrics.parquet``."""
+
     predicted: str | None
     correct: bool
+    timed_out: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,11 @@ class TrainSpec:
     optimizer: Mapping[str, Any]
     packing: str = "segments"
     loss: str = "completion"
+    adapter: Mapping[str, Any] | None = None
+    """The section's ``adapter`` table (parameter-efficient fine-tuning, e.g. ``{ kind = "lora",
+    rank = 16 }``): its ``kind`` is one of the backend's ``adapter_kinds`` (the core refuses a
+    table the backend cannot train), the rest is the backend's to check against the model
+    (``validate_run``); None: every weight is trained."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +200,22 @@ class Task(Protocol):
 
 
 class Checker(Protocol):
+    """Judges generations against gold answers (``task.checker``; ``[evaluation] checkers``).
+
+    Optional method (the core calls it when a checker has it):
+
+    ``check_gold(gold: str) -> bool``
+        Whether ``gold`` (an ``Example.answer``) can be judged against, asked once per question
+        of every split the checker judges, when the data is loaded (before anything is
+        written; ``validate`` too). True: it can (a checker that parses gold answers parses
+        and caches it here, once per question). False: skip the question: the task's checker
+        has it left out of its split, an ``[evaluation] checkers`` entry leaves it unjudged
+        (a null verdict); the run's events count them (``gold_skipped``). Raise
+        ``UserError(why)`` to refuse the data: the core puts the file and row in front
+        (``path: row 12 (question 'test-11'): checker 'math_verify': why``) and the command
+        exits with code 2, nothing written. Which of the last two is the checker's option.
+    """
+
     def check(self, generation: str, extracted: str | None, gold: str) -> Verdict:
         """Judge one generation; ``extracted`` is the task's extraction (``Task.extract`` of
         the trimmed ``generation``; None when it found no answer). Extraction is the
@@ -254,6 +280,13 @@ class Backend(Protocol):
     ranges: one line naming the key and the file or ``--set``) and fills in its defaults, so
     ``config.json`` records what trains and ``TrainSpec.optimizer`` arrives complete. Without
     it the tables reach ``validate_run`` and ``train`` as written."""
+
+    adapter_kinds: tuple[str, ...]
+    """Optional. The kinds of ``[base_training.adapter]`` / ``[training.adapter]`` table this
+    backend trains (parameter-efficient fine-tuning, ``TrainSpec.adapter``; e.g. ``("lora",)``),
+    a class attribute of its factory. ``config.load_experiment`` refuses a table of another
+    kind, or any table when the backend has none; the backend checks the rest against its
+    model in ``validate_run``."""
 
     def base(self, workdir: Path, seed: int) -> str:
         """The base checkpoint: the configured weights, or a fresh random

@@ -250,6 +250,8 @@ def load_experiment(path: Path, overrides: list[str] | None = None, limit: int |
         task[key] = _resolve_paths(normalize_component(task[key]), base, f"task.{key}", src) if task[key] else {}
     sched = normalize_component(cfg["training"]["schedule"])
     cfg["training"]["schedule"] = _resolve_paths(sched, base, "training.schedule", src)
+    cfg["evaluation"]["checkers"] = [_resolve_paths(normalize_component(c), base, f"evaluation.checkers[{i}]", src)
+                                     for i, c in enumerate(cfg["evaluation"]["checkers"])]
     sampler = cfg["generation"]["sampler"]  # "": n_train_samples drawn uniformly, no plugin needed
     cfg["generation"]["sampler"] = (_resolve_paths(normalize_component(sampler), base, "generation.sampler", src)
                                     if sampler else {})
@@ -269,7 +271,9 @@ def load_experiment(path: Path, overrides: list[str] | None = None, limit: int |
 
 
 def _complete_optimizers(cfg: dict[str, Any], registry: Registry, src: Callable[[str], str]) -> None:
-    """The ``[*.optimizer]`` tables are the backend's: checked against its typed table
+    """An ``adapter`` table names a kind the backend trains (``Backend.adapter_kinds``; the
+    backend checks the rest against the model in ``validate_run``). The ``[*.optimizer]``
+    tables are the backend's: checked against its typed table
     (``Backend.optimizer_table``, an attribute of its factory) and completed with its
     defaults, so that ``config.json`` records what trains. Left as written when the backend
     declares none, or is unknown or broken (``experiment.build`` then says so)."""
@@ -277,6 +281,14 @@ def _complete_optimizers(cfg: dict[str, Any], registry: Registry, src: Callable[
         factory = registry.get("backend", cfg["model"]["backend"], "model.backend").factory
     except PluginError:
         return
+    kinds = tuple(getattr(factory, "adapter_kinds", ()))
+    for section in ("base_training", "training"):
+        adapter = cfg[section]["adapter"]
+        if adapter and adapter.get("kind") not in kinds:
+            key = f"{section}.adapter" + (".kind" if kinds else "")
+            raise UserError(f"{src(key)}: {key}: " + (
+                f"must be one of {list(kinds)}, got {adapter.get('kind')!r}" if kinds else
+                f"backend {cfg['model']['backend']!r} trains no adapters (every weight trains); remove the table"))
     table = getattr(factory, "optimizer_table", None)
     if table is None:
         return

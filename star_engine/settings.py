@@ -152,11 +152,14 @@ class Trains(Section):
     packing: str = setting("str", "segments", choices=PACKINGS)
     loss: str = setting("str", "completion", choices=LOSSES)
     optimizer: dict = setting("table", {})
+    adapter: dict = setting("table", {})  # {}: every weight trains; else e.g. { kind = "lora", rank = 16 }
 
     def train_spec(self, steps: int, seed: int) -> TrainSpec:
-        """The backend's job; ``optimizer`` is the table (a dict), as the backend completed it."""
+        """The backend's job; ``optimizer`` is the table (a dict), as the backend completed it;
+        ``adapter`` None when the table is empty."""
         return TrainSpec(steps, self.batch_size, self.grad_accum, seed, copy.deepcopy(self.optimizer),
-                         packing=self.packing, loss=self.loss)
+                         packing=self.packing, loss=self.loss,
+                         adapter=copy.deepcopy(self.adapter) if self.adapter else None)
 
 
 @dataclass(frozen=True)
@@ -183,6 +186,7 @@ class Evaluation(Section):
     samples_per_question: int = setting("int", 0, 0)
     sample_temperature: float = setting("float", 0.0, 0)
     pass_k: int = setting("int", 0, 0)
+    checkers: tuple = setting("components", [])  # more verdicts, recorded beside task.checker's
 
 
 @dataclass(frozen=True)

@@ -265,11 +265,11 @@ def default_positions(mask_BT: jax.Array) -> jax.Array:
     return jnp.maximum(jnp.cumsum(mask_BT.astype(jnp.int32), axis=1) - 1, 0)
 
 
-@functools.partial(jax.jit, static_argnames="config")
-def forward(params: Params, tokens_BT: jax.Array, config: GPTJConfig,
-            positions_BT: jax.Array | None = None, mask: jax.Array | None = None,
-            segments: jax.Array | None = None) -> jax.Array:
-    """Causal LM logits (B, T, V) in fp32 (jit'd; ``config`` is static).
+def apply_forward(params: Params, tokens_BT: jax.Array, config: GPTJConfig,
+                  positions_BT: jax.Array | None = None, mask: jax.Array | None = None,
+                  segments: jax.Array | None = None) -> jax.Array:
+    """Causal LM logits (B, T, V) in fp32: ``forward`` before ``jit``, for callers that
+    trace it inside their own jit and context (``lora.forward``'s method interceptor).
 
     ``mask`` (B, T) bool marks real tokens (False = padding, never attended to);
     ``positions_BT`` defaults to the count of real tokens before each one, so
@@ -288,6 +288,10 @@ def forward(params: Params, tokens_BT: jax.Array, config: GPTJConfig,
     logits_BTV, _ = _transformed(config).apply(params, tokens_BT, positions_BT, mask_BT, None, 0,
                                                segments_BT=segments)
     return logits_BTV
+
+
+forward = jax.jit(apply_forward, static_argnames="config")
+"""``apply_forward`` jit'd (``config`` static): the model's logits."""
 
 
 def init_cache(config: GPTJConfig, batch: int, max_len: int) -> KVCache:

@@ -58,6 +58,7 @@ class HaikuXmapBackend:
     default: every 10 minutes, 30 for models of 1B parameters or more)."""
 
     optimizer_table = AdamW  # the [*.optimizer] tables: config.load_experiment checks and completes them
+    adapter_kinds = ("lora",)  # [*.adapter] tables this backend trains (lora.py; checked in validate_run)
 
     def __init__(self, preset: str | None = None, dtype: str | None = None, n_layer: int | None = None,
                  d_model: int | None = None, n_head: int | None = None, d_head: int | None = None,
@@ -168,16 +169,17 @@ class HaikuXmapBackend:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _save(self, path: Path, params: Any, extra: dict, dtype: str | None = None) -> None:
+    def _save(self, path: Path, params: Any, extra: dict, dtype: str | None = None, specs: Any = None) -> None:
         """Write ``params``; ``dtype``: the stored dtype when it is not the compute
-        dtype (fp32 master weights), recorded as the checkpoint's model dtype."""
+        dtype (fp32 master weights), recorded as the checkpoint's model dtype; ``specs``:
+        the leaves expected when they are not the model's (LoRA adapters)."""
         from .distributed import save_checkpoint
 
         config = self.config if dtype is None else self.config.replace(dtype=dtype)
         # On an mp > 1 mesh the mp-sharded leaves are stored as mp parts, so that a
         # later load reads only each device's slice (convert/checkpoint.py, version 2).
         save_checkpoint(path, params, model_config=config.to_dict(), tokenizer=self.tokenizer.to_dict(),
-                        extra=extra, mp_split=int(self.mesh.shape["mp"]))
+                        extra=extra, mp_split=int(self.mesh.shape["mp"]), specs=specs)
 
     def checkpoint_id(self, checkpoint: str) -> str:
         from .convert.checkpoint import manifest_sha256
@@ -198,7 +200,10 @@ class HaikuXmapBackend:
         release(checkpoint)  # loaded: the run has recorded the stage that wrote it
         dtype = dtype or self.config.dtype
         key = (str(Path(checkpoint).resolve()), self.checkpoint_id(checkpoint))
-        stored = config_from_dict(read_manifest(checkpoint)["model_config"])
+        manifest = read_manifest(checkpoint)
+        if manifest["extra"].get("kind") == "lora":  # adapters alone: merged into their base
+            return self._load_merged(checkpoint, manifest, key, dtype, keep)
+        stored = config_from_dict(manifest["model_config"])
         cache, self._cache = self._cache, (self._cache if keep else None)
         if cache is not None and cache[0] == key and cache[1] in (dtype, stored.dtype):
             return jax.tree.map(lambda p: p.astype(jnp.dtype(dtype)), cache[2])
@@ -213,6 +218,16 @@ class HaikuXmapBackend:
         if keep:
             self._cache = (key, dtype, params)
         return params
+
+    def _load_merged(self, checkpoint: str, manifest: dict, key: tuple, dtype: str, keep: bool) -> Any:
+        """A LoRA checkpoint as a plain model: W + s A B over its base, in ``dtype``."""
+        from . import lora
+        from .lora_stage import load_adapters
+
+        base_path, spec, adapters = load_adapters(self, checkpoint, manifest)
+        merged = lora.merge(self._load(base_path, dtype, keep=False), adapters, spec, dtype)
+        self._cache = (key, dtype, merged) if keep else None
+        return merged
 
     def base(self, workdir: Path, seed: int) -> str:
         from . import model
@@ -269,6 +284,10 @@ class HaikuXmapBackend:
             raise UserError(f"training: {spec.steps} steps requested but there are no training examples")
         from .resume import stage_snapshots
 
+        if spec.adapter is not None:
+            from .lora_stage import train_adapters
+
+            return train_adapters(self, init, Path(out), encoded, spec, progress)
         snapshots = stage_snapshots(self, init, out, spec, encoded, self._train_checkpoint_minutes)
         try:
             # No local reference to the loaded weights: the trainer's master copy replaces them.

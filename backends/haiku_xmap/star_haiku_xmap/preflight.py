@@ -59,6 +59,10 @@ def validate_run(backend: Any, generation: Mapping[str, GenSpec], training: Mapp
         check_generation(key, spec, backend.config.n_ctx)
     for key, spec in training.items():
         check_training(key, spec)
+        if spec.adapter is not None:
+            from .lora import check_table
+
+            check_table(spec.adapter, backend.config, f"{key}.adapter")
     if backend._checkpoint_path:
         check_checkpoint(backend._checkpoint_path)
 

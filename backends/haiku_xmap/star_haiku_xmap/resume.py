@@ -114,6 +114,8 @@ def stage_snapshots(backend: Any, init: str, out: str | Path, spec: Any, encoded
            "master_dtype": backend.master_dtype, "grad_accum_dtype": backend.grad_accum_dtype,
            "zero": backend.zero, "opt_state_dtype": backend.opt_state_dtype, "remat": backend.remat,
            "mesh": mesh, "processes": jax.process_count()}
+    if spec.adapter is not None:  # a LoRA stage (lora_stage.py)
+        key["adapter"] = dict(spec.adapter)
     return Snapshots(snapshot_dir(out), key, steps=spec.steps, every_steps=backend.train_checkpoint_steps,
                      every_minutes=default_minutes(param_count(backend.config)) if minutes is None else minutes,
                      model_config=backend.config.to_dict(), tokenizer=backend.tokenizer.to_dict(), mp_split=mesh[1])

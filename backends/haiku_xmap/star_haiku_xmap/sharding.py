@@ -9,7 +9,8 @@ parameter's path (``"h_3/attn/q/w"``) to a ``PartitionSpec``:
 - row-parallel (out, fc_out, down): input dim over "mp", their outputs are summed
   over "mp", so fc_out's bias stays replicated (added once, after the sum);
 - embedding and LM head: vocabulary over "mp";
-- LayerNorms and RMSNorms: replicated.
+- LayerNorms and RMSNorms: replicated;
+- LoRA adapters (``lora.py``): A and B split as their base matrix is, on its in or out side.
 
 Under grouped-query attention k and v have G * K outputs, split over "mp" like
 q's when mp divides G * K (replicated otherwise, by ``spec_for``).
@@ -46,6 +47,12 @@ RULES: tuple[tuple[str, P], ...] = (
     (r"^h_\d+/ln_(attn|mlp)/scale$", P()),
     (r"^lm_head/w$", P(None, "mp")),
     (r"^lm_head/b$", P("mp")),
+    # LoRA adapters (lora.py), laid out as their base matrix: a column-parallel W's B splits
+    # its outputs over "mp", a row-parallel W's A its inputs; the rank axis is never split.
+    (r"^h_\d+/(attn/(q|k|v)|mlp/(fc_in|gate|up))/lora_a$", P()),
+    (r"^h_\d+/(attn/(q|k|v)|mlp/(fc_in|gate|up))/lora_b$", P(None, "mp")),
+    (r"^h_\d+/(attn/out|mlp/(fc_out|down))/lora_a$", P("mp", None)),
+    (r"^h_\d+/(attn/out|mlp/(fc_out|down))/lora_b$", P()),
 )
 _COMPILED = tuple((re.compile(pattern), spec) for pattern, spec in RULES)
 

@@ -17,6 +17,7 @@ compute stores and rounds the weights in bf16 (half the memory, small updates lo
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
@@ -27,7 +28,7 @@ import optax
 
 from star_engine.config import check_table
 
-from . import model, packing, sharding
+from . import lora, model, packing, sharding
 from .distributed import global_array, place, to_host
 from .options import OPT_STATE_DTYPES, AdamW
 from .config import GPTJConfig
@@ -178,16 +179,20 @@ def _build_state(params: Any, tx: optax.GradientTransformation, state_sh: Any) -
 # ----------------------------------------------------------------------------- loss / step
 
 
-def token_loss(params, batch: Mapping[str, jax.Array], config: GPTJConfig, remat: bool = False):
+def token_loss(params, batch: Mapping[str, jax.Array], config: GPTJConfig, remat: bool = False,
+               adapters: Any = None, adapter: lora.LoraSpec | None = None):
     """(sum of fp32 next-token NLL over the weighted targets, number of them) for one
     micro-batch of (B, T) arrays (``packing.KEYS``). ``remat``: the backward pass
-    keeps only each block's input and recomputes the rest of the block."""
-    def forward(p, tokens, positions, segments):
-        return model.forward(p, tokens, config, positions_BT=positions, segments=segments)
+    keeps only each block's input and recomputes the rest of the block. ``adapter``:
+    ``params`` is the frozen base and ``adapters`` its LoRA adapters (``lora.py``)."""
+    def forward(p, ad, tokens, positions, segments):
+        if adapter is None:
+            return model.forward(p, tokens, config, positions_BT=positions, segments=segments)
+        return lora.forward(p, ad, tokens, config, adapter, positions_BT=positions, segments=segments)
 
     if remat:
         forward = jax.checkpoint(forward, policy=jax.checkpoint_policies.save_only_these_names(model.LAYER_INPUT))
-    logits_BTV = forward(params, batch["tokens"], batch["positions"], batch["segments"])
+    logits_BTV = forward(params, adapters, batch["tokens"], batch["positions"], batch["segments"])
     # log p(target) = (x - max)[target] - log sum exp(x - max), as log_softmax
     # computes it; the one-hot product picks the target exactly, and its gradient
     # stays elementwise (take_along_axis's would be a scatter).
@@ -200,8 +205,13 @@ def token_loss(params, batch: Mapping[str, jax.Array], config: GPTJConfig, remat
 
 def make_update(config: GPTJConfig, tx: optax.GradientTransformation, mesh=None,
                 state_example: TrainState | None = None, state_shardings: Any = None, *,
-                accum_dtype: str = "float32", remat: bool = False) -> Callable:
+                accum_dtype: str = "float32", remat: bool = False,
+                adapter: lora.LoraSpec | None = None) -> Callable:
     """``update(state, batch) -> (state, metrics)``, jit'd with the state donated.
+
+    ``adapter`` (LoRA): the state's params are the fp32 adapters (the only thing
+    trained, with their own Adam state) and ``update(state, batch, base)`` takes the
+    frozen base in the compute dtype, laid out by the rule table, never donated.
 
     The master weights are cast to the compute dtype (``config.dtype``) once per
     step (on a mesh: laid out by the rule table, which all-gathers master weights
@@ -215,16 +225,23 @@ def make_update(config: GPTJConfig, tx: optax.GradientTransformation, mesh=None,
     """
     compute = model.dtype_of(config)
     accum = jnp.dtype(accum_dtype)
-    grad_fn = jax.value_and_grad(lambda p, mb: token_loss(p, mb, config, remat), has_aux=True)
+    if adapter is None:
+        grad_fn = jax.value_and_grad(lambda p, mb, base: token_loss(p, mb, config, remat), has_aux=True)
+    else:
+        grad_fn = jax.value_and_grad(lambda ad, mb, base: token_loss(base, mb, config, remat, ad, adapter),
+                                     has_aux=True)
 
-    def update(state: TrainState, batch: Mapping[str, jax.Array]):
-        params_c = jax.tree.map(lambda p: p.astype(compute), state.params)
+    def update(state: TrainState, batch: Mapping[str, jax.Array], base: Any = None):
+        if adapter is None:
+            params_c = jax.tree.map(lambda p: p.astype(compute), state.params)
+        else:
+            params_c = state.params  # the adapters: trained and applied in fp32
         if mesh is not None:
             params_c = jax.lax.with_sharding_constraint(params_c, sharding.tree_shardings(params_c, mesh))
 
         def micro(carry, mb):
             g_acc, loss_acc, n_acc = carry
-            (loss_sum, n), g = grad_fn(params_c, mb)
+            (loss_sum, n), g = grad_fn(params_c, mb, base)
             g_acc = jax.tree.map(lambda a, b: a + b.astype(accum), g_acc, g)
             return (g_acc, loss_acc + loss_sum, n_acc + n), None
 
@@ -246,8 +263,11 @@ def make_update(config: GPTJConfig, tx: optax.GradientTransformation, mesh=None,
     # state_shardings (optional): the state's shardings as given, e.g. ZeRO-1's (distributed.py)
     state_sh = sharding.tree_shardings(state_example, mesh) if state_shardings is None else state_shardings
     batch_sh = sharding.batch_sharding(mesh, batch_axis=1, ndim=3)
-    return jax.jit(update, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, sharding.replicated(mesh)),
-                   donate_argnums=0)
+    out_sh = (state_sh, sharding.replicated(mesh))
+    if adapter is None:
+        return jax.jit(update, in_shardings=(state_sh, batch_sh), out_shardings=out_sh, donate_argnums=0)
+    # The base's layout is its own arrays' (the rule table's, as loaded).
+    return jax.jit(update, out_shardings=out_sh, donate_argnums=0)
 
 
 # ----------------------------------------------------------------------------- loop
@@ -262,7 +282,8 @@ def train(params: Any, config: GPTJConfig, encoded: Sequence[Encoded], *, steps:
           grad_accum: int, seed: int, optimizer: Mapping[str, Any], seq_len: int, pad_id: int,
           mesh=None, zero: int = 0, opt_state_dtype: str = "float32", progress: Callable[[int], None] | None = None,
           packing: str = "segments", loss: str = "completion", master_dtype: str = "float32",
-          accum_dtype: str = "float32", remat: bool = False, snapshots: Any = None) -> tuple[Any, list[float], int]:
+          accum_dtype: str = "float32", remat: bool = False, snapshots: Any = None,
+          adapter: lora.LoraSpec | None = None, adapters: Any = None) -> tuple[Any, list[float], int]:
     """Run ``steps`` optimizer steps from ``params`` (left intact). Returns (master
     params in ``master_dtype``, per-step losses, number of loss tokens). Each step
     takes batch_size x grad_accum examples (``packing = "stream"``: chunks).
@@ -273,19 +294,31 @@ def train(params: Any, config: GPTJConfig, encoded: Sequence[Encoded], *, steps:
     over dp. Batches become global arrays from each process's addressable slices,
     so the same call runs on several processes. ``opt_state_dtype``: the moments'
     storage dtype (``with_state_dtype``). ``snapshots`` (``resume.Snapshots``):
-    continue from the stage's saved state if there is one, and save it as it goes."""
+    continue from the stage's saved state if there is one, and save it as it goes.
+
+    ``adapter`` (``lora.LoraSpec``): ``params`` is the frozen base, kept in its own
+    dtype (cast to the compute dtype only where that differs), and the LoRA adapters
+    are trained instead, starting from ``adapters`` (default: fresh ones drawn from
+    ``seed``, the identity); returns the trained adapters in place of the params."""
     if steps < 0 or batch_size < 1 or grad_accum < 1:
         raise ValueError(f"bad training shape: steps={steps} batch_size={batch_size} grad_accum={grad_accum}")
     check_dtypes(config, master_dtype, accum_dtype)
     if zero and mesh is None:
         raise ValueError("zero = 1 splits the optimizer state over a mesh's dp axis: it needs a mesh")
-    if steps == 0:
-        return params, [], 0
+    if steps == 0:  # nothing trained: the params, or the adapters as they start
+        return (params if adapter is None else
+                adapters if adapters is not None else fresh_adapters(config, adapter, seed)), [], 0
     rows = 1 if mesh is None else sharding.dp_size(mesh)
     batches = packing_batches(encoded, steps=steps, batch_size=batch_size, grad_accum=grad_accum, seed=seed,
                               seq_len=seq_len, pad_id=pad_id, dp=rows, packing=packing, loss=loss, config=config)
     tx = with_state_dtype(make_optimizer(optimizer, steps), opt_state_dtype)
     compute = model.dtype_of(config)
+    base = None
+    if adapter is not None:
+        base, params = _frozen_base(params, compute, mesh), adapters
+        if params is None:
+            params = fresh_adapters(config, adapter, seed)
+        master_dtype = "float32"  # adapters are fp32 whatever the model's dtypes
     if mesh is None:
         # A copy in the master dtype: the update donates its state; the caller's arrays must survive.
         params, put, state_sh = master_params(params, master_dtype), (lambda batch: batch), None
@@ -307,11 +340,30 @@ def train(params: Any, config: GPTJConfig, encoded: Sequence[Encoded], *, steps:
     else:  # the moments are born in their final (ZeRO) shardings
         state = _build_state(params, tx, state_sh)
     del params  # the state holds the (master) copy
-    update = make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=accum_dtype, remat=remat)
+    update = make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=accum_dtype, remat=remat,
+                         adapter=adapter)
+    if base is not None:
+        update = functools.partial(update, base=base)
     state, metrics, n_tokens = run_steps(update, state, batches, mesh=mesh, put=put, progress=progress,
                                          snapshots=snapshots, restored=restored)
     losses = [float(to_host(x)) for x in metrics]
     return state.params, losses, n_tokens
+
+
+def fresh_adapters(config: GPTJConfig, adapter: lora.LoraSpec, seed: int) -> Any:
+    """A stage's new LoRA adapters (the identity), drawn from its seed."""
+    return lora.init_adapters(config, adapter, jax.random.fold_in(jax.random.key(seed), 0x10CA))
+
+
+def _frozen_base(params: Any, compute: Any, mesh) -> Any:
+    """The frozen base of a LoRA stage in the compute dtype (no copy when it is stored so),
+    laid out by the rule table on a mesh."""
+    if mesh is not None:
+        params = place(params, mesh)
+    if all(x.dtype == compute for x in jax.tree.leaves(params)):
+        return params
+    out_sh = None if mesh is None else sharding.tree_shardings(params, mesh)
+    return jax.jit(lambda p: jax.tree.map(lambda x: x.astype(compute), p), out_shardings=out_sh)(params)
 
 
 def packing_batches(encoded: Sequence[Encoded], *, config: GPTJConfig, **kw) -> Iterable[dict[str, np.ndarray]]:

@@ -11,7 +11,7 @@ import star_haiku_xmap
 
 PACKAGE = Path(star_haiku_xmap.__file__).parent
 CONVERT = {"safeio", "checkpoint", "checkpoint_write", "hf_import", "hf_llama", "mtj_layout", "mtj_import",
-           "mtj_export", "commands", "plan", "plan_models"}
+           "mtj_export", "hf_export", "commands", "plan", "plan_models"}
 # The top-level modules that import from the subpackage, and why they must.
 USES_CONVERT = {
     "plugin": {"checkpoint", "commands"},  # loads checkpoints; registers the commands
@@ -20,6 +20,7 @@ USES_CONVERT = {
     "resume": {"checkpoint", "checkpoint_write"},  # a training snapshot is a checkpoint folder
     "distributed": {"checkpoint", "checkpoint_write"},  # save_checkpoint / host_leaves: a save across processes
     "tokenizer": {"safeio"},  # a tokenizer.json read with a size bound
+    "lora_stage": {"checkpoint"},  # a LoRA stage reads its init's manifest and loads adapter checkpoints
 }
 MAX_LINES = 400
 

@@ -233,6 +233,14 @@ def _check_against_config(m: dict, where: str) -> None:
         specs = param_specs(m["model_config"])
     except (TypeError, ValueError) as exc:
         raise IntegrityError(f"{where}: model_config is not a valid GPT-J config ({exc})") from None
+    extra = m.get("extra")
+    if isinstance(extra, dict) and extra.get("kind") == "lora":  # adapters alone, over a base
+        from ..lora import checkpoint_specs
+
+        try:
+            specs = checkpoint_specs(m["model_config"], extra)
+        except (UserError, TypeError, ValueError, KeyError) as exc:
+            raise IntegrityError(f"{where}: not a valid LoRA checkpoint ({exc})") from None
     have = {tuple(leaf["path"]): leaf for leaf in m["leaves"]}
     missing, unexpected = sorted(set(specs) - set(have)), sorted(set(have) - set(specs))
     if missing or unexpected:

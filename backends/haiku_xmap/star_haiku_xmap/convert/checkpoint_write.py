@@ -56,7 +56,8 @@ def manifest_bytes(manifest: Mapping[str, Any]) -> bytes:
 
 
 def save_checkpoint(path: str | os.PathLike, params: Mapping[str, Any], *, model_config: dict,
-                    tokenizer: dict, extra: dict | None = None, mp_split: int = 1) -> dict:
+                    tokenizer: dict, extra: dict | None = None, mp_split: int = 1,
+                    specs: Mapping[tuple[str, ...], tuple[tuple[int, ...], str]] | None = None) -> dict:
     """Write ``params`` (nested dict of arrays, host or device) to the directory ``path``.
 
     Written into a temporary sibling directory (files and directory fsynced), then
@@ -64,10 +65,11 @@ def save_checkpoint(path: str | os.PathLike, params: Mapping[str, Any], *, model
     checkpoint is swapped atomically (or left alone when byte-identical), anything
     else at ``path`` is refused. Leaves are fetched to host one at a time and must
     match the shapes and dtypes ``model_config`` implies. ``mp_split`` > 1 stores the
-    mp-sharded leaves as that many parts (version 2). Returns the manifest.
+    mp-sharded leaves as that many parts (version 2). ``specs``: the leaves expected when
+    they are not the model's parameters (``write_checkpoint``). Returns the manifest.
     """
     return write_checkpoint(path, flatten(params), model_config=model_config, tokenizer=tokenizer, extra=extra,
-                            mp_split=mp_split)
+                            mp_split=mp_split, specs=specs)
 
 
 def split_axis_for(key_path: tuple[str, ...], shape: tuple[int, ...], mp_split: int) -> int | None:

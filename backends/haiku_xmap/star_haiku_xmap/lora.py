@@ -1,0 +1,205 @@
+"""LoRA adapters (Hu et al. 2021) as peft computes them, for every architecture the
+backend runs (GPT-J, and the Llama family: Llama, Qwen2, Mistral).
+
+A target projection ``y = x W`` (W: (in, out), the base's, frozen) becomes
+``y = x W + s (x A) B`` with A (in, r) drawn as peft's kaiming-uniform (a = sqrt 5:
+U(-1/sqrt(in), 1/sqrt(in))), B (r, out) zeros, so a fresh adapter is the identity,
+and s = alpha / r (``rslora``: alpha / sqrt r). The adapter path runs in fp32 and
+is added to the base's output; the adapters and their Adam state are fp32 whatever
+the base's dtype.
+
+Targets carry peft's / Hugging Face's module names (``TARGETS``); ``[training]
+adapter = { kind = "lora", rank = 32, alpha = 64, targets = [...] }``, default targets
+every attention and MLP projection. The adapter tree is params-like,
+``{"h_3/attn/q": {"lora_a": A, "lora_b": B}}``, so the sharding rule table and the
+checkpoint format take it as they take parameters.
+
+Training runs the unmerged form through a Haiku method interceptor on the target
+``Linear`` modules (``apply_forward``), so the model's modules know nothing of
+adapters; generation merges first (``merge``: W + s A B in fp32, cast to the compute
+dtype), so it runs at the plain model's speed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from star_engine.errors import UserError
+from star_engine.options import is_int, is_number
+
+from . import model
+from .config import ModelConfig, architecture
+from .layers import Linear
+
+# peft's target names -> this backend's module path inside block h_{i}.
+TARGETS: dict[str, dict[str, str]] = {
+    "gptj": {"q_proj": "attn/q", "k_proj": "attn/k", "v_proj": "attn/v", "out_proj": "attn/out",
+             "fc_in": "mlp/fc_in", "fc_out": "mlp/fc_out"},
+    "llama": {"q_proj": "attn/q", "k_proj": "attn/k", "v_proj": "attn/v", "o_proj": "attn/out",
+              "gate_proj": "mlp/gate", "up_proj": "mlp/up", "down_proj": "mlp/down"},
+}
+KEYS = ("kind", "rank", "alpha", "targets", "rslora")
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """One adapter configuration (hashable: a static argument of the jit'd steps)."""
+
+    rank: int
+    alpha: float
+    targets: tuple[str, ...]
+    rslora: bool = False
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / (np.sqrt(self.rank) if self.rslora else self.rank)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "lora", "rank": self.rank, "alpha": self.alpha, "targets": list(self.targets),
+                "rslora": self.rslora}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "LoraSpec":
+        return cls(int(d["rank"]), float(d["alpha"]), tuple(d["targets"]), bool(d.get("rslora", False)))
+
+
+def _shapes(config: ModelConfig) -> dict:
+    return jax.eval_shape(lambda k: model.init_params(config, k), jax.random.key(0))
+
+
+def check_table(table: Any, config: ModelConfig, key: str) -> LoraSpec:
+    """The ``adapter`` table at TOML key ``key`` checked against the model: a ``UserError``
+    naming ``key.<option>`` for an unknown option or kind, a target the architecture lacks,
+    or a rank above a target matrix's smaller side."""
+    if not isinstance(table, Mapping):
+        raise UserError(f"{key}: must be a table like {{ kind = \"lora\", rank = 16, alpha = 32 }}, got {table!r}")
+    for k in table:
+        if k not in KEYS:
+            close = difflib.get_close_matches(str(k), KEYS, n=1)
+            raise UserError(f"{key}.{k}: unknown option" + (f"; did you mean {close[0]!r}?" if close else
+                                                            f"; known: {list(KEYS)}"))
+    if table.get("kind") != "lora":
+        raise UserError(f"{key}.kind: must be \"lora\" (the one adapter kind of this backend), "
+                        f"got {table.get('kind')!r}")
+    rank, alpha = table.get("rank", 16), table.get("alpha", None)
+    if not is_int(rank) or rank < 1:
+        raise UserError(f"{key}.rank: must be an int >= 1, got {rank!r}")
+    alpha = 2 * rank if alpha is None else alpha
+    if not is_number(alpha) or not alpha > 0:
+        raise UserError(f"{key}.alpha: must be a number > 0, got {alpha!r}")
+    rslora = table.get("rslora", False)
+    if not isinstance(rslora, bool):
+        raise UserError(f"{key}.rslora: must be true or false, got {rslora!r}")
+    names = TARGETS[architecture(config)]
+    targets = table.get("targets", list(names))
+    if (not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets)
+            or len(set(targets)) != len(targets)):
+        raise UserError(f"{key}.targets: must be a non-empty list of distinct names from {list(names)}, "
+                        f"got {targets!r}")
+    for t in targets:
+        if t not in names:
+            close = difflib.get_close_matches(t, names, n=1)
+            raise UserError(f"{key}.targets: {t!r} is not a projection of this {architecture(config)} model"
+                            + (f"; did you mean {close[0]!r}?" if close else "") + f" (targets: {list(names)})")
+    spec = LoraSpec(int(rank), float(alpha), tuple(targets), rslora)
+    shapes = _shapes(config)
+    for t in spec.targets:
+        n_in, n_out = shapes["h_0/" + names[t]]["w"].shape
+        if rank > min(n_in, n_out):
+            raise UserError(f"{key}.rank: {rank} is above {t}'s smaller side ({n_in} x {n_out})")
+    return spec
+
+
+def module_paths(config: ModelConfig, spec: LoraSpec) -> list[str]:
+    names = TARGETS[architecture(config)]
+    return [f"h_{i}/{names[t]}" for i in range(config.n_layer) for t in spec.targets]
+
+
+def adapter_specs(config: ModelConfig, spec: LoraSpec) -> dict[tuple[str, ...], tuple[tuple[int, ...], str]]:
+    """{key path: (shape, dtype)} of the adapters (a checkpoint's expected leaves)."""
+    shapes = _shapes(config)
+    out = {}
+    for path in module_paths(config, spec):
+        n_in, n_out = shapes[path]["w"].shape
+        out[(path, "lora_a")] = ((n_in, spec.rank), "float32")
+        out[(path, "lora_b")] = ((spec.rank, n_out), "float32")
+    return out
+
+
+def checkpoint_specs(model_config: Mapping[str, Any], extra: Mapping[str, Any]) -> dict:
+    """The leaves a LoRA checkpoint must hold (``adapter_specs``) by its manifest: the model
+    config and ``extra`` (its ``lora`` spec, the base's id ``base`` and ``base_path``);
+    ValueError / UserError when these are not a LoRA checkpoint's."""
+    from .config import config_from_dict
+
+    if not (isinstance(extra.get("base"), str) and isinstance(extra.get("base_path"), str)):
+        raise ValueError("extra.base and extra.base_path must name the base checkpoint")
+    config = config_from_dict(model_config)
+    spec = LoraSpec.from_dict(extra["lora"])
+    check_table(spec.to_dict(), config, "extra.lora")
+    return adapter_specs(config, spec)
+
+
+def init_adapters(config: ModelConfig, spec: LoraSpec, key: jax.Array) -> dict:
+    """Fresh adapters: A as peft's kaiming-uniform, B zeros (the identity), fp32; module i
+    of ``module_paths`` draws with ``fold_in(key, i)``."""
+    shapes = _shapes(config)
+    tree: dict = {}
+    for i, path in enumerate(module_paths(config, spec)):
+        n_in, n_out = shapes[path]["w"].shape
+        bound = 1.0 / np.sqrt(n_in)
+        a = jax.random.uniform(jax.random.fold_in(key, i), (n_in, spec.rank), jnp.float32, -bound, bound)
+        tree[path] = {"lora_a": a, "lora_b": jnp.zeros((spec.rank, n_out), jnp.float32)}
+    return tree
+
+
+# ----------------------------------------------------------------------------- forward
+
+
+def _interceptor(adapters: Mapping[str, Mapping[str, jax.Array]], scale: float):
+    def intercept(next_f, args, kwargs, context):
+        out = next_f(*args, **kwargs)
+        if context.method_name != "__call__" or not isinstance(context.module, Linear):
+            return out
+        ad = adapters.get(context.module.module_name)
+        if ad is None:
+            return out
+        x_NI = args[0].astype(jnp.float32)
+        delta_NO = (x_NI @ ad["lora_a"].astype(jnp.float32)) @ ad["lora_b"].astype(jnp.float32)
+        return (out.astype(jnp.float32) + jnp.float32(scale) * delta_NO).astype(out.dtype)
+
+    return intercept
+
+
+def apply_forward(base: Any, adapters: Any, tokens_BT: jax.Array, config: ModelConfig, spec: LoraSpec,
+                  positions_BT: jax.Array | None = None, mask: jax.Array | None = None,
+                  segments: jax.Array | None = None) -> jax.Array:
+    """``model.apply_forward`` of the adapted model, unmerged: each target's output gains
+    s (x A) B (fp32)."""
+    with hk.intercept_methods(_interceptor(adapters, spec.scale)):
+        return model.apply_forward(base, tokens_BT, config, positions_BT, mask, segments)
+
+
+forward = jax.jit(apply_forward, static_argnames=("config", "spec"))
+"""``apply_forward`` jit'd (``config`` and ``spec`` static)."""
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "dtype"))
+def merge(base: Any, adapters: Any, spec: LoraSpec, dtype: str | None = None) -> Any:
+    """The base with every target's W replaced by W + s A B (in fp32, then cast to
+    ``dtype``; default each leaf's own), the rest cast to ``dtype``: a plain model."""
+    cast = (lambda x: x) if dtype is None else (lambda x: x.astype(jnp.dtype(dtype)))
+    out = {m: {n: cast(v) for n, v in leaves.items()} for m, leaves in base.items()}
+    for path, ad in adapters.items():
+        w = base[path]["w"]
+        merged = w.astype(jnp.float32) + jnp.float32(spec.scale) * (ad["lora_a"] @ ad["lora_b"])
+        out[path]["w"] = merged.astype(jnp.dtype(dtype) if dtype is not None else w.dtype)
+    return out
