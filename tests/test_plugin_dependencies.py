@@ -12,7 +12,7 @@ import pytest
 
 from star_engine.registry import Registry
 
-BUILT_IN_TASKS = {"cqa", "gsm8k", "addition", "math"}
+BUILT_IN_TASKS = {"cqa", "gsm8k", "addition", "math", "reasoning_gym"}
 
 
 def canonical(name: str) -> str:

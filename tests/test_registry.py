@@ -142,9 +142,10 @@ def test_component_method_failure_names_plugin(monkeypatch):
 
 
 BUILTINS = {
-    "task": {"cqa", "gsm8k", "addition", "math"},
-    "hint": {"cqa_correct", "gsm8k_answer", "addition_target", "math_answer"},
-    "checker": {"exact", "mc_letter", "numeric", "regex", "math_verify", "gsm8k_strict", "gsm8k_flexible"},
+    "task": {"cqa", "gsm8k", "addition", "math", "reasoning_gym"},
+    "hint": {"cqa_correct", "gsm8k_answer", "addition_target", "math_answer", "reasoning_gym_answer"},
+    "checker": {"exact", "mc_letter", "numeric", "regex", "math_verify", "gsm8k_strict", "gsm8k_flexible",
+                "reasoning_gym_score"},
     "filter": {"hint_leak", "dedup", "length_cap"},
     "schedule": {"epochs", "steady_grow", "exponential_grow"},
     "sampler": {"uniform", "adaptive", "curriculum"},

@@ -29,7 +29,11 @@ def test_llama_experiments_name_a_checkpoint_and_keep_the_gptj_loop(name):
     from star_haiku_xmap.config import PRESETS
 
     assert PRESETS[m["preset"]].architecture == "llama"
-    for table in ("task", "generation", "rationalization", "training", "evaluation"):  # only [model] differs
+    # Only [model] differs, and gsm8k_qwen's checker: math_verify, with lm-eval's two GSM8K scores beside it.
+    if name == "gsm8k_qwen.toml":
+        assert cfg["task"].pop("checker") == "math_verify" and gptj["task"].pop("checker") == "numeric"
+        assert cfg["evaluation"].pop("checkers") == ["math_verify", "gsm8k_strict", "gsm8k_flexible"]
+    for table in ("task", "generation", "rationalization", "training", "evaluation"):
         assert cfg[table] == gptj[table], (name, table)
 
 
@@ -53,4 +57,9 @@ def test_gsm8k_qwen_smoke_run(tmp_path):
     assert backend["tokenizer"]["kind"] == "byte"
     metrics = pd.read_parquet(run / "metrics.parquet")
     assert set(metrics["iteration"]) == {0, 1} and "test" in set(metrics["split"])
+    test_rows = metrics[(metrics["split"] == "test") & (metrics["class"] == "all")]
+    assert len(test_rows) == 2
+    for n, checkers in zip(test_rows["n"], test_rows["checkers"]):  # each verdict beside the task's checker's
+        assert [c["checker"] for c in checkers] == ["math_verify", "gsm8k_strict", "gsm8k_flexible"]
+        assert all(c["n"] == n == 3 for c in checkers)  # the fixture's 3 questions
     assert (run / "iterations" / "001" / "generated.parquet").is_file()
