@@ -13,6 +13,7 @@ H heads, K head dim, V vocabulary.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any, NamedTuple
 
 import haiku as hk
@@ -152,3 +153,46 @@ def write_slots(buf_BHSK, new_BHTK, start, per_row: bool) -> jax.Array:
     if not per_row:
         return jax.lax.dynamic_update_slice(buf_BHSK, new_BHTK, (0, 0, start, 0))
     return jax.vmap(lambda b, n, s: jax.lax.dynamic_update_slice(b, n, (0, s, 0)))(buf_BHSK, new_BHTK, start)
+
+
+# ----------------------------------------------------------------------------- fused attention
+
+ATTENTION_ENV = "STAR_HAIKU_XMAP_ATTENTION"
+ATTENTION_KINDS = ("auto", "reference", "xla", "cudnn")
+
+
+def attention_kind() -> str:
+    """How training and prefill attention run (read when a step is traced):
+    ``STAR_HAIKU_XMAP_ATTENTION`` = ``auto`` (default: ``reference`` on a CPU, ``cudnn``
+    elsewhere), ``reference`` (this module's fp32 scores and softmax, with causal query
+    blocks: what the CPU figures and every golden test were made with), ``xla`` or
+    ``cudnn`` (``jax.nn.dot_product_attention`` with that implementation; cuDNN's flash
+    attention falls back to XLA's for a shape or dtype it does not take)."""
+    kind = os.environ.get(ATTENTION_ENV, "auto").strip() or "auto"
+    if kind not in ATTENTION_KINDS:
+        raise ValueError(f"{ATTENTION_ENV}: must be one of {list(ATTENTION_KINDS)}, got {kind!r}")
+    if kind == "auto":
+        return "reference" if jax.default_backend() == "cpu" else "cudnn"
+    return kind
+
+
+def fused_attention(q_BHTK: jax.Array, k_BGSK: jax.Array, v_BGSK: jax.Array, allowed_BTS: jax.Array,
+                    kind: str) -> jax.Array:
+    """Attention of H query heads over G key/value heads (H a multiple of G) through
+    ``jax.nn.dot_product_attention``, masked by ``allowed_BTS`` (causal, packed segments,
+    sliding window and left padding all folded into it); (B, H, T, K) like the queries.
+    A query allowed no key at all (a padding token) is given every key instead: its output
+    is never read, and a fully masked row would make cuDNN's softmax 0/0."""
+    q_BTHK, k_BSGK, v_BSGK = (x.transpose(0, 2, 1, 3) for x in (q_BHTK, k_BGSK, v_BGSK))
+    mask_B1TS = (allowed_BTS | ~jnp.any(allowed_BTS, axis=-1, keepdims=True))[:, None]
+    out = None
+    if kind == "cudnn":
+        try:
+            out = jax.nn.dot_product_attention(q_BTHK, k_BSGK.astype(q_BTHK.dtype), v_BSGK.astype(q_BTHK.dtype),
+                                               mask=mask_B1TS, implementation="cudnn")
+        except (ValueError, NotImplementedError, TypeError, RuntimeError):
+            out = None  # not a shape, dtype or platform cuDNN's flash attention takes
+    if out is None:
+        out = jax.nn.dot_product_attention(q_BTHK, k_BSGK.astype(q_BTHK.dtype), v_BSGK.astype(q_BTHK.dtype),
+                                           mask=mask_B1TS, implementation="xla")
+    return out.transpose(0, 2, 1, 3).astype(v_BGSK.dtype)

@@ -36,7 +36,8 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from .config import LlamaConfig
-from .layers import CAUSAL_BLOCK, Embed, Linear, RMSNorm, Shared, masked_softmax, write_slots
+from .layers import (CAUSAL_BLOCK, Embed, Linear, RMSNorm, Shared, attention_kind, fused_attention, masked_softmax,
+                     write_slots)
 from .model import LAYER_INPUT, KVCache, dtype_of
 
 
@@ -107,8 +108,13 @@ class Attention(hk.Module):
         else:
             k_BGSK = write_slots(kv[0], k_BGTK, sh.start, sh.per_row)
             v_BGSK = write_slots(kv[1], v_BGTK, sh.start, sh.per_row)
-        ctx_BGRTK = _gqa_attention(q_BHTK.reshape(B, G, H // G, T, K), k_BGSK, v_BGSK, sh.allowed_BTS, K, sh.block)
-        ctx_ND = ctx_BGRTK.reshape(B, H, T, K).transpose(0, 2, 1, 3).reshape(B * T, H * K).astype(dtype_of(c))
+        kind = attention_kind() if T > 1 else "reference"  # decoding (one query a row) stays on the reference
+        if kind == "reference":
+            ctx_BHTK = _gqa_attention(q_BHTK.reshape(B, G, H // G, T, K), k_BGSK, v_BGSK, sh.allowed_BTS, K,
+                                      sh.block).reshape(B, H, T, K)
+        else:
+            ctx_BHTK = fused_attention(q_BHTK, k_BGSK, v_BGSK, sh.allowed_BTS, kind)
+        ctx_ND = ctx_BHTK.transpose(0, 2, 1, 3).reshape(B * T, H * K).astype(dtype_of(c))
         return Linear(c.d_model, name="out")(ctx_ND), k_BGSK, v_BGSK
 
 

@@ -31,7 +31,8 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from .config import GPTJConfig, architecture
-from .layers import CAUSAL_BLOCK, Embed, LayerNorm, Linear, Shared, masked_softmax, write_slots
+from .layers import (CAUSAL_BLOCK, Embed, LayerNorm, Linear, Shared, attention_kind, fused_attention,
+                     masked_softmax, write_slots)
 
 Params = Any  # haiku's nested dict {module_path: {name: array}}
 
@@ -138,7 +139,9 @@ class Attention(hk.Module):
             # Only the T new slots are written; inside a decode loop XLA updates the buffer in place.
             k_BHSK = write_slots(kv[0], k_BHTK, sh.start, sh.per_row)
             v_BHSK = write_slots(kv[1], v_BHTK, sh.start, sh.per_row)
-        ctx_BHTK = _attention(q_BHTK, k_BHSK, v_BHSK, sh.allowed_BTS, K, sh.block)
+        kind = attention_kind() if T > 1 else "reference"  # decoding (one query a row) stays on the reference
+        ctx_BHTK = (_attention(q_BHTK, k_BHSK, v_BHSK, sh.allowed_BTS, K, sh.block) if kind == "reference"
+                    else fused_attention(q_BHTK, k_BHSK, v_BHSK, sh.allowed_BTS, kind))
         ctx_ND = ctx_BHTK.transpose(0, 2, 1, 3).reshape(B * T, H * K).astype(dtype_of(c))
         return Linear(c.d_model, name="out")(ctx_ND), k_BHSK, v_BHSK
 

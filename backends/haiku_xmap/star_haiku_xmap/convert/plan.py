@@ -167,8 +167,11 @@ def _stats(compiled) -> dict[str, int]:
 
 def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch: int, grad_accum: int,
              seq_len: int, gen_batch: int, prompt_len: int, new_tokens: int, what: tuple[str, ...],
-             master_dtype: str = "float32", accum_dtype: str = "float32", remat: bool = False) -> list[dict]:
-    """Compile the requested programs for one mesh; a list of result dicts."""
+             master_dtype: str = "float32", accum_dtype: str = "float32", remat: bool = False,
+             adapter: Any = None) -> list[dict]:
+    """Compile the requested programs for one mesh; a list of result dicts. ``adapter``
+    (``lora.LoraSpec``): the train step of LoRA adapters over the frozen base (in the
+    compute dtype), their state fp32 (``master_dtype`` does not apply)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec as P
@@ -184,21 +187,27 @@ def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch
     base = {"mesh": f"{dp}x{mp}", "layers": config.n_layer, "dtype": config.dtype}
     if "train" in what:
         tx = tr.with_state_dtype(tr.make_optimizer({"lr": 1e-6, "clip_norm": 1.0}, 1000), opt_state_dtype)
-        master_abs = jax.eval_shape(lambda p: tr.master_params(p, master_dtype), params_abs)
+        if adapter is None:
+            master_abs = jax.eval_shape(lambda p: tr.master_params(p, master_dtype), params_abs)
+        else:
+            master_abs = jax.eval_shape(lambda: tr.fresh_adapters(config, adapter, 0))
         state_abs = jax.eval_shape(lambda p: tr.init_state(p, tx), master_abs)
         state_sh = tr.state_shardings(state_abs, mesh, zero, model.dtype_of(config))
-        update = tr.make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=accum_dtype, remat=remat)
+        update = tr.make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=accum_dtype, remat=remat,
+                                adapter=adapter)
+        frozen = () if adapter is None else (_abstract(params_abs, params_sh),)
         bsh = sharding.batch_sharding(mesh, batch_axis=1, ndim=3)
         rows = -(-batch // dp) * dp
         batch_abs = {k: jax.ShapeDtypeStruct((grad_accum, rows, seq_len), jnp.bool_ if k == "weights" else jnp.int32,
                                              sharding=bsh) for k in packing.KEYS}
         t0 = time.perf_counter()
-        lowered = update.lower(_abstract(state_abs, state_sh), batch_abs)
+        lowered = update.lower(_abstract(state_abs, state_sh), batch_abs, *frozen)
         t1 = time.perf_counter()
         compiled = lowered.compile()
         t2 = time.perf_counter()
-        results.append({**base, "program": "train step", "zero": zero, "opt_state_dtype": opt_state_dtype,
-                        "master_dtype": master_dtype, "accum_dtype": accum_dtype, "remat": remat,
+        results.append({**base, "program": "train step" if adapter is None else f"LoRA r={adapter.rank} train step",
+                        "zero": zero, "opt_state_dtype": opt_state_dtype,
+                        "master_dtype": master_dtype if adapter is None else "-", "accum_dtype": accum_dtype, "remat": remat,
                         "shape": f"{grad_accum} x {rows} x {seq_len}", "lower_s": round(t1 - t0, 1),
                         "compile_s": round(t2 - t1, 1), **_stats(compiled)})
         del compiled, lowered

@@ -1,6 +1,8 @@
 """The plan table of docs/models.md: today's open models (Qwen2.5-0.5B / 1.5B,
 Llama-3.2-1B / 3B, Llama-3.1-8B) on one 80 GiB GPU and on TPU v3-8 / v4-8
-meshes, each with the first training settings that fit.
+meshes, each with the first training settings that fit; and LoRA (r = 32 on every
+projection, the bf16 base frozen, fp32 adapters and moments) for Llama-3.1-8B,
+Mistral-7B and GPT-J-6B on one 80 GiB GPU.
 
 ``star-engine plan --models`` compiles (``plan.plan_one``) each model's train
 step and sampler at ``--fit-layers`` depths (default 2 and 4 layers) and
@@ -24,7 +26,10 @@ import json
 
 from .plan import GIB, _setup_devices, plan_one
 
-MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b")
+FULL = ("qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b")
+LORA = ("llama-3.1-8b+lora", "mistral-7b+lora", "gptj-6b+lora")  # LoRA r = 32 on every projection, frozen bf16 base
+MODELS = FULL + LORA
+LORA_TABLE = {"kind": "lora", "rank": 32, "alpha": 64}
 # (name, dp, mp, GiB per device): a TPU v3-8 is 8 cores of 16 GiB, a v4-8 4 chips of 32 GiB.
 TARGETS = (("1 GPU (80 GiB)", 1, 1, 80.0), ("TPU v3-8", 1, 8, 16.0), ("TPU v4-8", 1, 4, 32.0))
 # (master, moments, gradient accumulator, remat), most faithful first.
@@ -60,14 +65,20 @@ def plan_model(name: str, target: tuple, args: argparse.Namespace, layers: tuple
     target."""
     from ..config import preset
 
+    from ..lora import check_table
+
     label, dp, mp, gib = target
-    config = preset(name, dtype="bfloat16")
+    config = preset(name.removesuffix("+lora"), dtype="bfloat16")
+    adapter = check_table(LORA_TABLE, config, "lora") if name.endswith("+lora") else None
     common = dict(dp=dp, mp=mp, zero=0, batch=args.batch, grad_accum=args.grad_accum, seq_len=args.seq_len,
                   gen_batch=args.gen_batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens)
     rows = []
-    for master, moments, accum, remat in LADDER:
+    # LoRA: fp32 adapters and moments; only remat is tried on top (the adapters' state is small).
+    ladder = LADDER if adapter is None else (("float32", "float32", "float32", False),
+                                             ("float32", "float32", "float32", True))
+    for master, moments, accum, remat in ladder:
         r = _one(config, layers, what=("train",), opt_state_dtype=moments, master_dtype=master, accum_dtype=accum,
-                 remat=remat, **common)
+                 remat=remat, adapter=adapter, **common)
         rows.append(r)
         if r["peak"] <= gib * GIB:
             break
@@ -97,6 +108,7 @@ def run_models(args: argparse.Namespace) -> int:
     from star_engine.errors import UserError
 
     models = args.models.split(",") if args.models != "all" else list(MODELS)
+    lora_targets = [t for t in TARGETS if t[1] * t[2] == 1]  # LoRA rows: the one-GPU target
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         raise UserError(f"--models: unknown {unknown}; known: {', '.join(MODELS)} (or all)")
@@ -113,7 +125,7 @@ def run_models(args: argparse.Namespace) -> int:
     if not args.json:
         print(HEADER)
     for name in models:
-        for target in targets:
+        for target in (targets if name in FULL else [t for t in targets if t in lora_targets]):
             for r in plan_model(name, target, args, layers):
                 print(json.dumps(r) if args.json else _row(r), flush=True)
     return 0
@@ -122,7 +134,8 @@ def run_models(args: argparse.Namespace) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default=None, metavar="all|NAME,...",
                         help="the table of docs/models.md: these Llama-family presets on the GPU and TPU targets, "
-                             f"each with the first training settings that fit ({', '.join(MODELS)})")
+                             f"each with the first training settings that fit ({', '.join(MODELS)}; +lora: LoRA r = 32 on "
+                             "one GPU)")
     parser.add_argument("--targets", default="all", help="--models: comma-separated target names, or all")
     parser.add_argument("--fit-layers", default="2,4", help="--models: the two depths compiled and extrapolated")
     parser.add_argument("--full", action="store_true", help="--models: compile at the model's real depth")
