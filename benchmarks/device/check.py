@@ -9,7 +9,8 @@ the device it was measured on. Checks, in this order (each one line of
   and at the platform's default, which is TF32 on NVIDIA GPUs);
 - ``train``: tokens/s and MFU of a Qwen2.5-1.5B-shaped model with random weights,
   bf16 compute, fp32 master weights and AdamW, packed rows of ``--train-seq`` tokens;
-- ``train_lora``: Llama-3.1-8B-shaped with LoRA adapters, when the backend has them;
+- ``train_lora``: Llama-3.1-8B-shaped, LoRA rank 32 on every projection over the frozen
+  bf16 base (MFU with 4 N + 12 L H Q T a token: no weight gradients for the base);
 - ``generate``: continuous batching at the 1.5B shape: ``--prompts`` prompts of ~400
   tokens, k samples each sharing one prefill, ``--new-tokens`` new tokens; useful
   tokens/s and the fraction of the memory-bandwidth bound (weights and KV cache read

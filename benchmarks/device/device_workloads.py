@@ -21,10 +21,19 @@ SHAPES = {
 }
 
 
+# The LoRA check: Llama-3.1-8B's shape (untied, 128k vocabulary), rank 32 on every projection.
+LORA_SHAPES = {
+    False: {"preset": "llama-3.1-8b", "over": {"n_ctx": 1024}, "seq": 1024, "rank": 32},
+    True: {"preset": "llama-3.1-8b", "over": {"n_layer": 2, "d_model": 64, "n_head": 4, "n_kv_head": 2,
+                                              "d_head": 16, "d_ff": 128, "vocab": 512, "n_ctx": 128}, "seq": 128,
+           "rank": 4},
+}
+
+
 def shape(kind: str, tiny: bool) -> dict:
     from star_haiku_xmap.config import preset
 
-    s = dict(SHAPES[tiny])
+    s = dict((LORA_SHAPES if kind == "train_lora" else SHAPES)[tiny])
     s["config"] = preset(s["preset"], dtype="bfloat16", **s["over"])
     s["name"] = s["preset"] + ("-tiny" if tiny else "")
     return s
@@ -40,9 +49,11 @@ def matmul_params(cfg) -> int:
     return L * (2 * D * H * Q + 2 * D * G * Q + mlp) + D * V
 
 
-def train_flops_per_token(cfg, T: int) -> float:
-    """PaLM appendix B: 6 N + 12 L H Q T."""
-    return 6 * matmul_params(cfg) + 12 * cfg.n_layer * cfg.n_head * cfg.d_head * T
+def train_flops_per_token(cfg, T: int, lora: bool = False) -> float:
+    """PaLM appendix B: 6 N + 12 L H Q T. With LoRA the frozen base's weight gradients are
+    never computed: 4 N (forward, and the gradient of the activations) + the attention's 12 L H Q T
+    (the adapters' own matmuls, under 1 % at rank 32, are left out)."""
+    return (4 if lora else 6) * matmul_params(cfg) + 12 * cfg.n_layer * cfg.n_head * cfg.d_head * T
 
 
 def param_bytes(params) -> int:
@@ -107,51 +118,62 @@ def packed_batch(rng: np.random.Generator, A: int, R: int, T: int, vocab: int) -
     return packing.collate_packed(encoded, step, grad_accum=A, pad_id=0)
 
 
-def train(s: dict, a, pk: dict) -> dict:
-    """Steady-state optimizer steps: bf16 compute, fp32 master weights and moments,
-    per-layer rematerialisation, one device."""
+def train(s: dict, a, pk: dict, adapter: dict | None = None) -> dict:
+    """Steady-state optimizer steps on one device: bf16 compute, per-layer rematerialisation;
+    fp32 master weights and moments, or (``adapter``) fp32 LoRA adapters and moments over the
+    frozen bf16 base."""
     import jax
 
-    from star_haiku_xmap import model
+    from star_haiku_xmap import lora, model
     from star_haiku_xmap import train as tr
 
     cfg, T, A, R = s["config"], s["seq"], a.train_accum, a.train_rows
+    spec = None if adapter is None else lora.check_table(adapter, cfg, "adapter")
     tx = tr.make_optimizer({"lr": 1e-5, "warmup_steps": 0}, 1000)
-    state = tr.init_state(tr.master_params(model.init_params(cfg, 0), "float32"), tx)
-    update = tr.make_update(cfg, tx, remat=True)
+    params = model.init_params(cfg, 0)
+    if spec is None:
+        state, frozen = tr.init_state(tr.master_params(params, "float32"), tx), ()
+    else:
+        state, frozen = tr.init_state(tr.fresh_adapters(cfg, spec, 0), tx), (params,)
+    update = tr.make_update(cfg, tx, remat=True, adapter=spec)
     rng = np.random.default_rng(0)
     batches = [jax.device_put(packed_batch(rng, A, R, T, cfg.vocab)) for _ in range(2)]
     t0 = time.perf_counter()
-    state, m = update(state, batches[0])
+    state, m = update(state, batches[0], *frozen)
     jax.block_until_ready(m)
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     for i in range(a.train_steps):
-        state, m = update(state, batches[i % 2])
+        state, m = update(state, batches[i % 2], *frozen)
     jax.block_until_ready((state, m))
     step_s = (time.perf_counter() - t0) / a.train_steps
     tokens = A * R * T
-    fpt = train_flops_per_token(cfg, T)
-    row = {"shape": s["name"], "params": int(sum(x.size for x in jax.tree.leaves(state.params))),
-           "rows": A * R, "seq": T, "grad_accum": A, "compute": cfg.dtype, "master": "float32",
-           "first_step_s": round(compile_s, 2), "step_s": round(step_s, 4),
+    fpt = train_flops_per_token(cfg, T, lora=spec is not None)
+    row = {"shape": s["name"], "params": int(sum(x.size for x in jax.tree.leaves(params))),
+           "trained": int(sum(x.size for x in jax.tree.leaves(state.params))),
+           "rows": A * R, "seq": T, "grad_accum": A, "compute": cfg.dtype,
+           "master": "float32" if spec is None else "frozen bf16 base, fp32 adapters",
+           "attention": layers_kind(), "first_step_s": round(compile_s, 2), "step_s": round(step_s, 4),
            "tokens_per_s": round(tokens / step_s, 1), "flops_per_token": fpt, "loss": float(m["loss"]),
            "peak_source": pk["peak_source"]}
+    if spec is not None:
+        row["lora"] = spec.to_dict()
     if pk["peak_flops"]:
         row["mfu"] = round(fpt * tokens / step_s / pk["peak_flops"], 4)
     return row
 
 
+def layers_kind() -> str:
+    """Which attention the traced steps used (``layers.attention_kind``)."""
+    from star_haiku_xmap.layers import attention_kind
+
+    return attention_kind()
+
+
 def train_lora(a, pk: dict) -> dict:
-    """Llama-3.1-8B-shaped with LoRA adapters: measured once the backend has adapters
-    (issue #30 item 1); until then this check says so."""
-    import importlib.util
-
-    if importlib.util.find_spec("star_haiku_xmap.lora") is None:
-        return {"skipped": "the haiku_xmap backend has no LoRA adapters yet (issue #30 item 1)"}
-    from star_haiku_xmap import lora  # noqa: F401  (the row is written with the adapters)
-
-    raise NotImplementedError("star_haiku_xmap.lora exists: add its row to benchmarks/device/workloads.py")
+    """Llama-3.1-8B-shaped, LoRA rank 32 (--tiny: 4) on every projection over the frozen bf16 base."""
+    s = shape("train_lora", a.tiny)
+    return train(s, a, pk, adapter={"kind": "lora", "rank": s["rank"], "alpha": 2 * s["rank"]})
 
 
 # ----------------------------------------------------------------------------- generation
@@ -192,7 +214,7 @@ def generate(s: dict, a, pk: dict) -> dict:
     kv_read = sum(kv_per_token * sum(range(len(p), len(p) + len(o))) for p, o in zip(prompts, out))
     row = {"shape": s["name"], "requests": len(prompts), "prompts": len(base), "k": s["k"],
            "prompt_tokens_mean": round(float(np.mean([len(p) for p in base])), 1), "new_tokens": s["new"],
-           "slots": a.slots, "first_call_s": round(first_s, 2), "wall_s": round(wall, 3),
+           "slots": a.slots, "attention": layers_kind(), "first_call_s": round(first_s, 2), "wall_s": round(wall, 3),
            "useful_tokens": useful, "useful_tokens_per_s": round(useful / wall, 1),
            "decode_steps": stats.get("decode_steps"), "prefill_rows": stats.get("prefill_rows"),
            "weight_bytes": weights, "kv_bytes_read": kv_read, "peak_source": pk["peak_source"]}
