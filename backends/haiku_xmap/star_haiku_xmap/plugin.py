@@ -201,14 +201,16 @@ class HaikuXmapBackend:
         dtype = dtype or self.config.dtype
         key = (str(Path(checkpoint).resolve()), self.checkpoint_id(checkpoint))
         manifest = read_manifest(checkpoint)
-        if manifest["extra"].get("kind") == "lora":  # adapters alone: merged into their base
-            return self._load_merged(checkpoint, manifest, key, dtype, keep)
+        adapters = manifest["extra"].get("kind") == "lora"  # adapters alone, merged into their base
         stored = config_from_dict(manifest["model_config"])
         cache, self._cache = self._cache, (self._cache if keep else None)
-        if cache is not None and cache[0] == key and cache[1] in (dtype, stored.dtype):
+        exact = (dtype,) if adapters else (dtype, stored.dtype)  # a merged model is cached in its dtype only
+        if cache is not None and cache[0] == key and cache[1] in exact:
             return jax.tree.map(lambda p: p.astype(jnp.dtype(dtype)), cache[2])
         del cache
         self._cache = None  # one model on the devices at a time
+        if adapters:
+            return self._load_merged(checkpoint, manifest, key, dtype, keep)
         if stored.replace(dtype=self.config.dtype) != self.config:
             raise UserError(f"{checkpoint}: its model config {stored.to_dict()} is not this backend's "
                             f"{self.config.to_dict()}")
@@ -386,6 +388,11 @@ class HaikuXmapBackend:
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens of each text in this backend's tokenizer (the run's per-question ledger)."""
         return [len(self.tokenizer.encode(t)) for t in texts]
+
+    def prompt_capacity(self, spec: GenSpec) -> int:
+        """The prompt tokens ``generate`` keeps (``Backend.prompt_capacity``): the context less
+        the new tokens; a longer prompt keeps its end (``text.generate_text``)."""
+        return max(0, self.config.n_ctx - spec.max_new_tokens)
 
     def describe(self) -> Mapping[str, Any]:
         from .config import param_count
