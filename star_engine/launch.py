@@ -8,7 +8,8 @@ generation faster with bit-identical results (docs/performance.md). glibc reads
 its tunables only at process start, so the command runs itself again once with
 the tunable added (``exec``: same pid, same arguments). ``STAR_ENGINE_HUGEPAGES=0``
 leaves malloc as it is; a ``glibc.malloc.hugetlb`` already in ``GLIBC_TUNABLES``
-is kept as given.
+is kept as given. On a machine with an accelerator (``accelerator_present``) it stays
+off: the host's malloc is not where such a run spends its time.
 """
 
 from __future__ import annotations
@@ -20,12 +21,24 @@ from typing import Mapping
 
 HUGETLB = "glibc.malloc.hugetlb=1"
 OPT_OUT = "STAR_ENGINE_HUGEPAGES"
+# Device files of an NVIDIA GPU, an AMD GPU (ROCm) and a TPU (accel driver).
+ACCELERATOR_DEVICES = ("/dev/nvidiactl", "/dev/kfd", "/dev/accel0")
 
 
-def hugepages_environ(environ: Mapping[str, str]) -> dict[str, str] | None:
+def accelerator_present(devices: tuple[str, ...] = ACCELERATOR_DEVICES) -> bool:
+    """Whether this machine has a GPU or TPU (its driver's device file), without starting
+    any framework: CPU-only tuning (huge pages here, one XLA:CPU device per core in the
+    haiku_xmap backend) stays off there."""
+    return any(os.path.exists(d) for d in devices)
+
+
+def hugepages_environ(environ: Mapping[str, str], accelerator: bool | None = None) -> dict[str, str] | None:
     """The environment to run again with, or None when nothing changes (opted
-    out, not Linux with glibc, or the tunable already set either way)."""
+    out, not Linux with glibc, an accelerator present, or the tunable already set
+    either way). ``accelerator``: default ``accelerator_present()``."""
     if environ.get(OPT_OUT, "1").strip() == "0":
+        return None
+    if accelerator_present() if accelerator is None else accelerator:
         return None
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         return None

@@ -17,13 +17,23 @@ GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 
 @pytest.mark.skipif(not GLIBC, reason="glibc tunables")
 def test_environment_gains_the_tunable_once():
-    env = launch.hugepages_environ({"PATH": "/bin"})
+    env = launch.hugepages_environ({"PATH": "/bin"}, accelerator=False)
     assert env == {"PATH": "/bin", "GLIBC_TUNABLES": launch.HUGETLB}
     assert launch.hugepages_environ(env) is None  # the second run does not exec again
-    kept = launch.hugepages_environ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
+    kept = launch.hugepages_environ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, accelerator=False)
     assert kept["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:" + launch.HUGETLB
     assert launch.hugepages_environ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) is None  # the user's choice
     assert launch.hugepages_environ({launch.OPT_OUT: "0"}) is None
+
+
+def test_an_accelerator_keeps_the_cpu_tuning_off(tmp_path):
+    """On a machine with a GPU or TPU the entry never re-execs for huge pages (XLA:CPU's tuning)."""
+    assert launch.hugepages_environ({"PATH": "/bin"}, accelerator=True) is None
+    fake = tmp_path / "nvidiactl"
+    assert not launch.accelerator_present((str(fake),))
+    fake.write_text("")
+    assert launch.accelerator_present((str(fake),))
+    assert launch.accelerator_present() == any(os.path.exists(d) for d in launch.ACCELERATOR_DEVICES)
 
 
 _CHILD = """

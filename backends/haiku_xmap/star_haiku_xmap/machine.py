@@ -39,13 +39,18 @@ def default_cpu_devices() -> int:
 def use_every_core(mesh: Mapping[str, Any] | None = None) -> None:
     """``model.cpu_devices`` left unset: one XLA:CPU device per core
     (``default_cpu_devices``), unless jax has already started its backends or the
-    count is set elsewhere (``XLA_FLAGS=--xla_force_host_platform_device_count``,
+    count is set elsewhere (``XLA_FLAGS=--xla_force_host_platform_device_count``, or the machine
+    has a GPU or TPU: ``star_engine.launch.accelerator_present``,
     ``JAX_NUM_CPU_DEVICES``). A mesh with both sizes given (``{dp = 1, mp = 1}``)
     asks for exactly dp x mp devices instead. The same machine and setting give the
     same mesh."""
     import jax
     from jax._src import xla_bridge
 
+    from star_engine.launch import accelerator_present
+
+    if accelerator_present():  # the mesh is the GPU's or TPU's devices: XLA:CPU's count stays as it is
+        return
     if ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
             or jax.config.jax_num_cpu_devices != -1 or xla_bridge.backends_are_initialized()):
         return

@@ -14,21 +14,28 @@ import pytest
 from star_haiku_xmap import layers, model, train
 from star_haiku_xmap.config import preset
 
-CONFIGS = {
-    "gptj": preset("tiny", n_ctx=320),
-    "llama": preset("llama-tiny", n_ctx=320),
-    "qwen2": preset("llama-tiny", n_ctx=320, qkv_bias=True, tie_embeddings=True),
-    "mistral": preset("llama-tiny", n_ctx=320, sliding_window=5),
+CONFIGS = {  # two layers: the second reads the first's attention output
+    "gptj": preset("tiny", n_layer=2, n_ctx=320),
+    "llama": preset("llama-tiny", n_layer=2, n_ctx=320),
+    "qwen2": preset("llama-tiny", n_layer=2, n_ctx=320, qkv_bias=True, tie_embeddings=True),
+    "mistral": preset("llama-tiny", n_layer=2, n_ctx=320, sliding_window=5),
 }
-B, T = 2, 272  # > 2 x the reference's causal query block: its blocked path is compared too
+B, T = 2, 64
 RNG = np.random.default_rng(0)
-TOKENS = RNG.integers(0, 256, (B, T)).astype(np.int32)
-SEGMENTS = np.ones((B, T), np.int32)
-SEGMENTS[0, 100:] = 2
-SEGMENTS[1, 250:] = 0  # padding at the end of a packed row
-POSITIONS = np.stack([np.concatenate([np.arange(100), np.arange(T - 100)]), np.arange(T)]).astype(np.int32)
-MASK = np.ones((B, T), bool)
-MASK[1, :9] = False  # left padding
+
+
+def _inputs(T: int):
+    tokens = RNG.integers(0, 256, (B, T)).astype(np.int32)
+    segments = np.ones((B, T), np.int32)
+    segments[0, T // 3:] = 2
+    segments[1, T - T // 8:] = 0  # padding at the end of a packed row
+    positions = np.stack([np.concatenate([np.arange(T // 3), np.arange(T - T // 3)]), np.arange(T)]).astype(np.int32)
+    mask = np.ones((B, T), bool)
+    mask[1, :9] = False  # left padding
+    return tokens, segments, positions, mask
+
+
+TOKENS, SEGMENTS, POSITIONS, MASK = _inputs(T)
 
 
 def _with(kind: str, monkeypatch, fn):
@@ -40,16 +47,20 @@ def _with(kind: str, monkeypatch, fn):
         jax.clear_caches()
 
 
-@pytest.mark.parametrize("arch", CONFIGS)
-@pytest.mark.parametrize("case", ["causal", "segments", "left_padding"])
+@pytest.mark.parametrize("arch, case", [(a, c) for a in CONFIGS for c in ("causal", "segments", "left_padding")]
+                         + [("gptj", "long"), ("mistral", "long")])
 def test_forward_matches_the_reference(arch, case, monkeypatch):
+    """"long": 272 tokens, over twice the reference's causal query block, so that its blocked
+    path is compared too (packed segments)."""
     cfg = CONFIGS[arch]
     params = model.init_params(cfg, 0)
-    kw, valid = {"causal": ({}, np.ones((B, T), bool)),
-                 "segments": ({"segments": SEGMENTS, "positions_BT": POSITIONS}, SEGMENTS > 0),
-                 "left_padding": ({"mask": MASK}, MASK)}[case]
-    ref = _with("reference", monkeypatch, lambda: model.apply_forward(params, TOKENS, cfg, **kw))
-    got = _with("xla", monkeypatch, lambda: model.apply_forward(params, TOKENS, cfg, **kw))
+    tokens, segments, positions, mask = _inputs(272) if case == "long" else (TOKENS, SEGMENTS, POSITIONS, MASK)
+    kw, valid = {"causal": ({}, np.ones(tokens.shape, bool)),
+                 "segments": ({"segments": segments, "positions_BT": positions}, segments > 0),
+                 "long": ({"segments": segments, "positions_BT": positions}, segments > 0),
+                 "left_padding": ({"mask": mask}, mask)}[case]
+    ref = _with("reference", monkeypatch, lambda: model.apply_forward(params, tokens, cfg, **kw))
+    got = _with("xla", monkeypatch, lambda: model.apply_forward(params, tokens, cfg, **kw))
     np.testing.assert_allclose(got[valid], ref[valid], atol=2e-5, rtol=0)
     assert np.isfinite(got).all()  # padding queries (no key allowed) are finite too
 
@@ -75,7 +86,7 @@ def test_gradients_match_the_reference(arch, monkeypatch):
 def test_prefill_into_the_cache_matches_the_reference(arch, monkeypatch):
     cfg = CONFIGS[arch]
     params = model.init_params(cfg, 0)
-    prompt, mask = TOKENS[:, :40], MASK[:, :40]
+    prompt, mask = TOKENS[:, :40], MASK[:, :40]  # left padding
 
     def prefill():
         logits, cache, key_mask = model.prefill(params, prompt, mask, cfg, 64)
