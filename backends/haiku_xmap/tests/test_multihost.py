@@ -24,6 +24,7 @@ WORKER = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     mode, pid, port, work = sys.argv[1], int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
+    adapter = {"kind": "lora", "rank": 4} if sys.argv[5:] == ["lora"] else None
     from star_engine.api import GenRequest, GenSpec, TrainExample, TrainSpec
     from star_haiku_xmap.plugin import HaikuXmapBackend
 
@@ -36,7 +37,8 @@ WORKER = textwrap.dedent("""
     examples = [TrainExample(prompt=f"{a} + {b} =", completion=f" {a + b}.") for a in range(7) for b in range(5)]
     base = backend.base(work, seed=0)
     res = backend.train(base, work / "ft", examples, TrainSpec(steps=3, batch_size=8, grad_accum=2, seed=0,
-                                                              optimizer={"lr": 3e-3, "warmup_steps": 0}))
+                                                              optimizer={"lr": 3e-3, "warmup_steps": 0},
+                                                              adapter=adapter))
     gens = backend.generate(res.checkpoint, [GenRequest(prompt=f"{i} + 1 =", seed=i) for i in range(6)],
                             GenSpec(max_new_tokens=6, temperature=0.0, top_p=1.0, stop=(), batch_size=4))
     out = {"process_count": jax.process_count(), "devices": jax.device_count(), "local": jax.local_device_count(),
@@ -65,18 +67,21 @@ def _result(stdout: str) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
-def test_two_processes_match_one_process(tmp_path):
+@pytest.mark.parametrize("adapter", [None, pytest.param("lora", marks=pytest.mark.slow)])
+def test_two_processes_match_one_process(tmp_path, adapter):
     """The backend on dp 2 x mp 4 with ZeRO-1 (each process holds one data-parallel
     replica, so the gradient all-reduce and the optimizer-state gathers cross
-    processes): random base model, 3 training steps, greedy sampling. Process 0
-    writes the checkpoints into the shared folder, both read them."""
+    processes): random base model, 3 training steps (of every weight, or of LoRA
+    adapters), greedy sampling. Process 0 writes the checkpoints into the shared
+    folder, both read them."""
     port = _free_port()
+    lora = [adapter] if adapter else []
     procs = []
     for pid in (0, 1):
         extra = {} if pid == 0 else {"STAR_ENGINE_COORDINATOR": f"127.0.0.1:{port}",
                                      "STAR_ENGINE_NUM_PROCESSES": "2", "STAR_ENGINE_PROCESS_ID": "1"}
         procs.append(subprocess.Popen([sys.executable, "-c", WORKER, "multi", str(pid), str(port),
-                                       str(tmp_path / "multi")], env=_env(4, extra), stdout=subprocess.PIPE,
+                                       str(tmp_path / "multi"), *lora], env=_env(4, extra), stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     outs = []
     for p in procs:
@@ -88,7 +93,7 @@ def test_two_processes_match_one_process(tmp_path):
             raise
         assert p.returncode == 0, stderr[-3000:]
         outs.append(_result(stdout))
-    single = subprocess.run([sys.executable, "-c", WORKER, "single", "0", "0", str(tmp_path / "single")],
+    single = subprocess.run([sys.executable, "-c", WORKER, "single", "0", "0", str(tmp_path / "single"), *lora],
                             env=_env(8), capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr[-3000:]
     ref = _result(single.stdout)
