@@ -63,11 +63,19 @@ def _read_text(path: Path) -> bytes:
     return read_capped(path, DATA_MAX)
 
 
-def read_jsonl(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
-    """The non-blank rows of a JSONL file as ``("file:line", object)`` pairs."""
+def read_jsonl(path: str | Path, max_bytes: int | None = None,
+               max_lines: int | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """The non-blank rows of a JSONL file as ``("file:line", object)`` pairs. ``max_bytes``
+    (default ``DATA_MAX``) and ``max_lines`` (default none) are checked before any row is
+    parsed: a ``UserError`` naming the file."""
     p = Path(path)
+    data = read_capped(p, DATA_MAX if max_bytes is None else max_bytes)
+    if max_lines is not None:
+        lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+        if lines > max_lines:
+            raise UserError(f"{p}: {lines} lines, more than the limit of {max_lines}")
     rows: list[tuple[str, dict[str, Any]]] = []
-    for n, raw in enumerate(_read_text(p).split(b"\n"), start=1):
+    for n, raw in enumerate(data.split(b"\n"), start=1):
         where = f"{p}:{n}"
         if n == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a BOM some editors write
             raw = raw[3:]

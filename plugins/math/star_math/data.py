@@ -13,13 +13,12 @@ A file's layout is its first row's: MATH-500 when that row has ``answer`` or ``s
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from star_engine.datafiles import get, read_capped
+from star_engine.datafiles import get, read_jsonl
 from star_engine.errors import UserError
 
 from .answers import UnclosedBox, last_boxed
@@ -42,50 +41,11 @@ class Row:
     unique_id: str | None
 
 
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    names = {str: "a string", list: "a list", dict: "an object", int: "an integer", float: "a number"}
-    return next((name for typ, name in names.items() if isinstance(value, typ)), type(value).__name__)
-
-
 def read_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
-    """The non-blank lines of a JSONL file as ``("file:line", object)``, as
-    ``star_engine.datafiles.read_jsonl`` reads them (same messages), with the file's size and
-    its number of lines checked against ``MAX_BYTES`` and ``MAX_LINES`` before anything is
-    parsed."""
-    p = Path(path)
-    data = read_capped(p, MAX_BYTES)
-    lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
-    if lines > MAX_LINES:
-        raise UserError(f"{p}: {lines} lines, more than the limit of {MAX_LINES}")
-    rows: list[tuple[str, dict[str, Any]]] = []
-    for n, raw in enumerate(data.split(b"\n"), start=1):
-        where = f"{p}:{n}"
-        if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
-            raw = raw[3:]
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise UserError(f"{where}: not valid UTF-8 (byte {e.start + 1} of the line)") from None
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{where}:{e.colno}: invalid JSON: {e.msg}") from None
-        except RecursionError:
-            raise UserError(f"{where}: invalid JSON: nested too deeply") from None
-        except ValueError as e:  # an integer of more than 4300 digits
-            raise UserError(f"{where}: invalid JSON: {e}") from None
-        if not isinstance(obj, dict):
-            raise UserError(f"{where}: expected a JSON object, got {_kind(obj)}")
-        rows.append((where, obj))
-    if not rows:
-        raise UserError(f"{p}: no examples (the file is empty)")
-    return rows
+    """The non-blank lines of a JSONL file as ``("file:line", object)``
+    (``star_engine.datafiles.read_jsonl``), with the file's size and number of lines checked
+    against ``MAX_BYTES`` and ``MAX_LINES`` before anything is parsed."""
+    return read_jsonl(path, max_bytes=MAX_BYTES, max_lines=MAX_LINES)
 
 
 def _boxed(solution: str, where: str) -> str | None:
