@@ -38,6 +38,23 @@ class Example:
 
 
 @dataclass(frozen=True)
+class DataFile:
+    """A file a task reads from the data root (``task.data_root``, ``STAR_ENGINE_DATA``) as its
+    public release has it: a task factory lists them in its optional ``data_files`` attribute
+    (``Task``), and ``star-engine data check`` compares the files there with them.
+
+    ``path`` is relative to the data root, '/'-separated (``"gsm8k/train.jsonl"``); ``sha256``
+    the hex digest of its bytes (None: the file has no one content, e.g. one a user makes with a
+    script: only its presence is checked); ``source`` where it comes from (a URL, a release and
+    version, a commit); ``license`` its licence."""
+
+    path: str
+    sha256: str | None
+    source: str
+    license: str
+
+
+@dataclass(frozen=True)
 class TrainExample:
     """A fine-tuning example: the loss is taken on ``completion`` only.
 
@@ -167,6 +184,14 @@ class Task(Protocol):
         ``generation``). A task whose model writes on after its answer cuts it here,
         as the original STaR code keeps only CQA's first line. Without it the whole
         generation (already cut before the first stop string) counts.
+
+    Optional attribute of the task's factory (a class attribute; the core reads it without
+    building the task):
+
+    ``data_files: Sequence[DataFile]``
+        The files the task reads from the data root in their public releases, with their
+        sha256, source and licence: what ``star-engine data check`` compares the files there
+        with (a file of an experiment that is not listed is only checked to be there).
     """
 
     default_checker: str
@@ -257,6 +282,14 @@ class QuestionSampler(Protocol):
 class Backend(Protocol):
     """A model family. Checkpoints are directories the backend writes atomically.
 
+    Its options are the keyword parameters of its factory (the ``[model]`` table less
+    ``backend``, checked against the signature like every component's); their defaults are
+    recorded in ``config.json``'s ``[model]`` beside the options the file sets
+    (``registry.option_defaults``), so that the resolved configuration names every option the
+    backend ran with. A default of ``None`` says "the backend decides" (from a preset, its files,
+    the machine): ``describe`` records what it decided. A resumed run whose recorded default
+    differs from the factory's now is refused, as a changed option.
+
     A backend that runs as several processes (one per host) is also a
     ``MultiProcess``; the core then writes the run directory from process 0 only
     (``star_engine.procs``). Checkpoint writes are the backend's: it too must write
@@ -309,8 +342,16 @@ class Backend(Protocol):
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Optional. The number of tokens of each text in the backend's tokenizer (the
-        per-question ledger's ``tokens``, the kept set's lengths); without it the core
-        counts UTF-8 bytes."""
+        per-question ledger's ``tokens``, the kept set's lengths, prompts against
+        ``prompt_capacity``); without it the core counts UTF-8 bytes."""
+
+    def prompt_capacity(self, spec: GenSpec) -> int:
+        """Optional. The most tokens of a prompt (as ``count_tokens`` counts them) that
+        ``generate`` keeps under ``spec``: a longer prompt is left-truncated (it keeps its end;
+        typically the context length less ``spec.max_new_tokens``). The core counts, per stage,
+        the prompts longer than this (``prompts_truncated`` in ``metrics.parquet``, a
+        ``prompts_truncated`` warning event); without it no prompt counts as cut. A backend
+        that has it should have ``count_tokens`` too (else prompts are counted in bytes)."""
 
 
 @runtime_checkable

@@ -8,11 +8,14 @@ import json
 import sys
 from pathlib import Path
 
-from .errors import UserError
+from .errors import PluginError, UserError
 
 
 def _parser(commands: dict | None = None) -> argparse.ArgumentParser:
+    from . import __version__
+
     p = argparse.ArgumentParser(prog="star-engine", description="Run STaR (Self-Taught Reasoner) experiments.")
+    p.add_argument("--version", action="version", version=f"star-engine {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     def experiment_args(sp: argparse.ArgumentParser) -> None:
@@ -20,6 +23,9 @@ def _parser(commands: dict | None = None) -> argparse.ArgumentParser:
         sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a key, e.g. --set generation.batch_size=16 (repeatable)")
         sp.add_argument("--limit", type=int, default=None, metavar="N", help="use N examples per split (smoke runs)")
+        sp.add_argument("--smoke", action="store_true",
+                        help="a quick run of every stage: the backend's default (tiny) model, a few questions, one "
+                             "iteration, a few steps, gold completions if nothing is kept; in OUTPUT_DIR_smoke")
 
     run = sub.add_parser("run", help="run (or resume) an experiment")
     experiment_args(run)
@@ -30,10 +36,13 @@ def _parser(commands: dict | None = None) -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="machine-readable output")
     pl.add_argument("--requirements", action="store_true", help="print name==version lines")
     rep = sub.add_parser("report", help="write report.png and report.md for a run directory")
-    rep.add_argument("run_dir", type=Path)
+    rep.add_argument("run_dir", type=Path, help="a run directory (an experiment's output_dir, e.g. runs/addition)")
     rep.add_argument("--compare", type=Path, default=None, help="a second run directory to overlay")
+    rep.add_argument("--label", dest="labels", action="append", default=[], metavar="NAME",
+                     help="name RUN_DIR NAME in the report (given twice: the --compare run the second; default: "
+                          "the experiment's name, or with --compare each run's directory)")
     exp = sub.add_parser("export", help="write a run's rationales in a training format (--pairs, --sft)")
-    exp.add_argument("run_dir", type=Path)
+    exp.add_argument("run_dir", type=Path, help="a run directory (an experiment's output_dir, e.g. runs/addition)")
     exp.add_argument("--pairs", action="store_true",
                      help="(question, correct rationale, wrong rationale) triples as JSON Lines (docs/ledger.md)")
     exp.add_argument("--sft", action="store_true",
@@ -49,6 +58,16 @@ def _parser(commands: dict | None = None) -> argparse.ArgumentParser:
     exp.add_argument("--few-shot", action="store_true",
                      help="--sft: put the task's few-shot prompt before each stored prompt (default: the prompt "
                           "the run fine-tuned on)")
+    data = sub.add_parser("data", help="check the data files an experiment (or every installed task) expects")
+    data_sub = data.add_subparsers(dest="data_command", required=True, metavar="check")
+    chk = data_sub.add_parser("check", help="which expected files are present, missing or different (sha256); "
+                                            "writes nothing")
+    chk.add_argument("file", type=Path, nargs="?", default=None,
+                     help="experiment TOML file (default: every file the installed tasks know, under --root)")
+    chk.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a key of the experiment, e.g. --set task.data_root='\"/data\"'")
+    chk.add_argument("--root", type=Path, default=None, metavar="DIR",
+                     help="without an experiment: the data root (default: $STAR_ENGINE_DATA)")
     for name, command in (commands or {}).items():  # subcommands contributed by plugins
         command.add_arguments(sub.add_parser(name, help=command.help))
     return p
@@ -65,7 +84,7 @@ def _load(args: argparse.Namespace, load_data: bool = True):
     if args.limit is not None and args.limit < 1:
         raise UserError("--limit: must be >= 1")
     registry = Registry()
-    cfg = load_experiment(args.file, args.overrides, args.limit, registry)
+    cfg = load_experiment(args.file, args.overrides, args.limit, registry, smoke=args.smoke)
     try:
         exp = build(cfg, registry, load_data=load_data)
         return exp, preflight(exp)
@@ -104,7 +123,17 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     else:
         ui.plugin_listing(reg.describe())
     sys.stdout.flush()  # a closed pipe fails here, inside the boundary
+    broken = [p for p in reg.plugins.values() if p.error]
+    if broken:  # listed above; the exit code says so too
+        raise PluginError(f"{len(broken)} installed plugin(s) failed to load: "
+                          + "; ".join(f"{p.label}: {p.error}" for p in broken))
     return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from .dataroot import command
+
+    return command(args.file, args.overrides, args.root)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -113,8 +142,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     for d in filter(None, (args.run_dir, args.compare)):
         if not d.is_dir():
             raise UserError(f"{d}: no such run directory")
-    path = write_report(args.run_dir, args.compare)
-    print(f"wrote {path} and {path.with_suffix('.png')}")
+    from . import ui
+
+    written = write_report(args.run_dir, args.compare, args.labels)
+    ui.print_summary(written.rows)
+    ui.print_text(written.reading)
+    print(f"wrote {written.path} and {written.path.with_suffix('.png')}")
     return 0
 
 
@@ -148,7 +181,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 BUILTIN = {"run": cmd_run, "validate": cmd_validate, "plugins": cmd_plugins, "report": cmd_report,
-           "export": cmd_export}
+           "export": cmd_export, "data": cmd_data}
 
 
 def _plugin_commands() -> dict:
@@ -171,8 +204,12 @@ def main(argv: list[str] | None = None) -> int:
     from .boundary import run_command
 
     argv = sys.argv[1:] if argv is None else argv
-    commands = _plugin_commands() if argv and argv[0] not in BUILTIN else {}
-    args = _parser(commands).parse_args(argv)
+    commands = _plugin_commands() if not argv or argv[0] not in BUILTIN else {}
+    parser = _parser(commands)
+    if not argv:  # no command: the usage, and every command with what it does (a usage error)
+        parser.print_help(sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     if args.command in commands:
         return run_command(lambda: commands[args.command].run(args))
     return run_command(lambda: BUILTIN[args.command](args))

@@ -15,6 +15,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Callable
 
+from . import dataroot, effects, smoke as _smoke
 from .datafiles import read_capped
 from .errors import PluginError, UserError
 from .options import is_int, is_number
@@ -226,24 +227,41 @@ def normalize_component(value: Any) -> dict[str, Any]:
 
 
 def load_experiment(path: Path, overrides: list[str] | None = None, limit: int | None = None,
-                    registry: Registry | None = None) -> dict[str, Any]:
+                    registry: Registry | None = None, smoke: bool = False) -> dict[str, Any]:
     """Parse, override, validate and resolve one experiment file. An error names the file, or
     the ``--set`` that gave the faulty value (``Origins``). ``registry`` (default: a new one)
-    finds the backend whose typed table the ``[*.optimizer]`` tables are checked by."""
+    finds the backend whose typed table the ``[*.optimizer]`` tables are checked by. ``smoke``
+    (``--smoke``, or ``experiment.smoke = true``): the file's values made a smoke run's
+    (``star_engine.smoke``) before the overrides apply."""
+    overrides = overrides or []
     data = load_toml(path)
-    apply_overrides(data, overrides or [])
+    if smoke or _smoke.requested(data, overrides, apply_overrides):
+        _smoke.apply(data, limit)
+    apply_overrides(data, overrides)
     if limit is not None:
         data.setdefault("experiment", {})["limit"] = limit
     src = Origins(path, overrides)
     cfg = _validate(src, data, SCHEMA, "")
+    pointless = effects.pointless(cfg)  # refused once every key is checked (below)
     base = path.resolve().parent
     task = cfg["task"]
+    try:
+        root, _ = dataroot.resolve_root(task["data_root"], base, src("task.data_root").startswith("--set "))
+    except UserError as e:
+        raise UserError(f"{src('task.data_root')}: {e}") from None
+    task["data_root"] = str(root) if root is not None else ""
+    files = root or base  # the data files and the task's file options: relative to the data root
+    used = ["train", *cfg["evaluation"]["splits"]]
     for split, v in task["data"].items():
+        if split not in used:
+            raise UserError(f"{src(f'task.data.{split}')}: task.data.{split}: this run reads no split '{split}' "
+                            f"(it reads train and evaluation.splits: {', '.join(used[1:]) or 'none'})"
+                            f"{close_matches(split, used)}")
         if not isinstance(v, str):
             raise UserError(f"{src(f'task.data.{split}')}: task.data.{split}: expected a path string, "
                             f"got {_describe(v)}")
-    task["data"] = {k: _resolve(base, v, f"task.data.{k}", src) for k, v in task["data"].items()}
-    task["options"] = _resolve_paths(task["options"], base, "task.options", src)
+    task["data"] = {k: _resolve(files, v, f"task.data.{k}", src) for k, v in task["data"].items()}
+    task["options"] = _resolve_paths(task["options"], files, "task.options", src)
     task["filters"] = [_resolve_paths(normalize_component(f), base, f"task.filters[{i}]", src)
                        for i, f in enumerate(task["filters"])]
     for key in ("checker", "hint"):
@@ -267,6 +285,7 @@ def load_experiment(path: Path, overrides: list[str] | None = None, limit: int |
         raise UserError(f"{src('evaluation.splits')}: evaluation.splits: needs at least one split")
     _resolve_sampled_evaluation(cfg, src)
     _complete_optimizers(cfg, registry if registry is not None else Registry(), src)
+    effects.refuse(pointless, src)
     return cfg
 
 

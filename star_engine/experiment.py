@@ -16,7 +16,7 @@ from typing import Any
 from . import procs
 from .api import Example
 from .errors import UserError
-from .registry import Registry
+from .registry import Registry, option_defaults
 from .settings import Config
 from .verdicts import Panel, build_panel, screen
 
@@ -35,9 +35,11 @@ class Experiment:
     backend: Any
     splits: dict[str, list[Example]]
     defaults: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """``{"checker": {"name": ...}, "hint": ...}``: what ``task.checker`` and ``task.hint``
-    resolve to when left empty (the task's defaults); ``rundir.inspect`` reads a run directory
-    written before they were recorded (``config.json`` with ``{}``) through it."""
+    """``{"checker": {"name": ...}, "hint": ..., "model": {...}}``: what ``task.checker`` and
+    ``task.hint`` resolve to when left empty (the task's defaults), and the backend's defaults of
+    its ``[model]`` options (``registry.option_defaults``); ``rundir.inspect`` reads a run
+    directory written before they were recorded (``config.json`` with ``{}``, a ``[model]``
+    without them) through it."""
     processes: procs.Processes = field(default_factory=procs.Processes)
     """The backend's process layout (``procs.configure``): who writes the run directory."""
     panel: Panel = field(default_factory=Panel)
@@ -88,6 +90,10 @@ def build(cfg: dict[str, Any], registry: Registry, load_data: bool = True) -> Ex
     sampler = registry.create("sampler", samp["name"], _options(samp), "generation.sampler") if samp else None
     backend_options = {k: v for k, v in config.model.items() if k != "backend"}
     backend = registry.create("backend", config.model["backend"], backend_options, "model")
+    # config.json's [model]: the options written and the backend's defaults of the others (its
+    # factory's keyword defaults), so that it names every option the backend ran with.
+    defaults["model"] = option_defaults(registry.get("backend", config.model["backend"], "model.backend").factory)
+    config = replace(config, model={"backend": config.model["backend"], **defaults["model"], **backend_options})
     # Ask for the few-shot prompts the run will use now, so that a kind the task lacks
     # fails before anything runs.
     plain, hinted = prompt_kinds(config)
@@ -117,8 +123,18 @@ def load_splits(config: Config, task: Any, checker: Any = None, panel: Panel | N
     for split in dict.fromkeys(wanted):
         path = data.get(split)
         if path is not None and not Path(path).exists():
-            raise UserError(f"task.data.{split}: no such file: {path}")
-        examples = list(task.load(split, path))
+            root = config.task.data_root
+            where = (f" (under task.data_root {root}, which STAR_ENGINE_DATA replaces;" if root else " (") + \
+                " README.md 'Getting the data' says where each file comes from; star-engine data check lists them)"
+            raise UserError(f"task.data.{split}: no such file: {path}{where}")
+        try:
+            examples = list(task.load(split, path))
+        except UserError as e:
+            if path is not None or split == "train":
+                raise
+            # No file for a split the run reads because evaluation.splits names it: that key's
+            # doing, not task.data's (which may well have been given as a whole by --set).
+            raise UserError(f"evaluation.splits: split '{split}': {e}") from None
         if limit:
             examples = examples[:limit]
         if not examples:

@@ -113,9 +113,28 @@ def export_pairs(root: Path, out: Path, max_per_question: int = 0) -> tuple[int,
     if max_per_question < 0:
         raise UserError("--max-pairs-per-question: must be >= 0")
     n = _write_lines(out, list(pairs(root, max_per_question)))
-    why = "" if n else ("no question has both a kept rationale and a wrong one stored with the same prompt"
-                        if _rationale_files(root) else "no iteration has selected its rationales yet")
-    return n, why
+    return n, "" if n else _no_pairs(root)
+
+
+def _no_pairs(root: Path) -> str:
+    """Why run ``root`` has no pair: no iteration selected yet, no rationale of the model's, none
+    kept, none wrong, or kept and wrong ones that no question shares under one prompt."""
+    rels = _rationale_files(root)
+    if not rels:
+        return "no iteration has selected its rationales yet"
+    done = [int(_ITER.match(r).group(1)) for r in rels]
+    where = f"iteration {done[0]}" if len(done) == 1 else f"iterations {done[0]}-{done[-1]}"
+    rows = [r for rel in rels for r in _rows(root / rel) if r.checker != "gold"]
+    kept, wrong = sum(r.kept for r in rows), sum(not r.correct for r in rows)
+    need = "a pair is a kept and a wrong rationale of one question"
+    if not rows:
+        return f"{where} trained on the task's gold completions (training.source = \"gold\"): no rationale to pair"
+    if not kept:
+        return f"none of the {len(rows)} rationales of {where} was kept; {need}"
+    if not wrong:
+        return f"none of the {len(rows)} rationales of {where} was wrong; {need}"
+    return (f"{kept} kept and {wrong} wrong rationales in {where}, but no question has both stored with the "
+            f"same prompt")
 
 
 # ----------------------------------------------------------------------------- --sft

@@ -22,6 +22,7 @@ import time
 
 import structlog
 
+from . import smoke
 from .experiment import Experiment
 from .metrics import METRICS_SCHEMA, coverage, dev_accuracy, iteration_rows
 from .records import Rationale
@@ -55,6 +56,7 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
         exp.notify("on_iteration_end", run_dir=store.root, iteration=n, metrics=rows,
                             losses=train.get("losses", []))
         log.info("iteration_done", iteration=n, stage_seconds=stages.pop_timings(),
+                 prompts_truncated=stages.pop_truncations(),
                  **{f"{r['split']}_accuracy": round(r["accuracy"], 4) for r in rows if r["class"] == "all"})
         return rows
 
@@ -81,10 +83,15 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
             Rr = stages.rationalize(n, M, wrong) if rat.enabled else []    # rationalization
             rationales = stages.select(n, R + Rr)                             # checker + filters
         kept = training_examples(rationales)
+        trained_on = "gold" if tr.source == "gold" else "kept"
+        if not kept and cfg.experiment.smoke:  # --smoke: the training stage runs all the same
+            kept, trained_on = smoke.gold_fallback(stages, n, D), "gold_fallback"
         init = M0 if tr.restart_from_base else M                           # restart from base
         steps = exp.schedule.steps(n, len(kept), tr.batch_size, tr.grad_accum)
+        if cfg.experiment.smoke:
+            steps = smoke.steps(steps)
         seed = derive_seed(cfg.experiment.seed, n, "train")
-        M, train = stages.fine_tune(it_dir(n), init, kept, tr.train_spec(steps, seed))
+        M, train = stages.fine_tune(it_dir(n), init, kept, tr.train_spec(steps, seed), trained_on)
         due = n % ev.every == 0 or n == N
         evals = stages.evaluate_all(n, M) if due else ({}, {})               # evaluate
         rows = record(n, D, rationales, train, evals, solved, t0)

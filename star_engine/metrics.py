@@ -15,7 +15,7 @@ from .records import CheckerAccuracy, Evaluation, Metrics, Rationale, row, schem
 METRICS_SCHEMA = schema(Metrics)
 SAMPLING_COLUMNS = ("pass_k", "pass_at_k", "pass_at_1", "majority", "distinct_correct", "kept_len_mean",
                     "kept_len_std")
-LATER_COLUMNS = (*SAMPLING_COLUMNS, "checkers")  # columns files of earlier versions lack
+LATER_COLUMNS = (*SAMPLING_COLUMNS, "checkers", "prompts_truncated", "trained_on")  # what earlier versions' files lack
 Answer = Rationale | Evaluation  # what pass@k and the majority vote read
 
 
@@ -100,7 +100,8 @@ def iteration_rows(n: int, rationales: Sequence[Rationale], evals: dict[str, Seq
     losses = train.get("losses") or []
     tail = losses[-max(1, len(losses) // 10):] if losses else []
     common = {"iteration": n, "train_steps": int(train.get("steps", 0)), "train_tokens": int(train.get("tokens", 0)),
-              "train_loss": sum(tail) / len(tail) if tail else None, "wall_seconds": float(seconds)}
+              "train_loss": sum(tail) / len(tail) if tail else None, "wall_seconds": float(seconds),
+              "trained_on": train.get("trained_on") if train.get("steps") else None}
     rows: list[dict] = []
     if rationales:
         gen = [r for r in rationales if not r.was_hinted]
@@ -113,12 +114,12 @@ def iteration_rows(n: int, rationales: Sequence[Rationale], evals: dict[str, Seq
                                  generated=len(g), correct=sum(r.correct for r in g),
                                  accuracy=sum(r.correct for r in g) / len(g) if g else None,
                                  rationalized=sum(r.correct for r in h), kept=len(k), coverage=cover.get(c, None),
-                                 **_train_sampling(rationales, lengths, c)))
+                                 prompts_truncated=truncated(g), **_train_sampling(rationales, lengths, c)))
             if h:  # hinted generations are tallied under their own class, as in the original
                 rows.append(_metrics(common, split="train", cls=f"{c}_r", n=len(h), generated=len(h),
                                      correct=sum(r.correct for r in h), accuracy=sum(r.correct for r in h) / len(h),
                                      rationalized=sum(r.correct for r in h), kept=sum(r.kept for r in h),
-                                     coverage=None))
+                                     coverage=None, prompts_truncated=truncated(h)))
     for split, ev in evals.items():
         for c in _classes(ev):
             e = [r for r in ev if c == "all" or r.cls == c]
@@ -126,9 +127,16 @@ def iteration_rows(n: int, rationales: Sequence[Rationale], evals: dict[str, Seq
                                  correct=sum(r.correct for r in e),
                                  accuracy=sum(r.correct for r in e) / len(e) if e else None,
                                  rationalized=0, kept=0, coverage=cover.get("all", None), checkers=checker_columns(e),
+                                 prompts_truncated=truncated(e),
                                  **sampling_columns([r for r in (sampled or {}).get(split, ())
                                                      if c == "all" or r.cls == c], pass_k)))
     return rows
+
+
+def truncated(rows: Sequence[Answer]) -> int | None:
+    """How many of ``rows`` had their prompt left-truncated (None when none was counted)."""
+    flags = [r.prompt_truncated for r in rows if r.prompt_truncated is not None]
+    return sum(flags) if flags else None
 
 
 def checker_columns(answers: Sequence[Evaluation]) -> tuple[CheckerAccuracy, ...]:

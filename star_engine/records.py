@@ -121,8 +121,9 @@ class Chunk:
 
 @dataclass(frozen=True, kw_only=True)
 class Rationale:
-    """A generated (or gold) rationale: ``generated.parquet``, ``rationalized.parquet`` and
-    ``rationales.parquet`` (the same rows with the filters' verdicts) of an iteration. Filter
+    """A generated (or gold) rationale: ``generated.parquet``, ``rationalized.parquet`` (without
+    ``kept`` and ``rejected_by``: ``UNSELECTED``) and ``rationales.parquet`` (the same rows with
+    what was kept and what rejected the others) of an iteration. Filter
     plugins see it as the ``api.Candidate`` that ``candidate()`` returns."""
 
     question_id: str
@@ -142,6 +143,9 @@ class Rationale:
     prompt_hash: str
     seed: int
     leak_strings: tuple[str, ...] = ()  # hint text that must not survive into `rationale`
+    # The prompt was longer than the backend keeps (Backend.prompt_capacity) and lost its start;
+    # null: not counted (a backend without prompt_capacity, gold rows, files written before).
+    prompt_truncated: bool | None = None
 
     def candidate(self) -> Candidate:
         """The plugin contract's view of this row (``api.Candidate``: its fields, same names)."""
@@ -177,10 +181,17 @@ class Evaluation:
     model_checkpoint: str
     prompt_hash: str
     verdicts: tuple[CheckerVerdict, ...] = ()  # the [evaluation] checkers', in their order (recorded only)
+    prompt_truncated: bool | None = None  # as Rationale.prompt_truncated
 
 
 GREEDY = ("sample",)
 """The columns a greedy evaluation's file omits: ``table(rows, Evaluation, GREEDY)``."""
+
+UNSELECTED = ("kept", "rejected_by")
+"""The columns ``generated.parquet`` and ``rationalized.parquet`` omit: what is kept, and what
+rejected it, is decided after them (the checker's ``correct`` and the filters,
+``Stages.select``) and recorded in ``rationales.parquet`` alone; read back, they take the
+fields' defaults."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -250,3 +261,11 @@ class Metrics:
     kept_len_std: float | None = None
     # Eval rows: each [evaluation] checkers entry's accuracy, beside the task's checker's (`accuracy`).
     checkers: tuple[CheckerAccuracy, ...] = ()
+    # Prompts longer than the backend keeps, left-truncated (Backend.prompt_capacity), among this
+    # row's generations: train rows the generate stage's, `*_r` rows the rationalize stage's, eval
+    # rows the greedy evaluation's; null where the backend does not say what it keeps.
+    prompts_truncated: int | None = None
+    # What the iteration fine-tuned on: "kept" (the rationales kept), "gold" (training.source =
+    # "gold"), "gold_fallback" (--smoke: nothing was kept, the task's gold completions instead);
+    # null when it did not train (iteration 0, or no steps).
+    trained_on: str | None = None

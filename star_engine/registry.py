@@ -17,6 +17,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import json
 import os
 import traceback
 from dataclasses import dataclass, field
@@ -258,6 +259,24 @@ def check_options(factory: Callable[..., Any], options: Mapping[str, Any], key: 
     missing = [p.name for p in params if p.default is p.empty and p.name not in options]
     if missing:
         raise UserError(f"{key}: {what} needs option(s) {', '.join(missing)}")
+
+
+def option_defaults(factory: Callable[..., Any]) -> dict[str, Any]:
+    """A factory's options with a default (its keyword parameters: ``check_options``) and their
+    defaults, as JSON values (a tuple as a list); one whose default JSON cannot hold (an object)
+    is left out, as is every option of a factory without a readable signature."""
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return {}
+    out = {}
+    for p in sig.parameters.values():
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is not p.empty:
+            try:
+                out[p.name] = json.loads(json.dumps(p.default, allow_nan=False))
+            except (TypeError, ValueError):
+                continue
+    return out
 
 
 class Guarded:

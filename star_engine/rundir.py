@@ -118,15 +118,25 @@ def inspect(cfg: dict[str, Any], defaults: Mapping[str, Any] | None = None) -> R
 def _with_defaults(old: dict[str, Any], cfg: dict[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
     """``old`` with an empty ``task.checker`` / ``task.hint`` (a run directory written before
     config.json named the task's defaults) read as the default it stood for, where the new
-    configuration resolved to that same default; without ``evaluation.checkers`` (written before
-    that key) as with none."""
+    configuration resolved to that same default; a ``[model]`` option left out (written before
+    ``config.json`` held the backend's defaults) as its default, where the new configuration has
+    that default; without ``evaluation.checkers``, ``experiment.smoke`` or ``task.data_root``
+    (written before those keys) as with their defaults."""
     ev = old.get("evaluation")
     if isinstance(ev, dict) and "checkers" not in ev:  # written before [evaluation] checkers: none
         old = {**old, "evaluation": {**ev, "checkers": []}}
+    exp = old.get("experiment")
+    if isinstance(exp, dict) and "smoke" not in exp:  # written before --smoke: not a smoke run
+        old = {**old, "experiment": {**exp, "smoke": False}}
+    model = old.get("model")
+    if isinstance(model, dict) and isinstance(cfg.get("model"), dict):  # written before [model] had its defaults
+        filled = {k: v for k, v in defaults.get("model", {}).items() if k not in model and cfg["model"].get(k) == v}
+        old = {**old, "model": {**model, **filled}}
     task = old.get("task")
     if not isinstance(task, dict):
         return old
     task = dict(task)
+    task.setdefault("data_root", "")  # written before task.data_root: none
     for key in ("checker", "hint"):
         if task.get(key) == {} and key in defaults and cfg["task"].get(key) == defaults[key]:
             task[key] = defaults[key]

@@ -105,5 +105,6 @@ def _run(exp: Experiment, toml_path: Path) -> list[dict]:
 
     exp.processes.primary_does("write report", lambda: write_report(store.root))
     exp.notify("on_run_end", run_dir=store.root, metrics=rows)
-    ui.console.print(ui.summary_table(rows))
+    if not ui.is_quiet():
+        ui.print_summary(rows)
     return rows

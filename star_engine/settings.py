@@ -108,12 +108,14 @@ class ExperimentSection(Section):
     iterations: int = setting("int", REQUIRED, 1)
     early_stop_patience: int = setting("int", 0, 0)
     limit: int = setting("int", 0, 0)
+    smoke: bool = setting("bool", False)  # --smoke: the tiny model, a few questions, every stage (config.smoke)
 
 
 @dataclass(frozen=True)
 class TaskSection(Section):
     dataset: str = setting("str")
     options: dict = setting("table", {})
+    data_root: str = setting("str", "")  # the folder task.data and the task's file options are relative to
     data: dict = setting("table", {})
     checker: dict = setting("component", "")
     hint: dict = setting("component", "")

@@ -27,9 +27,10 @@ from .errors import PluginError, UserError
 from .experiment import Experiment, prompt_kinds
 from .ledger import LEDGER_SCHEMA, ledger_rows
 from .questions import draw
-from .records import GREEDY, Chunk, Evaluation, Rationale
+from .records import GREEDY, UNSELECTED, Chunk, Evaluation, Rationale
 from .seeds import coin, derive_seed
 from .store import RunStore, loading_checkpoint
+from .tokens import Truncation, count_tokens
 from .verdicts import Judge
 
 log = structlog.get_logger("star_engine")
@@ -58,6 +59,7 @@ class Stages:
         # Optional Task method: the part of a generation that is checked and stored.
         self.trim = getattr(self.task, "trim", None) or (lambda text: text)
         self.judge = Judge(exp.checker, exp.checker_name, exp.panel)
+        self.truncation = Truncation(self.backend)  # the prompts the backend cuts, per stage
         self.timings: dict[str, float] = {}
         # questions.parquet is rewritten as the loop goes, so whether to rewrite it is decided
         # from its row count read here, before any process can change it, and from the counts
@@ -83,6 +85,10 @@ class Stages:
     # -- timing --------------------------------------------------------------------
     def _timed(self, name: str, start: float) -> None:
         self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
+
+    def pop_truncations(self) -> dict[str, int]:
+        """Prompts the backend cut per stage since the last call (``tokens.Truncation``)."""
+        return self.truncation.pop()
 
     def pop_timings(self) -> dict[str, float]:
         """Seconds spent in each stage (generate, rationalize, train, evaluate) since the
@@ -137,13 +143,7 @@ class Stages:
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens per text: the backend's optional ``count_tokens``, else UTF-8 bytes."""
-        count = getattr(self.backend, "count_tokens", None)
-        if count is None:
-            return [len(t.encode("utf-8")) for t in texts]
-        out = list(count(list(texts)))
-        if len(out) != len(texts) or not all(isinstance(x, int) and x >= 0 for x in out):
-            raise PluginError(f"model: backend count_tokens returned {len(out)} values for {len(texts)} texts")
-        return out
+        return count_tokens(self.backend, texts)
 
     def ledger(self, n: int, questions: Sequence[Example], rationales: Sequence[Rationale],
                before: Sequence[dict]) -> list[dict]:
@@ -173,11 +173,11 @@ class Stages:
         return text, extracted, self.judge(text, extracted, gold)
 
     def _row(self, n: int, ex: Example, s: int, text: str, stored: str, full: str, seed: int, hinted: bool,
-             model_id: str, leaks: Sequence[str] = ()) -> Rationale:
+             model_id: str, cut: bool | None, leaks: Sequence[str] = ()) -> Rationale:
         text, _, verdict = self._judge(text, ex.answer)
         return _rationale(n, ex, s, stored, text, verdict, was_hinted=hinted, checker=self.exp.checker_name,
                           model_checkpoint=model_id, prompt_hash=prompt_hash(full), seed=seed,
-                          leak_strings=tuple(leaks))
+                          leak_strings=tuple(leaks), prompt_truncated=cut)
 
     # -- 1. rationale generation ----------------------------------------------------
     def generate(self, n: int, model: str, questions: Sequence[Example]) -> list[Rationale]:
@@ -189,15 +189,16 @@ class Stages:
         prefix = self.task.prompt(self.kind)
         prompts = [prefix + self.task.context(ex) for ex, _ in items]
         seeds = [derive_seed(self.seed, n, ex.id, s, "generate") for ex, s in items]
+        cut = self.truncation.flags(prompts, self.sample_spec, "generate", n)
         texts = self._generate(f"{it_dir(n)}/generate", prompts, seeds, self.sample_spec, model,
                                f"iter {n}: generate")
         mid = self.checkpoint_id(model)
         rows = [self._row(n, ex, s, text, self._stored_prompt(self.task.context(ex), self.kind), full, seed,
-                          False, mid)
-                for (ex, s), text, full, seed in zip(items, texts, prompts, seeds)]
+                          False, mid, c)
+                for (ex, s), text, full, seed, c in zip(items, texts, prompts, seeds, cut)]
         self.judge.flush("generate", n)
         self._timed("generate", t0)
-        return self._finish(rel, rows, Rationale, f"{it_dir(n)}/generate")
+        return self._finish(rel, rows, Rationale, f"{it_dir(n)}/generate", UNSELECTED)
 
     # -- 3. rationalization ---------------------------------------------------------
     def rationalize(self, n: int, model: str, wrong: Sequence[Example]) -> list[Rationale]:
@@ -212,20 +213,21 @@ class Stages:
         hinted = [self.exp.hint.context(self.task, ex) for ex, _ in items]
         prompts = [prefix + h for h in hinted]
         seeds = [derive_seed(self.seed, n, ex.id, s, "rationalize") for ex, s in items]
+        cut = self.truncation.flags(prompts, self.sample_spec, "rationalize", n)
         texts = self._generate(f"{it_dir(n)}/rationalize", prompts, seeds, self.sample_spec, model,
                                f"iter {n}: rationalize")
         mid = self.checkpoint_id(model)
         rows = []
-        for (ex, s), text, h, full, seed in zip(items, texts, hinted, prompts, seeds):
+        for (ex, s), text, h, full, seed, c in zip(items, texts, hinted, prompts, seeds, cut):
             # Stored as if no hint had been given, unless p_show_hint_save says otherwise.
             show = coin(r.p_show_hint_save, self.seed, n, ex.id, s, "show_hint")
             stored = (self._stored_prompt(h, self.hint_kind) if show
                       else self._stored_prompt(self.task.context(ex), self.kind))
             leaks = self.exp.hint.leak_strings(self.task, ex)
-            rows.append(self._row(n, ex, s, text, stored, full, seed, True, mid, leaks))
+            rows.append(self._row(n, ex, s, text, stored, full, seed, True, mid, c, leaks))
         self.judge.flush("rationalize", n)
         self._timed("rationalize", t0)
-        return self._finish(rel, rows, Rationale, f"{it_dir(n)}/rationalize")
+        return self._finish(rel, rows, Rationale, f"{it_dir(n)}/rationalize", UNSELECTED)
 
     # -- 2. + filters: what goes into the fine-tuning set ---------------------------
     def history(self, n: int) -> list[Rationale]:
@@ -253,12 +255,14 @@ class Stages:
         self.store.write_records(rel, rows, Rationale)
         return rows
 
-    def gold(self, n: int, questions: Sequence[Example]) -> list[Rationale]:
-        """Source "gold": the training set is the dataset's own completions."""
-        rel = f"{it_dir(n)}/rationales.parquet"
+    def gold(self, n: int, questions: Sequence[Example], name: str = "rationales",
+             direct: bool | None = None) -> list[Rationale]:
+        """Source "gold": the training set is the dataset's own completions (``rationales.parquet``;
+        ``name``: another file of the iteration, ``direct``: other completions than task.direct's)."""
+        rel = f"{it_dir(n)}/{name}.parquet"
         if self.store.done(rel):
             return self.store.read_records(rel, Rationale)
-        direct = self.cfg.task.direct
+        direct = self.cfg.task.direct if direct is None else direct
         rows = []
         for ex in questions:
             ctx = self._stored_prompt(self.task.context(ex), self.kind)
@@ -269,8 +273,10 @@ class Stages:
         return rows
 
     # -- 4. fine-tuning ---------------------------------------------------------------
-    def fine_tune(self, rel_dir: str, init: str, examples: Sequence[TrainExample], spec: TrainSpec
-                  ) -> tuple[str, dict[str, Any]]:
+    def fine_tune(self, rel_dir: str, init: str, examples: Sequence[TrainExample], spec: TrainSpec,
+                  trained_on: str = "kept") -> tuple[str, dict[str, Any]]:
+        """Train ``examples`` from ``init`` (``train.json`` records it, with ``trained_on``: what the
+        examples are, for ``metrics.parquet``)."""
         rel = f"{rel_dir}/train.json"
         model_rel = f"{rel_dir}/model"
         if self.store.done(rel):
@@ -284,7 +290,7 @@ class Stages:
                     "losses": [], "examples": len(examples)}
         else:
             self.store.remove(model_rel)  # a stale, unrecorded attempt
-            with ui.progress(f"{rel_dir}: train", spec.steps) as advance, _disk_full(self.store.root / model_rel), \
+            with ui.progress(f"{rel_dir}: train", spec.steps, "step") as advance, _disk_full(self.store.root / model_rel), \
                     loading_checkpoint(Path(self.path(init)), not Path(init).is_absolute()):
                 res = self.backend.train(self.path(init), self.store.root / model_rel, examples, spec,
                                          progress=advance)
@@ -292,6 +298,7 @@ class Stages:
             info = {"checkpoint": model_rel, "checkpoint_id": res.checkpoint_id, "steps": res.steps,
                     "tokens": res.tokens, "losses": list(res.losses), "examples": len(examples)}
         info["seconds"] = time.perf_counter() - t0
+        info["trained_on"] = trained_on
         self.store.write_json(rel, info)
         self._timed("train", t0)
         return info["checkpoint"], info
@@ -310,7 +317,7 @@ class Stages:
         if bt.steps == 0:
             return init
         ref, _ = self.fine_tune("base", init, self.task.seed_examples(),
-                                bt.train_spec(bt.steps, derive_seed(self.seed, 0, "base_training")))
+                                bt.train_spec(bt.steps, derive_seed(self.seed, 0, "base_training")), "seed")
         return ref
 
     # -- 5. evaluation ------------------------------------------------------------------
@@ -340,16 +347,17 @@ class Stages:
         prompts = [prefix + self.task.context(ex) for ex, _ in items]
         seeds = [derive_seed(self.seed, n, ex.id, split, s, "evaluate_sample") if k else
                  derive_seed(self.seed, n, ex.id, split, "evaluate") for ex, s in items]
-        texts = self._generate(f"{it_dir(n)}/{name}", prompts, seeds, spec, model,
-                               f"iter {n}: evaluate {split}{' (sampled)' if k else ''}")
+        what = f"evaluate {split}{' (sampled)' if k else ''}"
+        cut = self.truncation.flags(prompts, spec, what, n)
+        texts = self._generate(f"{it_dir(n)}/{name}", prompts, seeds, spec, model, f"iter {n}: {what}")
         mid = self.checkpoint_id(model)
         rows = []
-        for (ex, s), text, full in zip(items, texts, prompts):
+        for (ex, s), text, full, c in zip(items, texts, prompts, cut):
             text, extracted, v = self._judge(text, ex.answer)
             rows.append(Evaluation(question_id=ex.id, cls=ex.cls, iteration=n, sample=s if k else None, split=split,
                                    generation=text, predicted=v.predicted, gold=ex.answer, correct=bool(v.correct),
                                    checker=self.exp.checker_name, model_checkpoint=mid, prompt_hash=prompt_hash(full),
-                                   verdicts=self.judge.others(split, ex, text, extracted, v)))
+                                   verdicts=self.judge.others(split, ex, text, extracted, v), prompt_truncated=c))
         self.judge.flush("evaluate_sampled" if k else "evaluate", n, split)
         self._timed("evaluate", t0)
         return self._finish(rel, rows, Evaluation, f"{it_dir(n)}/{name}", () if k else GREEDY)

@@ -1,26 +1,44 @@
-"""Console and event log: structlog JSON events in the run directory, a readable
-console, progress bars and the end-of-run summary table."""
+"""The console and the event log: structlog JSON events in the run directory, the events and
+progress on the console, the end-of-run summary table.
+
+Where output goes, as ``pip`` does it: the command's narrative (events at info level, progress,
+the summary table) on stdout; what needs attention (warnings, errors) on stderr. So
+``star-engine run X > log.txt`` logs the run to ``log.txt`` while warnings and errors still reach
+the terminal, and ``> log.txt 2>&1`` keeps everything in one file, in order. On a terminal,
+progress is a live bar; elsewhere (a file, a pipe, nohup, a batch job) it is a line per stage at
+an interval that grows with the stage's time (``LineProgress``); ``--quiet`` leaves errors
+only. The summary table fits the terminal's width (short headers and a legend in a narrow one)
+and is never cut elsewhere (``print_summary``).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import math
+import os
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import structlog
 from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
 from .errors import UserError
 
-console = Console(stderr=True)
+console = Console()  # stdout (looked up at each write): the narrative
+err_console = Console(stderr=True)  # warnings and errors
 _event_file: list[Any] = [None]
 _quiet: list[bool] = [False]
+INTERVAL_ENV = "STAR_ENGINE_PROGRESS_INTERVAL"
+_interval: list[float | None] = [None]  # seconds between progress lines (None: adaptive)
 
 
 def _tee_json(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
@@ -51,10 +69,71 @@ def _open_event_log(path: Path) -> Any:
     return open(path, "a", encoding="utf-8")  # noqa: SIM115
 
 
+def _stdout_gone() -> None:
+    """The reader of stdout left (``star-engine run X | head``): the run goes on, its console
+    output to /dev/null from now on (the run directory records everything), with one warning on
+    stderr."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        return
+    with contextlib.suppress(OSError, ValueError):
+        print("warning: stdout was closed; the command goes on without its console output (a run's events "
+              "are in RUN_DIR/events.jsonl)", file=sys.stderr, flush=True)
+
+
+def _out(write: Callable[[], None]) -> None:
+    """``write`` to stdout; a closed pipe there silences it (``_stdout_gone``), not the command."""
+    try:
+        write()
+    except BrokenPipeError:
+        _stdout_gone()
+
+
+class _ConsoleLogger:
+    """structlog's console logger: an event at warning level or above to stderr, the others to
+    stdout; each stream looked up at each write (a live progress bar's redirection then keeps
+    the line above the bar) and flushed (a log file shows it at once)."""
+
+    def __init__(self, *_args: Any) -> None:
+        pass
+
+    def _stdout(self, message: str) -> None:
+        _out(lambda: print(message, file=sys.stdout, flush=True))
+
+    def _stderr(self, message: str) -> None:
+        with contextlib.suppress(BrokenPipeError):  # (2>&1 | head: the reader left)
+            print(message, file=sys.stderr, flush=True)
+
+    msg = debug = info = _stdout
+    warning = warn = error = err = critical = fatal = exception = _stderr
+
+
+def progress_interval(environ: Any = os.environ) -> float | None:
+    """``STAR_ENGINE_PROGRESS_INTERVAL``: seconds between progress lines when the output is no
+    terminal (0: at every update); None when unset (adaptive, ``LineProgress``)."""
+    value = environ.get(INTERVAL_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise UserError(f"{INTERVAL_ENV}: must be a number of seconds >= 0 (0: a line at every update), "
+                        f"got {value!r}")
+    return seconds
+
+
 def configure_logging(run_dir: Path | None = None, quiet: bool | None = None) -> None:
     """Log to ``run_dir/events.jsonl`` (JSON, one event a line) and to the console
     (not with ``quiet``; None keeps the last setting, e.g. ``--quiet`` once the run
-    directory is opened)."""
+    directory is opened). Given ``quiet`` (a command's start), it also reads
+    ``STAR_ENGINE_PROGRESS_INTERVAL`` (a bad value is a ``UserError``)."""
+    if quiet is not None:
+        _interval[0] = progress_interval()
     quiet = _quiet[0] if quiet is None else quiet
     _quiet[0] = quiet
     if _event_file[0] is not None:
@@ -63,7 +142,8 @@ def configure_logging(run_dir: Path | None = None, quiet: bool | None = None) ->
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
         _event_file[0] = _open_event_log(run_dir / "events.jsonl")
-    renderer: Callable[..., Any] = structlog.dev.ConsoleRenderer(colors=console.is_terminal)
+    renderer: Callable[..., Any] = structlog.dev.ConsoleRenderer(colors=console.is_terminal and
+                                                                 err_console.is_terminal)
     processors: list[Any] = [structlog.processors.add_log_level,
                              structlog.processors.TimeStamper(fmt="iso", utc=True), _tee_json]
     if quiet:
@@ -71,8 +151,13 @@ def configure_logging(run_dir: Path | None = None, quiet: bool | None = None) ->
         factory: Any = structlog.ReturnLoggerFactory()
     else:
         processors.append(renderer)
-        factory = structlog.PrintLoggerFactory(file=sys.stderr)
+        factory = _ConsoleLogger
     structlog.configure(processors=processors, logger_factory=factory, cache_logger_on_first_use=False)
+
+
+def is_quiet() -> bool:
+    """``--quiet``: nothing on the console but errors (the run directory records everything)."""
+    return _quiet[0]
 
 
 def log_fatal(**fields: Any) -> None:
@@ -99,29 +184,141 @@ def close_run_log() -> None:
             f.close()
 
 
+def _clock(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+class LineProgress:
+    """Progress as lines, for output that is no terminal: a line at most every ``interval``
+    seconds (None: adaptive, the larger of ``MIN_INTERVAL`` and a tenth of the stage's time so
+    far, at most ``MAX_INTERVAL``: a line every 10 s in the first minutes, every 5 min in an
+    hours-long stage), and one when the stage ends. A line: the stage, units done of the total,
+    the share, the rate, the time elapsed and left."""
+
+    MIN_INTERVAL = 10.0
+    MAX_INTERVAL = 300.0
+
+    def __init__(self, description: str, total: int, unit: str, interval: float | None,
+                 write: Callable[[str], None], clock: Callable[[], float] = time.monotonic):
+        self.description, self.total, self.unit, self.fixed = description, total, unit, interval
+        self.write, self.clock = write, clock
+        self.done = 0
+        self.start = self.last = clock()
+
+    def interval(self, elapsed: float) -> float:
+        if self.fixed is not None:
+            return self.fixed
+        return min(self.MAX_INTERVAL, max(self.MIN_INTERVAL, elapsed / 10))
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        now = self.clock()
+        if self.done < self.total and now - self.last >= self.interval(now - self.start):
+            self.last = now
+            self.write(self.line(now))
+
+    def finish(self) -> None:
+        """The stage's last line: every unit done (a backend need not report each one)."""
+        self.done = self.total
+        self.write(self.line(self.clock(), final=True))
+
+    def line(self, now: float, final: bool = False) -> str:
+        elapsed = now - self.start
+        unit = self.unit + ("" if self.total == 1 else "s")
+        parts = [f"{self.description}: {self.done}/{self.total} {unit}", f"{100 * self.done / self.total:.0f}%"]
+        if elapsed > 0 and self.done > 0:
+            rate = self.done / elapsed
+            parts.append(f"{rate:.1f} {self.unit}s/s" if rate >= 1 else f"{1 / rate:.1f} s/{self.unit}")
+        parts.append(f"{_clock(elapsed)} elapsed")
+        if final:
+            parts.append("done")
+        elif elapsed > 0 and self.done > 0:
+            parts.append(f"{_clock(elapsed * (self.total - self.done) / self.done)} left")
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return f"{stamp} [progress ] " + ", ".join(parts)
+
+
+def _print_line(line: str) -> None:
+    _out(lambda: print(line, file=sys.stdout, flush=True))
+
+
 @contextlib.contextmanager
-def progress(description: str, total: int) -> Iterator[Callable[[int], None]]:
-    """A progress bar; yields ``advance(n)``."""
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False,
-                   disable=not console.is_terminal)
-    with bar:
-        task_id = bar.add_task(description, total=total)
-        yield lambda n=1: bar.advance(task_id, n)
+def progress(description: str, total: int, unit: str = "prompt") -> Iterator[Callable[[int], None]]:
+    """A stage's progress, ``total`` ``unit``s; yields ``advance(n)``. A live bar on a terminal,
+    lines elsewhere (``LineProgress``), nothing with ``--quiet`` or nothing to do."""
+    if _quiet[0] or total <= 0:
+        yield lambda n=1: None
+    elif console.is_terminal:
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TextColumn(f"{unit}s"), TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+                       transient=False)
+        with bar:
+            task_id = bar.add_task(description, total=total)
+            yield lambda n=1: bar.advance(task_id, n)
+    else:
+        lines = LineProgress(description, total, unit, _interval[0], _print_line)
+        yield lines.advance
+        lines.finish()  # (not when the stage failed)
 
 
-def summary_table(rows: Sequence[dict[str, Any]]) -> Table:
-    """Per-iteration accuracy (class 'all') and counts."""
-    table = Table(title="STaR run summary")
-    for col in ("iter", "split", "accuracy", "n", "correct", "rationalized", "kept", "steps", "coverage"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        if r["class"] != "all":
-            continue
-        table.add_row(str(r["iteration"]), r["split"], f"{100 * r['accuracy']:.1f}%", str(r["n"]),
-                      str(r["correct"]), str(r["rationalized"]), str(r["kept"]), str(r["train_steps"]),
-                      f"{100 * r['coverage']:.1f}%")
+# The summary table's columns: (full header, short header, legend of the short one). The
+# short headers and their legend are used where the full table is wider than the terminal.
+SUMMARY_COLUMNS = (("iteration", "it", "iteration"), ("split", "split", ""), ("accuracy", "acc", "accuracy"),
+                   ("n", "n", "questions"), ("correct", "right", "answered right"),
+                   ("rationalized", "rat", "rationalized (right only with the hint)"),
+                   ("kept", "kept", "kept for fine-tuning"), ("steps", "steps", "fine-tuning steps"),
+                   ("coverage", "cov", "train questions solved so far"))
+
+
+FALLBACK_NOTE = ("* trained on the task's gold completions: nothing was kept (--smoke; metrics.parquet: "
+                 "trained_on = gold_fallback)")
+
+
+def summary_table(rows: Sequence[dict[str, Any]], short: bool = False) -> Table:
+    """Per iteration and split, the accuracy (class "all") and counts; the fine-tuning columns
+    (rationalized, kept, steps, coverage) on the train rows only, the steps marked "*" where a
+    ``--smoke`` iteration trained on the gold completions. ``short``: short headers, with a
+    legend in the caption."""
+    pct = lambda v: "–" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+    num = lambda v: "–" if v is None else str(v)  # noqa: E731
+    alls = [r for r in rows if r["class"] == "all"]
+    fallback = any(r.get("trained_on") == "gold_fallback" for r in alls)
+    notes = [", ".join(f"{s} = {what}" for full, s, what in SUMMARY_COLUMNS if s != full)] if short else []
+    notes += [FALLBACK_NOTE] if fallback else []
+    table = Table(title="STaR run summary", caption="\n".join(notes) or None, caption_justify="left")
+    for full, s, _ in SUMMARY_COLUMNS:
+        table.add_column(s if short else full, justify="left" if full == "split" else "right")
+    for r in alls:
+        steps = num(r.get("train_steps")) + ("*" if r.get("trained_on") == "gold_fallback" else "")
+        fine_tuning = [num(r.get("rationalized")), num(r.get("kept")), steps, pct(r.get("coverage"))]
+        table.add_row(str(r["iteration"]), r["split"], pct(r.get("accuracy")), num(r.get("n")), num(r.get("correct")),
+                      *(fine_tuning if r["split"] == "train" else [""] * 4))
     return table
+
+
+def _width(table: Table) -> int:
+    """The width ``table`` takes when nothing limits it."""
+    wide = Console(width=10_000, file=io.StringIO())
+    return Measurement.get(wide, wide.options, table).maximum
+
+
+def print_summary(rows: Sequence[dict[str, Any]]) -> None:
+    """The summary table on stdout: whole on a terminal wide enough, with short headers and a
+    legend in a narrower one; elsewhere (a file, a pipe) whole, whatever its width."""
+    full = summary_table(rows)
+    if console.is_terminal:
+        _out(lambda: console.print(full if _width(full) <= console.width else summary_table(rows, short=True)))
+    else:
+        _out(lambda: Console(file=sys.stdout, width=max(80, _width(full))).print(full))
+
+
+def print_text(text: str) -> None:
+    """A paragraph on stdout: wrapped on a terminal, one line elsewhere."""
+    if console.is_terminal:
+        _out(lambda: console.print(Text(text)))
+    else:
+        _out(lambda: print(text, file=sys.stdout, flush=True))
 
 
 def plugin_listing(info: Sequence[dict[str, Any]]) -> None:

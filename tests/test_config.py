@@ -120,7 +120,8 @@ def test_set_overrides_and_defaults(scripted, tmp_path):
     assert (cfg["evaluation"]["temperature"], cfg["evaluation"]["top_p"]) == (0.0, 1.0)  # greedy
     for section in ("training", "base_training"):  # how a backend batches, and what carries loss
         assert cfg[section]["packing"] == "segments" and cfg[section]["loss"] == "completion"
-    cfg = load_experiment(path, ['training.packing="stream"', 'training.loss="all"', 'base_training.packing="none"'])
+    cfg = load_experiment(path, ['training.packing="stream"', 'training.loss="all"', 'base_training.packing="none"',
+                                 "base_training.steps=5"])
     assert (cfg["training"]["packing"], cfg["training"]["loss"], cfg["base_training"]["packing"]) == \
         ("stream", "all", "none")
 

@@ -90,3 +90,29 @@ def test_bad_input_is_one_line_exit_2(run_dir, tmp_path, capsys):
     assert str(victim) in err and "checksum" in err and len(err.splitlines()) == 1
     assert not (run_dir / "pairs.jsonl").exists()
     assert main(["export", str(run_dir), "--pairs", "--max-pairs-per-question", "-1"]) == 2
+
+
+@pytest.mark.parametrize("overrides,why", [
+    (["rationalization.enabled=false", "model.easy_mod=1000003"],
+     "none of the 24 rationales of iteration 1 was kept; a pair is a kept and a wrong rationale of one question"),
+    (["model.easy_mod=1"],
+     "none of the 24 rationales of iteration 1 was wrong; a pair is a kept and a wrong rationale of one question"),
+    (['training.source="gold"', "task.filters=[]", "rationalization.enabled=false"],
+     'iteration 1 trained on the task\'s gold completions (training.source = "gold"): no rationale to pair'),
+    (["model.easy_mod=1000003", "rationalization.p_show_hint_save=1.0"],  # kept: hinted prompts only
+     "11 kept and 24 wrong rationales in iteration 1, but no question has both stored with the same prompt"),
+], ids=["none_kept", "none_wrong", "gold", "no_shared_prompt"])
+def test_zero_pairs_say_why(scripted, toy_toml, overrides, why):
+    """As a process: exit 0, an empty file, and the reason on stdout."""
+    from star_testkit import cli
+
+    path = toy_toml()
+    args = ["run", str(path), "--quiet", "--set", "experiment.iterations=1"]
+    for o in overrides:
+        args += ["--set", o]
+    assert main(args) == 0
+    run = path.parent / "run"
+    res = cli("export", str(run), "--pairs")
+    assert res.returncode == 0 and res.stderr == ""
+    assert res.stdout == f"wrote 0 pairs to {run / 'pairs.jsonl'} ({why})\n"
+    assert (run / "pairs.jsonl").read_text() == ""

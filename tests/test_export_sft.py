@@ -109,7 +109,7 @@ def test_zero_rows_say_why(scripted, toy_toml, capsys):
         in out and (none_kept / "sft.jsonl").read_text() == ""
     assert main(["export", str(none_kept), "--pairs"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("wrote 0 pairs") and "(no question has both a kept rationale and a wrong one" in out
+    assert out.startswith("wrote 0 pairs") and "(none of the 24 rationales of iteration 1 was kept; " in out
     # A run killed in its first generation (after the 12 dev questions of iteration 0's evaluation).
     path = toy_toml(out="killed", name="killed.toml")
     proc = subprocess.run([sys.executable, "-m", "star_engine", "run", str(path), "--quiet"],

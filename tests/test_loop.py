@@ -189,7 +189,7 @@ def test_changed_config_is_refused(scripted, toy_toml, capsys):
 def test_gold_source_direct_baseline(scripted, toy_toml):
     path = toy_toml()
     args = ["run", str(path), "--quiet", "--set", "training.source=\"gold\"", "--set", "task.direct=true",
-            "--set", "experiment.iterations=1"]
+            "--set", "experiment.iterations=1", "--set", "task.filters=[]"]  # no filter runs on gold completions
     assert main(args) == 0
     r = rows(path.parent / "run", "iterations/001/rationales.parquet")
     assert len(r) == 24 and all(x["kept"] and x["rationale"].startswith(" The answer is") for x in r)

@@ -112,8 +112,11 @@ def broken_site(tmp_path):
 
 
 def test_broken_plugins_listed_with_distribution_version_and_hook(broken_site, tmp_path):
+    """Listed in full (every form), then the exit code says a plugin failed to load: 2, with one
+    line naming them on stderr."""
     res = star("plugins", "--json", env=env_for(broken_site), cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 2, res.stderr
+    assert one_line(res.stderr).startswith(f"error: {len(BROKEN)} installed plugin(s) failed to load: ")
     plugins = {p["name"]: p for p in json.loads(res.stdout)}
     for dist, version, package, _, _, says in BROKEN:
         p = plugins[package]
@@ -123,7 +126,12 @@ def test_broken_plugins_listed_with_distribution_version_and_hook(broken_site, t
         assert p["components"] == {}  # nothing half-registered
     assert plugins["star_testkit.scripted"]["error"] is None and plugins["cqa"]["error"] is None
     res = star("plugins", env=env_for(broken_site), cwd=tmp_path)  # the table shows them too
-    assert res.returncode == 0 and "star-fussy" in res.stdout and "2.0.1" in res.stdout
+    assert res.returncode == 2 and "star-fussy" in res.stdout and "2.0.1" in res.stdout
+    res = star("plugins", "--requirements", env=env_for(broken_site), cwd=tmp_path)
+    assert res.returncode == 2 and "star-fussy==2.0.1" in res.stdout.splitlines()
+    (tmp_path / "empty-site").mkdir()  # the same installation without the broken ones: 0
+    res = star("plugins", env=env_for(tmp_path / "empty-site"), cwd=tmp_path)
+    assert res.returncode == 0 and res.stderr == "", res.stderr
 
 
 def _squeezed(text: str) -> str:
@@ -145,11 +153,11 @@ def test_plugins_listing_in_a_pipe_and_a_narrow_terminal_keeps_every_error_whole
     broken = [p for p in plugins.values() if p["error"]]
     assert len(broken) == len(BROKEN)
     piped = star("plugins", env=env, cwd=tmp_path)
-    assert piped.returncode == 0, piped.stderr
+    assert piped.returncode == 2, piped.stderr  # listed, then: some failed to load
     for p in broken:
         assert f"{p['name']} ({p['distribution']} {p['version']}): ERROR: {p['error']}\n" in piped.stdout
     narrow = star("plugins", env={**env, "TTY_COMPATIBLE": "1", "COLUMNS": "40", "NO_COLOR": "1"}, cwd=tmp_path)
-    assert narrow.returncode == 0, narrow.stderr
+    assert narrow.returncode == 2, narrow.stderr
     assert "┃" in narrow.stdout  # the table, as on a terminal
     assert "…" not in narrow.stdout
     out = _squeezed(re.sub(r"\x1b\[[0-9;]*m", "", narrow.stdout))  # styles (bold titles) away
@@ -184,7 +192,7 @@ def test_broken_modules_from_star_engine_plugins(broken_site, tmp_path):
         (info / "entry_points.txt").unlink()
     env = env_for(broken_site, "star_gpu_checkers.plugin,star_fussy.plugin,star_typo.plugin")
     res = star("plugins", "--json", env=env, cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 2, res.stderr
     plugins = {p["name"]: p for p in json.loads(res.stdout)}
     for dist, version, package, _, _, says in BROKEN:
         p = plugins[f"{package}.plugin"]

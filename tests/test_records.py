@@ -26,15 +26,16 @@ FORMAT = {
     "rationales": (schema(Rationale), [
         ("question_id", s), ("class", s), ("iteration", i32), ("sample", i32), ("prompt", s), ("rationale", s),
         ("predicted", s), ("gold", s), ("correct", b), ("was_hinted", b), ("kept", b), ("rejected_by", s),
-        ("checker", s), ("model_checkpoint", s), ("prompt_hash", s), ("seed", i64), ("leak_strings", pa.list_(s))]),
+        ("checker", s), ("model_checkpoint", s), ("prompt_hash", s), ("seed", i64), ("leak_strings", pa.list_(s)),
+        ("prompt_truncated", b)]),
     "eval": (schema(Evaluation, GREEDY), [
         ("question_id", s), ("class", s), ("iteration", i32), ("split", s), ("generation", s), ("predicted", s),
         ("gold", s), ("correct", b), ("checker", s), ("model_checkpoint", s), ("prompt_hash", s),
-        ("verdicts", verdicts)]),
+        ("verdicts", verdicts), ("prompt_truncated", b)]),
     "eval_samples": (schema(Evaluation), [
         ("question_id", s), ("class", s), ("iteration", i32), ("sample", i32), ("split", s), ("generation", s),
         ("predicted", s), ("gold", s), ("correct", b), ("checker", s), ("model_checkpoint", s),
-        ("prompt_hash", s), ("verdicts", verdicts)]),
+        ("prompt_hash", s), ("verdicts", verdicts), ("prompt_truncated", b)]),
     "questions": (schema(Question), [
         ("iteration", i32), ("question_id", s), ("class", s), ("samples", i32), ("correct", i32),
         ("hinted_samples", i32), ("hinted_correct", i32), ("solved", b), ("solved_with_hint", b), ("kept", i32),
@@ -45,7 +46,7 @@ FORMAT = {
         ("correct", i64), ("rationalized", i64), ("kept", i64), ("train_steps", i64), ("train_tokens", i64),
         ("train_loss", f64), ("wall_seconds", f64), ("coverage", f64), ("pass_k", i64), ("pass_at_k", f64),
         ("pass_at_1", f64), ("majority", f64), ("distinct_correct", f64), ("kept_len_mean", f64),
-        ("kept_len_std", f64), ("checkers", accuracies)]),
+        ("kept_len_std", f64), ("checkers", accuracies), ("prompts_truncated", i64), ("trained_on", s)]),
 }
 
 

@@ -15,7 +15,7 @@ from star_engine.metrics import METRICS_SCHEMA
 def _run(path, name, dev):
     """A run folder with config.json and metrics.parquet: dev accuracy per iteration (overall and
     two classes) and the train rows of iterations >= 1."""
-    path.mkdir()
+    path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps({"experiment": {"name": name}}))
     rows = []
     for n, acc in enumerate(dev):
@@ -34,8 +34,11 @@ def test_report_with_a_second_run_overlaid(tmp_path, capsys):
     assert main(["report", str(a), "--compare", str(b)]) == 0
     md = (a / "report.md").read_text()
     assert md.startswith("# STaR run: addition\n")  # the experiment's name, not the folder's
+    # each run labelled by its directory, and the labels explained
+    assert (f"Runs: **a** is {a} (experiment addition); **b** is {b} (experiment addition_no_rationalization)."
+            in md)
     assert "| 2 | 25.0% | 12.5% | 20 | 40 | 42 | 20.0% |" in md
-    assert md.rstrip().endswith("Final dev accuracy: addition 25.0% vs addition_no_rationalization 3.0%")
+    assert md.rstrip().endswith("Final dev accuracy: a 25.0% vs b 3.0%")
     png = (a / "report.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert not (b / "report.md").exists()  # the compared run is only read
@@ -108,7 +111,8 @@ def test_report_plots_numeric_and_other_classes(tmp_path):
 
 
 def test_report_shows_every_class_of_both_runs_and_reads_them(tmp_path):
-    from star_engine.report import figure, markdown, read_metrics
+    from star_engine.plot import figure
+    from star_engine.report import markdown, read_metrics
 
     a = read_metrics(_run(tmp_path / "a", "addition", [0.05, 0.10, 0.40]))
     b = read_metrics(_run(tmp_path / "b", "addition_no_rationalization", [0.05, 0.02, 0.03]))
@@ -122,9 +126,77 @@ def test_report_shows_every_class_of_both_runs_and_reads_them(tmp_path):
     md = markdown(a, "addition", b, "addition_no_rationalization")
     assert ("addition: dev accuracy went from 5.0% at iteration 0 to 40.0% at iteration 2 (+35.0 points). "
             "Per class: 1 10→80, 2 2→20. Every class ended above its start. First at 50% or more: 1 at iteration 2. "
-            "The fine-tuning set held 20, 40 examples in iterations 1–2, of which 10, 20 were right only with the "
-            "hint (rationalized). addition_no_rationalization ended at 3.0%, 37.0 points below addition.") in md
+            "The fine-tuning set held 20, 40 examples in iterations 1–2; 10, 20 rationales were right only with "
+            "the hint (rationalized, before the filters). addition_no_rationalization ended at 3.0%, 37.0 points below addition.") in md
     assert "| iteration | 1 | 2 | all |" in md and "| 2 | 80.0 | 20.0 | 40.0 |" in md
     assert "| 1 | 4.0 | 1.0 | 2.0 |" in md  # the compared run's table too
     md_b = markdown(b, "addition_no_rationalization", None, "")
     assert "Not above its start: 1, 2." in md_b and "First at 50%" not in md_b
+
+
+# ------------------------------------------------------------------ the command: labels and what it prints
+
+
+def test_two_runs_of_one_experiment_are_labelled_by_their_directories(tmp_path):
+    """``report --compare`` of two runs of the same file (one experiment name): as a process, it
+    prints the summary table and the reading, each run named by its run directory."""
+    from star_testkit import cli
+
+    a = _run(tmp_path / "seed1" / "run", "addition", [0.05, 0.10, 0.25])
+    b = _run(tmp_path / "seed2" / "run", "addition", [0.05, 0.02, 0.03])
+    res = cli("report", str(a), "--compare", str(b))
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    out = res.stdout
+    assert "STaR run summary" in out and "rationalized" in out and "…" not in out  # the table, whole (a pipe)
+    assert ("seed1/run: dev accuracy went from 5.0% at iteration 0 to 25.0% at iteration 2 (+20.0 points)." in out
+            and "seed2/run ended at 3.0%, 22.0 points below seed1/run." in out)
+    assert out.rstrip().endswith(f"wrote {a / 'report.md'} and {a / 'report.png'}")
+    md = (a / "report.md").read_text()
+    assert md.startswith("# STaR run: addition\n") and "**seed1/run** is" in md and "**seed2/run** is" in md
+    assert "seed2/run, dev accuracy (%) per class:" in md and "addition ended" not in md
+
+
+def test_labels_given_on_the_command_line(tmp_path, capsys):
+    a = _run(tmp_path / "a", "addition", [0.05, 0.10, 0.25])
+    b = _run(tmp_path / "b", "addition", [0.05, 0.10, 0.25])
+    assert main(["report", str(a), "--compare", str(b), "--label", "with hint", "--label", "without"]) == 0
+    out = capsys.readouterr().out
+    assert "without ended at 25.0%, the same as with hint." in out
+    assert main(["report", str(a), "--compare", str(b), "--label", "first"]) == 0  # b: its directory
+    assert "b ended at 25.0%, the same as first." in capsys.readouterr().out
+    assert main(["report", str(a), "--label", "alone"]) == 0
+    assert (a / "report.md").read_text().startswith("# STaR run: addition\n") and "alone: dev accuracy" in \
+        capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--label", "x", "--label", "y"], "--label: given 2 times; once for RUN_DIR (twice only with --compare)"),
+    (["--compare", "{b}", "--label", "x", "--label", "y", "--label", "z"],
+     "--label: given 3 times; once for RUN_DIR and once for the --compare run"),
+    (["--compare", "{b}", "--label", "same", "--label", "same"],
+     "--label: both runs would be labelled 'same'; give each its own label"),
+    (["--compare", "{b}", "--label", "b"], "--label: both runs would be labelled 'b'; give each its own label"),
+    (["--label", " "], "--label: must not be empty"),
+    (["--compare", "{a}"], "--compare: {a} is the run directory being reported; compare it with another run"),
+])
+def test_bad_labels_are_one_line_exit_2_nothing_written(tmp_path, capsys, args, message):
+    a = _run(tmp_path / "a", "addition", [0.05, 0.10])
+    b = _run(tmp_path / "b", "addition", [0.05, 0.10])
+    args = [x.format(a=a, b=b) for x in args]
+    assert main(["report", str(a), *args]) == 2
+    assert capsys.readouterr().err == f"error: {message.format(a=a)}\n"
+    assert not (a / "report.md").exists() and not (a / "report.png").exists()
+
+
+def test_directory_labels_keep_the_names_given(tmp_path):
+    from star_engine.errors import UserError
+    from star_engine.report import directory_labels
+
+    a = _run(tmp_path / "runs" / "a" / "run", "addition", [0.1])
+    b = _run(tmp_path / "runs" / "b" / "run", "addition", [0.1])
+    assert directory_labels(a, b) == ("a/run", "b/run")
+    (tmp_path / "latest").symlink_to(b)
+    assert directory_labels(a, tmp_path / "latest") == ("run", "latest")  # the link's name, not its target's
+    (tmp_path / "same").symlink_to(a)
+    with pytest.raises(UserError, match="is the run directory being reported"):
+        directory_labels(a, tmp_path / "same")

@@ -176,7 +176,9 @@ def test_report_reads_runs_without_the_new_columns_and_overlays_two_runs(scripte
     pq.write_table(table.drop_columns(list(SAMPLING_COLUMNS)), old / "metrics.parquet")  # a run of before
     rows_old = report.read_metrics(old)
     assert all(r[c] is None for r in rows_old for c in SAMPLING_COLUMNS)
-    fig = report.figure(report.read_metrics(run), "sampled", rows_old, "old")
+    from star_engine.plot import figure
+
+    fig = figure(report.read_metrics(run), "sampled", rows_old, "old")
     titles = {ax.get_title(): ax for ax in fig.axes}
     overlay = titles["overall accuracy and coverage"]
     labels = [line.get_label() for line in overlay.get_lines()]

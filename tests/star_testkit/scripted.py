@@ -238,6 +238,22 @@ class ScriptedBackend:
         return {"backend": "scripted", "easy_mod": self.easy_mod}
 
 
+class ScriptedContextBackend(ScriptedBackend):
+    """The scripted backend with a context of ``context`` characters (``Backend.prompt_capacity``:
+    the context less ``max_new_tokens``; ``count_tokens``: characters): what is longer counts as
+    cut (the scripted model still reads the whole prompt)."""
+
+    def __init__(self, context: int = 64, easy_mod: int = 3, leak_mod: int = 2):
+        super().__init__(easy_mod, leak_mod)
+        self.context = context
+
+    def prompt_capacity(self, spec) -> int:
+        return max(0, self.context - spec.max_new_tokens)
+
+    def count_tokens(self, texts):
+        return [len(t) for t in texts]
+
+
 @hookimpl
 def register_tasks(register):
     register("toy", ToyTask)
@@ -267,3 +283,4 @@ def register_schedules(register):
 @hookimpl
 def register_backends(register):
     register("scripted", ScriptedBackend)
+    register("scripted_ctx", ScriptedContextBackend)

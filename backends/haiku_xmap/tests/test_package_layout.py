@@ -11,7 +11,7 @@ import star_haiku_xmap
 
 PACKAGE = Path(star_haiku_xmap.__file__).parent
 CONVERT = {"safeio", "checkpoint", "checkpoint_write", "hf_import", "hf_llama", "mtj_layout", "mtj_import",
-           "mtj_export", "hf_export", "commands", "plan", "plan_models"}
+           "mtj_export", "hf_export", "commands", "plan", "plan_models", "plan_experiment"}
 # The top-level modules that import from the subpackage, and why they must.
 USES_CONVERT = {
     "plugin": {"checkpoint", "commands"},  # loads checkpoints; registers the commands

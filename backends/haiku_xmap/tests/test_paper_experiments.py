@@ -20,7 +20,11 @@ from star_testkit import SHARED_DATA, STAR_PROMPTS
 from star_cqa import CQATask
 from star_cqa.task import mark_choice
 from star_engine.cli import main
+from star_engine.registry import option_defaults
 from star_gsm8k import GSM8KTask
+from star_haiku_xmap.plugin import HaikuXmapBackend
+
+DEFAULT_MODEL = {"backend": "haiku_xmap", **option_defaults(HaikuXmapBackend)}  # config.json's [model], nothing set
 
 ROOT = Path(__file__).resolve().parents[3]
 EXPERIMENTS = ROOT / "experiments"
@@ -114,7 +118,7 @@ def test_paper_files_smoke_run_on_fixtures(name, tmp_path):
     run = smoke(name, splits, prompts, tmp_path / "run")
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["training"]["packing"] == "stream" and cfg["training"]["loss"] == "all"
-    assert cfg["experiment"]["iterations"] == 1 and cfg["model"] == {"backend": "haiku_xmap"}
+    assert cfg["experiment"]["iterations"] == 1 and cfg["model"] == DEFAULT_MODEL  # the backend's defaults
     (check_cqa_run if name == "cqa_paper.toml" else check_gsm_run)(run, splits, prompts)
 
 
@@ -126,6 +130,7 @@ def test_gsm8k_paper_trains_packed_on_every_token(tmp_path):
     path, prompts = FIXTURES["gsm8k_paper.toml"]
     run = smoke("gsm8k_paper.toml", {"train": path, "test": path}, prompts, tmp_path / "run",
                 "--set", 'model={backend = "haiku_xmap", seq_len = 32}', "--set", 'training.source="gold"',
+                "--set", 'task.hint=""',  # no rationalization on gold: the file's hint would have no effect
                 "--set", 'training.schedule={name = "exponential_grow", start_steps = 2, grow = 1.2}')
     info = json.loads((run / "iterations/001/train.json").read_text())
     assert info["steps"] == 2 and len(info["losses"]) == 2
@@ -150,7 +155,8 @@ def test_paper_files_are_the_original_loop():
         assert task["filters"] == [] and task["checker"] == "exact_lower" and not task["few_shot_train"], name
         opts = task["options"]
         assert (opts["verbatim"], opts["extraction"], opts["stored_completion"]) == (True, "original", "original")
-        assert all(v.startswith("../../shared/data/star-prompts/") for k, v in opts.items() if k.endswith("_file"))
+        assert task["data_root"] == "../../shared/data", name  # the data beside the clone, or STAR_ENGINE_DATA
+        assert all(v.startswith("star-prompts/") for k, v in opts.items() if k.endswith("_file"))
         assert (gen["max_new_tokens"], gen["temperature"], gen["top_p"], gen["batch_size"]) == (96, 0.01, 0.9, 8)
         assert (ev["temperature"], ev["top_p"], ev["no_prompt"]) == (0.01, 0.9, False), name
         assert gen["n_train_samples"] == 10000 and rat == {"enabled": True, "p_rationalization": 1.0,

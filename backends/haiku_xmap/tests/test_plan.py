@@ -1,6 +1,7 @@
-"""The compiled memory plan (``star-engine plan``) and the GPT-J experiments as CPU
-smoke runs: ``experiments/cqa_rationalize.toml`` end to end with the tiny model
-swapped in by one ``--set`` (the recipe of README.md / docs/gptj6b.md)."""
+"""The compiled memory plan (``star-engine plan``), of a model and mesh given by options or of what
+an experiment file will run (``plan EXPERIMENT.toml``), and the GPT-J experiments validating with
+the tiny model swapped in by one ``--set``. (The README's smoke run of
+``experiments/cqa_rationalize.toml`` is ``tests/test_readme_smoke.py``.)"""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from star_engine.cli import main
+
 
 ROOT = Path(__file__).resolve().parents[3]
 CQA = ROOT / "plugins" / "cqa" / "tests" / "data" / "train_sample.jsonl"  # has answer keys
@@ -56,23 +57,63 @@ def test_plan_command_is_registered(capsys):
     assert "--mesh" in out and "--zero" in out and "memory" in out
 
 
-def test_cqa_rationalize_smoke_run_with_the_tiny_model(tmp_path):
-    """The paper's main experiment, unchanged but for four overrides: the tiny
-    model, one iteration, a small CQA fixture, a run directory."""
-    run = tmp_path / "run"
-    rc = main(["run", str(ROOT / "experiments" / "cqa_rationalize.toml"), "--limit", "8", "--quiet", *TINY,
-               "--set", "experiment.iterations=1", "--set", f'experiment.output_dir="{run}"',
-               "--set", f'task.data={{train = "{CQA}", dev = "{CQA}"}}'])
-    assert rc == 0
-    cfg = json.loads((run / "config.json").read_text())
-    assert cfg["model"] == {"backend": "haiku_xmap"} and cfg["task"]["dataset"] == "cqa"
-    metrics = pd.read_parquet(run / "metrics.parquet")
-    assert set(metrics["iteration"]) == {0, 1} and "dev" in set(metrics["split"])
-    backend = json.loads((run / "manifest.json").read_text())["backend"]
-    assert backend["model"]["n_layer"] == 2 and backend["model"]["d_model"] == 128  # the tiny preset
-    assert backend["tokenizer"]["kind"] == "byte" and backend["checkpoint_path"] == ""
-    assert (run / "iterations" / "001" / "generated.parquet").is_file()
-    assert (run / "report.md").is_file()
+def test_plan_an_experiment_plans_what_it_will_run(tmp_path):
+    """``star-engine plan experiments/addition.toml``: its 6-layer tiny model, its [training] step
+    (16 x 1 x 512) and its [generation] batch (100 rows of the longest prompt the backend keeps,
+    512 - 230, and 230 new tokens), compiled; ``--set`` changes the experiment as run --set does."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    addition = str(ROOT / "experiments" / "addition.toml")
+    out = subprocess.run([sys.executable, "-m", "star_engine", "plan", addition, "--json",
+                          "--set", "training.batch_size=4"], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
+    assert [r["program"] for r in rows] == ["train step", "sample (prefill + decode loop)"]
+    assert [r["shape"] for r in rows] == ["1 x 4 x 512", "100 x (282 + 230)"]
+    assert all(r["layers"] == 6 and r["mesh"] == "1x1" and r["dtype"] == "float32" and r["fits"] for r in rows)
+    text = subprocess.run([sys.executable, "-m", "star_engine", "plan", addition, "--what", "sample"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert text.returncode == 0 and text.stdout.startswith(f"# {addition}: preset 'tiny', 6 layers")
+    for args, says in ((["--mesh", "1x8"], "--mesh: not with an experiment file"),
+                       (["--set", "training.batch_size=0"], "training.batch_size: must be >= 1")):
+        bad = subprocess.run([sys.executable, "-m", "star_engine", "plan", addition, *args], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert bad.returncode == 2 and says in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "star_engine", "plan", "--set", "a=1"], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode == 2 and "--set: only with an experiment file" in bad.stderr
+
+
+@pytest.mark.parametrize("name,layers,mesh,batch,seq_len,opt,adapter", [
+    ("cqa.toml", 28, (1, 8), (1, 64), 1536, "bfloat16", None),  # GPT-J-6B: its preset, the checkpoint not converted
+    ("cqa_llama.toml", 28, (1, 1), (1, 64), 1536, "float32", None),
+    ("gsm8k_qwen.toml", 28, None, None, None, None, None),
+])
+def test_plan_reads_the_experiments_settings(name, layers, mesh, batch, seq_len, opt, adapter):
+    """What ``plan EXPERIMENT`` compiles, read from the file without compiling: the model (the
+    checkpoint's config when it is converted, else the preset's), mesh, dtypes, batch x
+    grad_accum x seq_len, and the sampler's rows, longest prompt and new tokens."""
+    import argparse
+    import tomllib
+
+    from star_haiku_xmap.convert.plan_experiment import DECIDED, job
+
+    args = argparse.Namespace(experiment=ROOT / "experiments" / name, overrides=[],
+                              **{attr: None for _, attr in DECIDED})
+    cfg = tomllib.loads((ROOT / "experiments" / name).read_text())
+    config, kw, line = job(args)
+    m, t, g = cfg["model"], cfg["training"], cfg["generation"]
+    assert config.n_layer == layers and config.dtype == m["dtype"] and m["preset"] in line
+    assert (kw["dp"], kw["mp"]) == (m["mesh"]["dp"], m["mesh"]["mp"]) and kw["zero"] == m.get("zero", 0)
+    assert (kw["batch"], kw["grad_accum"], kw["seq_len"]) == (t["batch_size"], t["grad_accum"], m["seq_len"])
+    assert (kw["gen_batch"], kw["new_tokens"]) == (g["batch_size"], g["max_new_tokens"])
+    assert kw["prompt_len"] == config.n_ctx - g["max_new_tokens"]
+    assert kw["opt_state_dtype"] == m.get("opt_state_dtype", "float32")
+    assert kw["master_dtype"] == m.get("master_dtype", "float32") and kw["accum_dtype"] == m.get("grad_accum_dtype",
+                                                                                               "float32")
+    if mesh is not None:
+        assert (kw["dp"], kw["mp"]) == mesh and (kw["batch"], kw["grad_accum"]) == batch and kw["seq_len"] == seq_len
+        assert kw["opt_state_dtype"] == opt and kw["adapter"] is adapter
 
 
 @pytest.mark.parametrize("name,data", [("cqa.toml", CQA), ("cqa_direct.toml", CQA), ("gsm8k.toml", GSM8K)])

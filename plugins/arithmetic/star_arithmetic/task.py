@@ -70,13 +70,25 @@ class AdditionTask:
     stop = (formats.TERMINATOR,)
 
     def __init__(self, *, seed: int = 0, n_train: int = 2000, n_dev: int = 250, min_digits: int = 1,
-                 max_digits: int = 5, heldout_digits: list[int] | None = None, n_heldout: int = 500,
-                 n_seed: int = 100, seed_max_digits: int = 2, seed_hint_fraction: float = 0.5,
+                 max_digits: int = 5, heldout_digits: list[int] | None = None, n_heldout: int | None = None,
+                 n_seed: int | None = None, seed_max_digits: int | None = None, seed_hint_fraction: float = 0.5,
                  n_shots: int = 0, seed_counts: list[int] | None = None, seed_repeats: list[int] | None = None,
                  scratchpad: str = "nye") -> None:
         if scratchpad not in formats.STYLES:
             raise UserError(f"scratchpad: must be one of {', '.join(map(repr, formats.STYLES))}, got {scratchpad!r}")
         self.style = scratchpad
+        # An option that would have no effect is an error naming both (n_seed is not silently ignored).
+        for name, value in (("n_seed", n_seed), ("seed_max_digits", seed_max_digits)):
+            if value is not None and seed_counts is not None:
+                raise UserError(f"{name}: has no effect when seed_counts is set (seed_counts gives the seed problems "
+                                f"of each digit count, and so their number and largest count); remove {name} or "
+                                f"seed_counts")
+        if n_heldout is not None and not heldout_digits:
+            raise UserError("n_heldout: has no effect without heldout_digits (the 'heldout' split's digit counts); "
+                            "set heldout_digits or remove n_heldout")
+        n_heldout = 500 if n_heldout is None else n_heldout
+        n_seed = 100 if n_seed is None else n_seed
+        seed_max_digits = 2 if seed_max_digits is None else seed_max_digits
         self.seed = _int("seed", seed, 0)
         self.n = {"train": _int("n_train", n_train, 1), "dev": _int("n_dev", n_dev, 1),
                   "heldout": _int("n_heldout", n_heldout, 1)}

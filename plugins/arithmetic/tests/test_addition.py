@@ -271,6 +271,11 @@ def test_heldout_split():
     ({"seed_repeats": [0]}, "seed_repeats: must be an integer >= 1"),
     ({"seed_repeats": 3}, "seed_repeats: must be a list"),
     ({"seed_repeats": [5000]}, "seed_repeats: at most 1000 repeats"),
+    # An option another makes pointless is an error naming both (not silently ignored).
+    ({"seed_counts": [10, 20], "n_seed": 100}, "n_seed: has no effect when seed_counts is set .* remove n_seed or "
+                                               "seed_counts"),
+    ({"seed_counts": [10, 20], "seed_max_digits": 2}, "seed_max_digits: has no effect when seed_counts is set"),
+    ({"n_heldout": 40}, "n_heldout: has no effect without heldout_digits"),
 ])
 def test_bad_options(options, message):
     with pytest.raises(UserError, match=message):

@@ -40,7 +40,7 @@ EXAMPLES: tuple[tuple[str, tuple[str, ...], str, str], ...] = (
 
 
 def question_block(stem: str, choices: list[tuple[str, str]]) -> str:
-    """The question context as REFERENCE.md describes it: ``Q: <stem>``,
+    """The question context as the original STaR code writes it: ``Q: <stem>``,
     ``Answer Choices:``, one ``(<label>) <text>`` line per choice, ``A:``."""
     lines = [f"Q: {stem}", "Answer Choices:"]
     lines += [f"({label}) {text}" for label, text in choices]

@@ -1,6 +1,6 @@
 """The CommonsenseQA task and its ``cqa_correct`` hint formatter.
 
-Context format (REFERENCE.md)::
+Context format (the original STaR code's, ``device_inference.py``; docs/fidelity.md)::
 
     Q: <stem>
     Answer Choices:
@@ -26,6 +26,7 @@ from star_engine.options import require_bool, require_choice, require_str_list
 from star_filters.text import clean_up_tokenization
 
 from .answers import extract_letter, first_line, original_letter
+from .known_files import DATA_FILES
 from .prompts import answer_sentence, builtin_blocks, question_block
 
 MARK = " (CORRECT)"
@@ -96,6 +97,7 @@ class CQATask:
     - ``stop``: the stop strings (default ``["\\n\\n", "\\nQ:"]``).
     """
 
+    data_files = DATA_FILES  # the released files it reads, with their sha256 (star-engine data check)
     default_checker = "mc_letter"
     default_hint = "cqa_correct"
 

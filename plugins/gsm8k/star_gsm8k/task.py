@@ -20,6 +20,7 @@ from star_filters.numbers import canonical_number
 from star_filters.text import clean_up_tokenization
 
 from .answers import answer_lines, final_answer, original_answer
+from .known_files import DATA_FILES
 from .prompts import builtin_blocks
 
 ANNOTATION_MODES = ("strip", "keep")
@@ -76,6 +77,7 @@ class GSM8KTask:
     - ``stop``: the stop strings (default ``["\\nQ:", "\\n\\n\\n"]``).
     """
 
+    data_files = DATA_FILES  # the released files it reads, with their sha256 (star-engine data check)
     default_checker = "numeric"
     default_hint = "gsm8k_answer"
 

@@ -17,6 +17,7 @@ from star_engine.options import require_choice, require_str_list
 from . import prompts
 from .answers import extract, through_closing
 from .data import Row, Subset, level_class, read_math, subject_class
+from .known_files import DATA_FILES
 
 CLASSES = ("subject", "level", "none")
 EXTRACTIONS = ("lenient", "minerva", "boxed")
@@ -52,6 +53,7 @@ class MATHTask:
     - ``stop``: the stop strings (default ``["\nProblem:"]``).
     """
 
+    data_files = DATA_FILES  # the released files it reads, with their sha256 (star-engine data check)
     default_checker = "math_verify"
     default_hint = "math_answer"
 

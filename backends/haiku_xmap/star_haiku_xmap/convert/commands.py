@@ -5,8 +5,9 @@
   checkpoint, optionally pre-split for an mp-way mesh, or back into the
   mesh-transformer-jax layout for another number of shards, or a native checkpoint
   out as a Hugging Face folder (``--to hf``: ``hf_export.py``).
-- ``star-engine plan``: compile the GPT-J train and decode steps for a mesh with
-  abstract parameters and print XLA's per-device memory analysis.
+- ``star-engine plan [EXPERIMENT]``: compile the train and decode steps of an experiment
+  (``plan_experiment.py``), or of a model and mesh given by options, with abstract
+  parameters and print XLA's per-device memory analysis.
 
 jax is imported inside ``run``, never when the plugin is discovered.
 """
@@ -161,7 +162,8 @@ class ConvertCommand:
 
 
 class PlanCommand:
-    help = "compile the GPT-J train/decode steps for a mesh (abstract params) and print XLA's memory analysis"
+    help = ("compile the train and decode steps of an experiment file (or of a model and mesh given by options) "
+            "with abstract params and print XLA's per-device memory analysis")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         from .plan import add_arguments

@@ -26,7 +26,10 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+from star_engine.errors import UserError
 
 GIB = 1 << 30
 STANDARD = (  # (mesh, zero, master, moments, grad accumulator, remat, device GiB, micro-batch, grad accum)
@@ -43,29 +46,44 @@ STANDARD = (  # (mesh, zero, master, moments, grad accumulator, remat, device Gi
 )
 
 
+DEFAULTS = {"preset": "gptj-6b", "dtype": "bfloat16", "mesh": "1x8", "zero": 0, "opt_state_dtype": "mixed",
+            "master_dtype": "float32", "grad_accum_dtype": "float32", "batch": 1, "grad_accum": 8, "seq_len": 1536,
+            "gen_batch": 8, "prompt_len": 1536, "new_tokens": 96}
+"""The shape options' values without an experiment file (with one, the experiment decides them)."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.split("\n\n")[0].replace("\n", " ")
-    parser.add_argument("--preset", default="gptj-6b", help="model preset (default gptj-6b)")
+    parser.add_argument("experiment", type=Path, nargs="?", default=None,
+                        help="an experiment TOML file: plan what it will run (its model, mesh, dtypes, [training] "
+                             "batch x grad_accum x seq_len and [generation] sizes; plan_experiment.py); the shape "
+                             "options below then come from it")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="with an experiment file: override one of its keys, as run --set does")
+    parser.add_argument("--preset", default=None, help="model preset (default gptj-6b)")
     parser.add_argument("--n-layer", type=int, default=None, help="override the preset's layer count")
-    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="parameter dtype")
-    parser.add_argument("--mesh", default="1x8", help="DPxMP, e.g. 1x8 (default), 8x1, 2x4")
-    parser.add_argument("--zero", type=int, default=0, choices=(0, 1), help="1: ZeRO-1 optimizer state over dp")
-    parser.add_argument("--opt-state-dtype", default="mixed", choices=("float32", "bfloat16", "mixed"),
+    parser.add_argument("--dtype", default=None, choices=("bfloat16", "float32"), help="parameter dtype (default "
+                                                                                         "bfloat16)")
+    parser.add_argument("--mesh", default=None, help="DPxMP, e.g. 1x8 (default), 8x1, 2x4")
+    parser.add_argument("--zero", type=int, default=None, choices=(0, 1),
+                        help="1: ZeRO-1 optimizer state over dp (default 0)")
+    parser.add_argument("--opt-state-dtype", default=None, choices=("float32", "bfloat16", "mixed"),
                         help="Adam moments' dtype (model.opt_state_dtype; mixed: first moment bf16, second fp32; "
-                             "default: the GPT-J experiments')")
-    parser.add_argument("--master-dtype", default="float32", choices=("float32", "bfloat16"),
+                             "default: the GPT-J experiments' mixed)")
+    parser.add_argument("--master-dtype", default=None, choices=("float32", "bfloat16"),
                         help="dtype of the trained weights (model.master_dtype; default fp32 masters)")
-    parser.add_argument("--grad-accum-dtype", default="float32", choices=("float32", "bfloat16"),
-                        help="gradient accumulator's dtype (model.grad_accum_dtype)")
+    parser.add_argument("--grad-accum-dtype", default=None, choices=("float32", "bfloat16"),
+                        help="gradient accumulator's dtype (model.grad_accum_dtype; default float32)")
     parser.add_argument("--remat", action="store_true", help="per-layer rematerialisation (model.remat)")
-    parser.add_argument("--batch", type=int, default=1,
+    parser.add_argument("--batch", type=int, default=None,
                         help="sequences per micro-batch (training.batch_size; default: the paper's 1)")
-    parser.add_argument("--grad-accum", type=int, default=8,
+    parser.add_argument("--grad-accum", type=int, default=None,
                         help="micro-batches per step (training.grad_accum; default: the paper's 8)")
-    parser.add_argument("--seq-len", type=int, default=1536, help="training sequence length")
-    parser.add_argument("--gen-batch", type=int, default=8, help="sampling batch (generation.batch_size)")
-    parser.add_argument("--prompt-len", type=int, default=1536, help="sampling prompt length")
-    parser.add_argument("--new-tokens", type=int, default=96, help="tokens generated per prompt")
+    parser.add_argument("--seq-len", type=int, default=None, help="training sequence length (default 1536)")
+    parser.add_argument("--gen-batch", type=int, default=None, help="sampling batch (generation.batch_size; "
+                                                                     "default 8)")
+    parser.add_argument("--prompt-len", type=int, default=None, help="sampling prompt length (default 1536)")
+    parser.add_argument("--new-tokens", type=int, default=None, help="tokens generated per prompt (default 96)")
     parser.add_argument("--what", default="train,sample", help="comma-separated: train, sample")
     parser.add_argument("--device-gib", type=float, default=16.0, help="memory per device to check against")
     parser.add_argument("--platform", default="cpu", choices=("cpu", "default"),
@@ -255,6 +273,13 @@ HEADER = ("| mesh dp x mp | program | ZeRO | master | moments | grad accum | rem
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "experiment", None) is not None:
+        return _run_experiment(args)
+    if getattr(args, "overrides", None):
+        raise UserError("--set: only with an experiment file (star-engine plan EXPERIMENT.toml --set KEY=VALUE)")
+    for key, value in DEFAULTS.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
     config, what = _check_args(args)
     if getattr(args, "models", None):
         from .plan_models import run_models
@@ -285,6 +310,29 @@ def run(args: argparse.Namespace) -> int:
                 print(json.dumps({**r, "device_gib": gib, "fits": r["peak"] <= gib * GIB}), flush=True)
             else:
                 print(_row(r, gib), flush=True)
+    return 0
+
+
+def _run_experiment(args: argparse.Namespace) -> int:
+    """``plan EXPERIMENT``: the experiment's train step and sampler (``plan_experiment``)."""
+    from .plan_experiment import job
+
+    config, kw, line = job(args)
+    what = tuple(w.strip() for w in args.what.split(",") if w.strip())
+    if not what or set(what) - {"train", "sample"}:
+        raise UserError(f"--what: a comma-separated list of train, sample; got {args.what!r}")
+    if not args.device_gib > 0 or args.device_gib == float("inf"):
+        raise UserError(f"--device-gib: must be a positive number, got {args.device_gib}")
+    _setup_devices(kw["dp"] * kw["mp"], args.platform)
+    if not args.json:
+        print(line)
+        print(HEADER)
+    for r in plan_one(config=config, what=what, **kw):
+        if args.json:
+            print(json.dumps({**r, "device_gib": args.device_gib, "fits": r["peak"] <= args.device_gib * GIB}),
+                  flush=True)
+        else:
+            print(_row(r, args.device_gib), flush=True)
     return 0
 
 

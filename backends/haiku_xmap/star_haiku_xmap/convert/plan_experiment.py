@@ -1,0 +1,113 @@
+"""``star-engine plan EXPERIMENT.toml``: the memory plan of what an experiment will run.
+
+The experiment is read as ``run`` reads it (``star_engine.config.load_experiment``: its
+``--set`` overrides, the backend's defaults; no data is loaded) and planned with
+``plan.plan_one``:
+
+- the model: the checkpoint's config (``model.checkpoint_path``'s manifest) when it is there,
+  else the preset (``model.preset``, default "tiny", "llama-tiny" for ``architecture =
+  "llama"``) with the ``[model]`` field overrides, in ``model.dtype``;
+- the mesh ``model.mesh`` (``dp = -1``, all devices, is planned as one replica: dp 1, the
+  most each device can need), ``zero``, ``opt_state_dtype``, ``master_dtype``,
+  ``grad_accum_dtype``, ``remat``;
+- the train step of ``[training]``: ``batch_size`` x ``grad_accum`` of ``model.seq_len``
+  (default the context) tokens, with its LoRA ``adapter`` when it has one;
+- the sampler of ``[generation]``: ``batch_size`` rows of the longest prompt the backend keeps
+  (the context less ``max_new_tokens``) and ``max_new_tokens`` new tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from star_engine.errors import UserError
+
+# The plan options an experiment decides, as (flag, args attribute).
+DECIDED = (("--preset", "preset"), ("--n-layer", "n_layer"), ("--dtype", "dtype"), ("--mesh", "mesh"),
+           ("--zero", "zero"), ("--opt-state-dtype", "opt_state_dtype"), ("--master-dtype", "master_dtype"),
+           ("--grad-accum-dtype", "grad_accum_dtype"), ("--remat", "remat"), ("--batch", "batch"),
+           ("--grad-accum", "grad_accum"), ("--seq-len", "seq_len"), ("--gen-batch", "gen_batch"),
+           ("--prompt-len", "prompt_len"), ("--new-tokens", "new_tokens"), ("--standard", "standard"),
+           ("--models", "models"))
+
+
+def model_config(model: dict[str, Any]) -> tuple[Any, str]:
+    """The model ``[model]`` describes and where it came from (the checkpoint, or the preset)."""
+    from ..config import PRESETS, config_from_dict, preset
+    from .checkpoint import read_manifest
+
+    fields = ("n_layer", "d_model", "n_head", "d_head", "d_ff", "rotary_dim", "n_ctx", "n_kv_head", "vocab")
+    overrides = {k: model.get(k) for k in fields}
+    path = model.get("checkpoint_path") or ""
+    name = model.get("preset")
+    if path and (Path(path) / "manifest.msgpack").is_file():
+        config = config_from_dict(read_manifest(path)["model_config"])
+        config = config.replace(**{k: v for k, v in overrides.items() if v is not None})
+        where = f"the checkpoint {path}"
+    else:
+        if path and not name:
+            raise UserError(f"model.checkpoint_path: {path} holds no checkpoint, and model.preset does not say "
+                            f"which model it will be; convert it first, or --set model.preset=...")
+        name = name or ("llama-tiny" if model.get("architecture") == "llama" else "tiny")
+        if name not in PRESETS:
+            raise UserError(f"model.preset: unknown preset {name!r}; known: {sorted(PRESETS)}")
+        try:
+            config = preset(name, **overrides)
+        except (TypeError, ValueError) as e:
+            raise UserError(f"model: {e}") from None
+        where = f"preset {name!r}" + (f" ({path} is not converted yet)" if path else "")
+    if model.get("dtype"):
+        config = config.replace(dtype=model["dtype"])
+    return config, where
+
+
+def _mesh(model: dict[str, Any]) -> tuple[int, int, str]:
+    mesh = model.get("mesh") or {"dp": -1, "mp": 1}
+    if not isinstance(mesh, dict) or set(mesh) - {"dp", "mp"}:
+        raise UserError(f"model.mesh: must be a table like {{dp = 1, mp = 8}}, got {mesh!r}")
+    dp, mp = mesh.get("dp", -1), mesh.get("mp", 1)
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (dp, mp)) or mp < 1 or (dp < 1 and dp != -1):
+        raise UserError(f"model.mesh: dp >= 1 (or -1: every device) and mp >= 1, got {mesh!r}")
+    return (1, mp, " (dp = -1: every device; planned as one replica)") if dp == -1 else (dp, mp, "")
+
+
+def job(args: argparse.Namespace) -> tuple[Any, dict[str, Any], str]:
+    """(model config, ``plan_one``'s keyword arguments, a line saying what is planned) for the
+    experiment ``args.experiment`` with ``args.overrides``."""
+    from star_engine.config import load_experiment
+    from star_engine.registry import Registry
+
+    given = [flag for flag, attr in DECIDED if getattr(args, attr, None) not in (None, False)]
+    if given:
+        raise UserError(f"{given[0]}: not with an experiment file, which decides it (change the experiment with "
+                        f"--set, e.g. --set model.mesh='{{dp = 1, mp = 8}}')")
+    cfg = load_experiment(args.experiment, args.overrides, None, Registry())
+    model, tr, g = cfg["model"], cfg["training"], cfg["generation"]
+    if model.get("backend") != "haiku_xmap":
+        raise UserError(f"{args.experiment}: model.backend is {model.get('backend')!r}; plan plans the haiku_xmap "
+                        f"backend's programs")
+    config, where = model_config(model)
+    dp, mp, note = _mesh(model)
+    seq_len = model.get("seq_len") or config.n_ctx
+    if not isinstance(seq_len, int) or not 2 <= seq_len <= config.n_ctx:
+        raise UserError(f"model.seq_len: must be an int in [2, n_ctx={config.n_ctx}], got {seq_len!r}")
+    new_tokens = g["max_new_tokens"]
+    if new_tokens >= config.n_ctx:
+        raise UserError(f"generation.max_new_tokens: {new_tokens} leaves no room for a prompt in n_ctx={config.n_ctx}")
+    adapter = None
+    if tr["adapter"]:
+        from ..lora import check_table
+
+        adapter = check_table({k: v for k, v in tr["adapter"].items()}, config, "training.adapter")
+    kw = dict(dp=dp, mp=mp, zero=model.get("zero", 0), opt_state_dtype=model.get("opt_state_dtype", "float32"),
+              master_dtype=model.get("master_dtype", "float32"), accum_dtype=model.get("grad_accum_dtype", "float32"),
+              remat=bool(model.get("remat", False)), batch=tr["batch_size"], grad_accum=tr["grad_accum"],
+              seq_len=seq_len, gen_batch=g["batch_size"], prompt_len=config.n_ctx - new_tokens,
+              new_tokens=new_tokens, adapter=adapter)
+    line = (f"# {args.experiment}: {where}, {config.n_layer} layers, d_model {config.d_model}, {config.dtype}; "
+            f"mesh {dp}x{mp}{note}; [training] {tr['batch_size']} x {tr['grad_accum']} x {seq_len} tokens"
+            f"{', LoRA r=' + str(adapter.rank) if adapter else ''}; [generation] {g['batch_size']} x "
+            f"({config.n_ctx - new_tokens} + {new_tokens}) tokens")
+    return config, kw, line
