@@ -48,6 +48,13 @@ def load_adapters(backend: Any, checkpoint: str, manifest: dict) -> tuple[str, l
     return base, spec, adapters
 
 
+def load_merged(backend: Any, checkpoint: str, manifest: dict, dtype: str) -> Any:
+    """The LoRA checkpoint ``checkpoint`` as a plain model on the backend's mesh: its base
+    (loaded in ``dtype``) with W + s A B merged in (``lora.merge``)."""
+    base, spec, adapters = load_adapters(backend, checkpoint, manifest)
+    return lora.merge(backend._load(base, dtype, keep=False), adapters, spec, dtype)
+
+
 def train_adapters(backend: Any, init: str, out: Path, encoded: Sequence[Any], spec: TrainSpec,
                    progress: Progress | None) -> TrainResult:
     """The LoRA stage writing ``out`` from ``init`` (see the module docstring)."""

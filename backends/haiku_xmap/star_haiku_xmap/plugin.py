@@ -210,7 +210,11 @@ class HaikuXmapBackend:
         del cache
         self._cache = None  # one model on the devices at a time
         if adapters:
-            return self._load_merged(checkpoint, manifest, key, dtype, keep)
+            from .lora_stage import load_merged
+
+            merged = load_merged(self, checkpoint, manifest, dtype)
+            self._cache = (key, dtype, merged) if keep else None
+            return merged
         if stored.replace(dtype=self.config.dtype) != self.config:
             raise UserError(f"{checkpoint}: its model config {stored.to_dict()} is not this backend's "
                             f"{self.config.to_dict()}")
@@ -220,16 +224,6 @@ class HaikuXmapBackend:
         if keep:
             self._cache = (key, dtype, params)
         return params
-
-    def _load_merged(self, checkpoint: str, manifest: dict, key: tuple, dtype: str, keep: bool) -> Any:
-        """A LoRA checkpoint as a plain model: W + s A B over its base, in ``dtype``."""
-        from . import lora
-        from .lora_stage import load_adapters
-
-        base_path, spec, adapters = load_adapters(self, checkpoint, manifest)
-        merged = lora.merge(self._load(base_path, dtype, keep=False), adapters, spec, dtype)
-        self._cache = (key, dtype, merged) if keep else None
-        return merged
 
     def base(self, workdir: Path, seed: int) -> str:
         from . import model
