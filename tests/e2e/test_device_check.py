@@ -88,3 +88,24 @@ def test_peaks_by_device_kind(kind, expected):
     pk = check.peaks({"platform": "gpu", "device": kind}, tiny=False)
     assert pk["peak_flops"] == expected and pk["peak_bandwidth"] > 1e12
     assert check.peaks({"platform": "gpu", "device": "Some GPU"}, tiny=False)["peak_flops"] is None
+
+
+def test_a_check_that_fails_with_cudnn_attention_runs_again_with_xla(monkeypatch):
+    from star_haiku_xmap import layers
+
+    check = load_script(ROOT / "benchmarks" / "device" / "check.py")
+    calls = []
+
+    def fn():
+        calls.append(os.environ.get(layers.ATTENTION_ENV))
+        if len(calls) == 1:
+            raise RuntimeError("cuDNN: unsupported")
+        return {"tokens_per_s": 1.0}
+
+    monkeypatch.setenv(layers.ATTENTION_ENV, "cudnn")
+    row = check.with_fallback(fn)
+    assert calls == ["cudnn", "xla"] and row == {"tokens_per_s": 1.0, "cudnn_error": "RuntimeError: cuDNN: unsupported"}
+    monkeypatch.setenv(layers.ATTENTION_ENV, "reference")  # not cuDNN's failure: the error stands
+    calls.clear()
+    with pytest.raises(RuntimeError):
+        check.with_fallback(fn)
