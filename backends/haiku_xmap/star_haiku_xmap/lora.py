@@ -71,7 +71,10 @@ class LoraSpec:
         return cls(int(d["rank"]), float(d["alpha"]), tuple(d["targets"]), bool(d.get("rslora", False)))
 
 
+@functools.lru_cache(maxsize=16)
 def _shapes(config: ModelConfig) -> dict:
+    """The model's parameter shapes (abstract; traced once per config: the table's check, the
+    adapters' init, specs and loading all ask)."""
     return jax.eval_shape(lambda k: model.init_params(config, k), jax.random.key(0))
 
 

@@ -334,8 +334,7 @@ def _source(src: Path) -> tuple[dict, ModelConfig, Any]:
         for leaf in m["leaves"]:
             pairs.setdefault(leaf["path"][0], {})[leaf["path"][1]] = leaf
         spec = LoraSpec.from_dict(extra["lora"])
-        lora, src, m = (src, {k: (v["lora_a"], v["lora_b"]) for k, v in pairs.items()}, spec.scale), base, \
-            read_manifest(base)
+        lora, src = (src, {k: (v["lora_a"], v["lora_b"]) for k, v in pairs.items()}, spec.scale), base
     m = checked_manifest(src)
     if {tuple(leaf["path"]) for leaf in m["leaves"]} != set(param_specs(m["model_config"])):
         raise UserError(f"{where}: does not hold exactly the model's parameters; --to hf writes whole models")
