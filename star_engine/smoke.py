@@ -32,6 +32,7 @@ import structlog
 
 from .api import Example, TrainExample
 from .errors import UserError
+from .options import is_int
 
 log = structlog.get_logger("star_engine")
 LIMIT = 8
@@ -58,13 +59,12 @@ def apply(data: dict[str, Any], limit: int | None) -> None:
             exp["output_dir"] = out.rstrip("/") + "_smoke"
         if limit is None:
             given = exp.get("limit")
-            exp["limit"] = min(given, LIMIT) if isinstance(given, int) and not isinstance(given, bool) and given > 0 \
-                else LIMIT
+            exp["limit"] = min(given, LIMIT) if is_int(given) and given > 0 else LIMIT
     model = data.get("model")
     if isinstance(model, dict) and "backend" in model:
         data["model"] = {"backend": model["backend"]}
     bt = data.get("base_training")
-    if isinstance(bt, dict) and isinstance(bt.get("steps"), int) and not isinstance(bt["steps"], bool):
+    if isinstance(bt, dict) and is_int(bt.get("steps")):
         bt["steps"] = min(bt["steps"], STEPS)
 
 

@@ -6,7 +6,7 @@ import math
 
 from star_engine.api import Example, Verdict
 from star_engine.errors import UserError
-from star_engine.options import require_float
+from star_engine.options import is_number, require_float
 
 from . import formats, gold, library
 
@@ -35,7 +35,7 @@ class ScoreChecker:
                 value = dataset.score_answer(extracted, entry)
         except Exception:  # noqa: BLE001  (prime_factorization raises on a non-numeric answer)
             return 0.0
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if not is_number(value) or not math.isfinite(value):
             return 0.0
         return float(value)
 

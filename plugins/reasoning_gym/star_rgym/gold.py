@@ -25,6 +25,7 @@ from functools import lru_cache
 from typing import Any
 
 from star_engine.errors import UserError
+from star_engine.options import is_int
 
 from . import config, library
 
@@ -61,7 +62,7 @@ def decode(gold: str) -> Ref:
     if not isinstance(body, dict) or sorted(body) != sorted(KEYS):
         raise ValueError(f"not an object with the keys {', '.join(KEYS)}")
     ints = [body[k] for k in ("seed", "size", "index")]
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints) \
+    if not all(is_int(v) and v >= 0 for v in ints) \
             or body["index"] >= body["size"]:
         raise ValueError("seed, size and index must be integers >= 0, index < size")
     if not all(isinstance(body[k], str) for k in ("answer", "dataset", "reasoning_gym")) \

@@ -21,7 +21,7 @@ from typing import Any
 
 from star_engine.api import Example, TrainExample
 from star_engine.errors import UserError
-from star_engine.options import require_float, require_int, require_str
+from star_engine.options import is_number, require_float, require_int, require_str
 from star_engine.registry import close_matches
 
 from . import config as rg_config
@@ -203,7 +203,7 @@ class ReasoningGymTask:
             if self.name == "composite" and isinstance(meta.get("source_dataset"), str):
                 return meta["source_dataset"]
             d = meta.get("difficulty")
-            return str(d) if isinstance(d, (str, int, float)) and not isinstance(d, bool) else "all"
+            return str(d) if isinstance(d, str) or is_number(d) else "all"
         found, value = metadata_field(item, self.class_field)
         if not found:
             keys = ", ".join(sorted(item.get("metadata", {}))) or "none"

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from star_engine.errors import UserError
+from star_engine.options import is_int
 
 # The plan options an experiment decides, as (flag, args attribute).
 DECIDED = (("--preset", "preset"), ("--n-layer", "n_layer"), ("--dtype", "dtype"), ("--mesh", "mesh"),
@@ -68,7 +69,7 @@ def _mesh(model: dict[str, Any]) -> tuple[int, int, str]:
     if not isinstance(mesh, dict) or set(mesh) - {"dp", "mp"}:
         raise UserError(f"model.mesh: must be a table like {{dp = 1, mp = 8}}, got {mesh!r}")
     dp, mp = mesh.get("dp", -1), mesh.get("mp", 1)
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (dp, mp)) or mp < 1 or (dp < 1 and dp != -1):
+    if not all(is_int(x) for x in (dp, mp)) or mp < 1 or (dp < 1 and dp != -1):
         raise UserError(f"model.mesh: dp >= 1 (or -1: every device) and mp >= 1, got {mesh!r}")
     return (1, mp, " (dp = -1: every device; planned as one replica)") if dp == -1 else (dp, mp, "")
 
