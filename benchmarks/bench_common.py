@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 
 def threads() -> int:
@@ -72,17 +72,17 @@ def matmul_peak(dtype: str, libraries=("xla", "numpy")) -> dict[str, float]:
             xj = jnp.asarray(x, dtype)
             f = jax.jit(lambda a: a @ a)
             f(xj).block_until_ready()
-            t, _ = timings(lambda: f(xj).block_until_ready(), 5)
+            t, _ = timings(lambda: f(xj).block_until_ready(), 5)  # noqa: B023
             peaks["xla"] = max(peaks.get("xla", 0.0), 2 * n ** 3 / t)
         if "numpy" in libraries and dtype == "float32":
-            t, _ = timings(lambda: x @ x, 5)
+            t, _ = timings(lambda: x @ x, 5)  # noqa: B023
             peaks["numpy"] = max(peaks.get("numpy", 0.0), 2 * n ** 3 / t)
         if "torch" in libraries:
             import torch
 
             xt = torch.from_numpy(x).to(getattr(torch, dtype))
             xt @ xt
-            t, _ = timings(lambda: xt @ xt, 5)
+            t, _ = timings(lambda: xt @ xt, 5)  # noqa: B023
             peaks["torch"] = max(peaks.get("torch", 0.0), 2 * n ** 3 / t)
     return peaks
 
@@ -189,7 +189,7 @@ class Peer:
         cmd = [sys.executable, str(script), serve_flag, *argv]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
-    def ready(self) -> "Peer":
+    def ready(self) -> Peer:
         self._read()  # {"ready": true} once the child has built and warmed up its workloads
         return self
 

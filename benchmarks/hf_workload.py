@@ -165,7 +165,7 @@ def serve_workload(mixes: dict, a) -> None:
 
             def run(batches=batches):
                 for b in batches:
-                    step_fn(**b)
+                    step_fn(**b)  # noqa: B023
 
             calls[f"{kind}:{name}"] = timed_reply(run)
     serve(calls)

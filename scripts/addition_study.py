@@ -40,11 +40,12 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
-from star_arithmetic.formats import DIGIT_ROLES, digit_roles
+from star_arithmetic.formats import digit_roles
 from star_engine.api import GenRequest, GenSpec
 from star_engine.config import load_experiment
 from star_engine.experiment import build

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Mapping, Sequence
 
 Progress = Callable[[int], None]
 """Called with the number of items just finished (for progress bars)."""

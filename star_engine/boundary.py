@@ -34,7 +34,7 @@ import signal
 import sys
 import traceback
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from . import ui
 from .errors import ProcessLost, StarEngineError

@@ -13,7 +13,8 @@ import math
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from . import dataroot, effects, smoke as _smoke
 from .datafiles import read_capped

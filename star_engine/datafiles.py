@@ -11,7 +11,8 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from star_engine.errors import UserError
 

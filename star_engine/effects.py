@@ -11,7 +11,8 @@ something the run would not do is refused. A plugin does the same for its own op
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from .errors import UserError
 from .settings import SCHEMA

@@ -19,7 +19,8 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq

@@ -12,7 +12,8 @@ values are ignored, and an exception in one is reported with the plugin's name.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import pluggy
 

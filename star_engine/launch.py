@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
-from typing import Mapping
+from collections.abc import Mapping
 
 HUGETLB = "glibc.malloc.hugetlb=1"
 OPT_OUT = "STAR_ENGINE_HUGEPAGES"

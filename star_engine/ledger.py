@@ -10,7 +10,8 @@ latest row of a question says all that happened to it so far (what question samp
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 from .api import Example
 from .records import Question, Rationale, row, schema

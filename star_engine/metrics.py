@@ -7,7 +7,8 @@ import math
 import statistics
 from collections import Counter, defaultdict
 from fractions import Fraction
-from typing import Any, Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 from .api import Example
 from .records import CheckerAccuracy, Evaluation, Metrics, Rationale, row, schema

@@ -8,7 +8,8 @@ the TOML key path in front of the message (``task.checker: pattern: ...``).
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from star_engine.errors import UserError
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import textwrap
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import matplotlib
 

@@ -3,7 +3,8 @@ by the ``generation.sampler`` plugin from the per-question ledger, or without on
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from .api import Example
 from .errors import PluginError

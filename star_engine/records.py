@@ -19,7 +19,8 @@ import functools
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Sequence, TypeVar, Union
+from typing import Annotated, Any, TypeVar, Union
+from collections.abc import Sequence
 
 import pyarrow as pa
 

@@ -23,7 +23,8 @@ import traceback
 from dataclasses import dataclass, field
 from importlib import metadata
 from types import ModuleType
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 import pluggy
 

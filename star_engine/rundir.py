@@ -22,7 +22,8 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from .errors import UserError
 from .fsio import is_temporary

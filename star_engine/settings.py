@@ -17,7 +17,8 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from .api import LOSSES, PACKINGS, TrainSpec
 

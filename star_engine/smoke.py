@@ -26,7 +26,8 @@ What it changes in the run (``loop.run_star`` reads ``experiment.smoke``):
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import structlog
 

@@ -16,7 +16,8 @@ import hashlib
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
+from collections.abc import Iterator, Sequence
 
 import pyarrow.parquet as pq
 import structlog

@@ -10,7 +10,8 @@ that cut any logs one ``prompts_truncated`` warning.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import structlog
 

@@ -20,9 +20,10 @@ import math
 import os
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
+from collections.abc import Callable, Iterator, Sequence
 
 import structlog
 from rich.console import Console
@@ -167,7 +168,7 @@ def log_fatal(**fields: Any) -> None:
     f = _event_file[0]
     if f is None:
         return
-    event = {"event": "fatal", "level": "error", "timestamp": datetime.now(timezone.utc).isoformat(),
+    event = {"event": "fatal", "level": "error", "timestamp": datetime.now(UTC).isoformat(),
              **{k: v for k, v in fields.items() if v is not None}}
     try:
         f.write(json.dumps(event, default=str, sort_keys=True) + "\n")
@@ -235,7 +236,7 @@ class LineProgress:
             parts.append("done")
         elif elapsed > 0 and self.done > 0:
             parts.append(f"{_clock(elapsed * (self.total - self.done) / self.done)} left")
-        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         return f"{stamp} [progress ] " + ", ".join(parts)
 
 

@@ -12,7 +12,6 @@ import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
 from star_testkit import TESTS, cli, scripted_env
 from star_engine.cli import main

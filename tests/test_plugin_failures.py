@@ -194,7 +194,7 @@ def test_broken_modules_from_star_engine_plugins(broken_site, tmp_path):
     res = star("plugins", "--json", env=env, cwd=tmp_path)
     assert res.returncode == 2, res.stderr
     plugins = {p["name"]: p for p in json.loads(res.stdout)}
-    for dist, version, package, _, _, says in BROKEN:
+    for dist, version, package, _, _, says in BROKEN:  # noqa: B007
         p = plugins[f"{package}.plugin"]
         assert p["distribution"] == "<STAR_ENGINE_PLUGINS>" and all(s in p["error"] for s in says), p
 

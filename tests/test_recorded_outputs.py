@@ -76,7 +76,7 @@ def test_a_run_directory_without_the_defaults_resumes_and_a_changed_default_is_r
 
 def test_option_defaults_are_json_values():
     class Backend:
-        def __init__(self, required, *, mesh=(1, 2), dtype=None, device=object(), rate=float("nan"), **more):
+        def __init__(self, required, *, mesh=(1, 2), dtype=None, device=object(), rate=float("nan"), **more):  # noqa: B008
             pass
 
     assert option_defaults(Backend) == {"mesh": [1, 2], "dtype": None}  # no object, no NaN, no **more

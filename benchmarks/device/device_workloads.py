@@ -182,7 +182,6 @@ def train_lora(a, pk: dict) -> dict:
 def generate(s: dict, a, pk: dict) -> dict:
     """Continuous batching: ``prompts`` random prompts of prompt +- 5 % tokens, k
     sampled continuations of each (one prefill per prompt), ``new`` tokens each."""
-    import jax
 
     from star_haiku_xmap import continuous, model
 

@@ -66,7 +66,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
+from collections.abc import Callable, Iterable
 
 from star_engine.fsio import is_temporary  # the one rule the store cleans by
 
@@ -151,7 +152,7 @@ def _opened(events: bytes) -> bool:
 
 def listing(root: Path) -> list[str]:
     out = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(root):  # noqa: B007
         for name in filenames:
             out.append(os.path.relpath(os.path.join(dirpath, name), root))
     return out
@@ -281,7 +282,7 @@ class Comparison:
     def differences(self) -> int:
         return len(self.problems)
 
-    def add(self, other: "Comparison") -> None:
+    def add(self, other: Comparison) -> None:
         for f in ("rows", "lost", "duplicated", "changed", "arrays", "checkpoints"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
         self.problems += other.problems
@@ -544,7 +545,7 @@ class Matrix:
         kill.snapshots = sorted(p.parent.relative_to(run_dir).as_posix()
                                 for p in run_dir.rglob("*.partial/manifest.msgpack"))
 
-    def _booked(self, res: "ChainResult", kill: Kill, rc: int | None, run_dir: Path, pending: list[str],
+    def _booked(self, res: ChainResult, kill: Kill, rc: int | None, run_dir: Path, pending: list[str],
                 events: Path, offset: int) -> list[str]:
         """Count an attempt, check the previous kill's temporaries are gone, and record
         ``kill`` when it landed (``rc`` None). Returns the temporaries to check next."""
@@ -563,7 +564,7 @@ class Matrix:
         have = [rel for _, rel in order if (run_dir / rel).exists()]
         return f"after {have[-1]}" if have else "before the run directory"
 
-    def chain(self, name: str, kills: list[Kill]) -> tuple["ChainResult", list[Kill]]:
+    def chain(self, name: str, kills: list[Kill]) -> tuple[ChainResult, list[Kill]]:
         """Run ``kills`` (in order) on a fresh run directory, then let it finish (``compare``
         checks the result). Returns the result and the kills that could not be placed
         (the run finished before them)."""
@@ -597,7 +598,7 @@ class Matrix:
         res.finished = True
         return res, []
 
-    def periodic_chain(self, every: float, name: str = "periodic", max_attempts: int = 200) -> "ChainResult":
+    def periodic_chain(self, every: float, name: str = "periodic", max_attempts: int = 200) -> ChainResult:
         """Kill the run ``every`` seconds after each attempt re-opened the run directory,
         again and again, until an attempt finishes by itself; ``every`` is shorter than the
         longest stage (base training), which only ends because fine-tuning snapshots every
@@ -642,7 +643,7 @@ class Matrix:
         return res
 
     def _check_orphans(self, run_dir: Path, pending: list[str], events: Path, offset: int,
-                       res: "ChainResult") -> None:
+                       res: ChainResult) -> None:
         """Temporaries of the previous kill must be gone once an attempt re-opened the run."""
         if not pending or not events.exists():
             return
@@ -656,7 +657,7 @@ class Matrix:
             res.problems.append(f"{run_dir.name}/{rel}: temporary left by a kill survived the next start")
         pending.clear()
 
-    def compare(self, res: "ChainResult", ref: Reference) -> None:
+    def compare(self, res: ChainResult, ref: Reference) -> None:
         """Check a finished chain against the reference."""
         left = temporaries(res.run_dir)
         res.orphans += len(left)

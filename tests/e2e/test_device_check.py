@@ -70,7 +70,7 @@ def test_flops_count_every_matmul_parameter_once():
     wl = load_script(ROOT / "benchmarks" / "device" / "device_workloads.py")
     for name, over in (("qwen2.5-1.5b", {}), ("tiny", {})):
         cfg = preset(name, **over)
-        shapes = jax.eval_shape(lambda k: model.init_params(cfg, k), jax.random.key(0))
+        shapes = jax.eval_shape(lambda k: model.init_params(cfg, k), jax.random.key(0))  # noqa: B023
         matrices = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes) if len(x.shape) == 2)
         tied = getattr(cfg, "tie_embeddings", False)
         head_separate = 0 if tied else cfg.vocab * cfg.d_model  # untied: the embedding is a lookup only

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 from hypothesis import settings
 from hypothesis import strategies as st

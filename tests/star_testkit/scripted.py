@@ -193,7 +193,7 @@ class ScriptedBackend:
     def train(self, init, out, examples, spec, progress=None):
         model = self._load(init)
         learned = dict(model["learned"])
-        for i in range(spec.steps):
+        for i in range(spec.steps):  # noqa: B007
             maybe_kill("train_step")
             if progress:
                 progress(1)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 DTYPES = ("float32", "bfloat16")
 
@@ -44,14 +45,14 @@ class GPTJConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "GPTJConfig":
+    def from_dict(cls, d: Mapping[str, Any]) -> GPTJConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown GPTJConfig keys: {unknown}")
         return cls(**dict(d))
 
-    def replace(self, **changes: Any) -> "GPTJConfig":
+    def replace(self, **changes: Any) -> GPTJConfig:
         return dataclasses.replace(self, **changes)
 
 
@@ -134,14 +135,14 @@ class LlamaConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "LlamaConfig":
+    def from_dict(cls, d: Mapping[str, Any]) -> LlamaConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown LlamaConfig keys: {unknown}")
         return cls(**dict(d))
 
-    def replace(self, **changes: Any) -> "LlamaConfig":
+    def replace(self, **changes: Any) -> LlamaConfig:
         return dataclasses.replace(self, **changes)
 
 

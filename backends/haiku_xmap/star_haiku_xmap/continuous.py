@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import NamedTuple
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -117,7 +118,7 @@ def _empty(config: GPTJConfig, rows: int, length: int, *, mesh: Mesh | None) -> 
     return _empty_fn(mesh)(config, rows, length)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _empty_fn(mesh: Mesh | None):
     out = None if mesh is None else NamedSharding(mesh, P("dp"))
     return jax.jit(_empty_slots, static_argnums=(0, 1, 2), out_shardings=out)

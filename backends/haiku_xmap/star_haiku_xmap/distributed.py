@@ -22,7 +22,8 @@ from what every process holds; ``to_host`` / ``host_leaves`` bring them back
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 

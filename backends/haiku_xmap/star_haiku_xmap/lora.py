@@ -25,7 +25,8 @@ from __future__ import annotations
 import difflib
 import functools
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import haiku as hk
 import jax
@@ -67,7 +68,7 @@ class LoraSpec:
                 "rslora": self.rslora}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "LoraSpec":
+    def from_dict(cls, d: Mapping[str, Any]) -> LoraSpec:
         return cls(int(d["rank"]), float(d["alpha"]), tuple(d["targets"]), bool(d.get("rslora", False)))
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from star_engine.api import Progress, TrainResult, TrainSpec
 from star_engine.errors import UserError

@@ -5,7 +5,8 @@ compilation cache. Each must run before jax starts its backends."""
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from star_engine.errors import UserError
 from star_engine.options import is_int

@@ -233,7 +233,7 @@ def _gptj(config: GPTJConfig, tokens_BT, positions_BT, key_mask_BS, cache: KVCac
     return logits_NV.reshape(B, -1, c.vocab), KVCache(tuple(new_k), tuple(new_v))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _transformed(config: GPTJConfig) -> hk.Transformed:
     """``config``'s network as a pure (init, apply) pair (the one place that dispatches
     on the architecture); apply(params, tokens_BT, positions_BT, key_mask_BS, cache,

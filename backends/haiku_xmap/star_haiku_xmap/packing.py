@@ -28,7 +28,8 @@ after its first, as the released code trained).
 from __future__ import annotations
 
 import random
-from typing import Iterator, NamedTuple, Sequence
+from typing import NamedTuple
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 

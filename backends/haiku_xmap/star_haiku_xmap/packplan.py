@@ -18,7 +18,8 @@ its own work (``step_cost``); each step then takes the cheapest shape it fits.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from star_engine import hookimpl
 from star_engine.api import GenRequest, GenSpec, Progress, TrainExample, TrainResult, TrainSpec

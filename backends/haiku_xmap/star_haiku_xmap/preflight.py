@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from star_engine.api import GenSpec, TrainSpec
 from star_engine.errors import IntegrityError, UserError

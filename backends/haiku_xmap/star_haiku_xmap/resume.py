@@ -36,7 +36,8 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -97,7 +98,7 @@ def leaf_paths(tree: Any) -> list[tuple[str, ...]]:
 
 
 def stage_snapshots(backend: Any, init: str, out: str | Path, spec: Any, encoded: Sequence[Any],
-                    minutes: float | None) -> "Snapshots":
+                    minutes: float | None) -> Snapshots:
     """The snapshots of the ``HaikuXmapBackend.train`` stage that writes ``out`` from
     checkpoint ``init`` with ``spec`` (a ``TrainSpec``): keyed by everything that
     decides its steps, so that only a rerun of the very same stage loads one.

@@ -11,7 +11,7 @@ on its own seed only, never on its batch mates.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp

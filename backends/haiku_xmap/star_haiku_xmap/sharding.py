@@ -22,7 +22,8 @@ weight would only show up as an out-of-memory much later.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import jax
 import numpy as np
@@ -95,7 +96,7 @@ def spec_for(path: str, shape: Sequence[int], mesh: Mesh | None = None) -> P:
     With a mesh, a dimension that the axis size does not divide is replicated
     instead (e.g. an odd vocabulary on mp=3): correct, just less memory-efficient.
     """
-    for pattern, spec in _COMPILED:
+    for pattern, spec in _COMPILED:  # noqa: B007
         if pattern.match(path):
             break
     else:

@@ -5,7 +5,8 @@ cut from the decoded text, either path chosen by ``model.generation``."""
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from star_engine.api import GenRequest, GenSpec, Progress
 

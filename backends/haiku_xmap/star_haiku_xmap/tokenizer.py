@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
 
 from star_engine.errors import IntegrityError, UserError
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp

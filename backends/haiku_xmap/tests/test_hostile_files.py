@@ -242,7 +242,7 @@ def test_forged_npy_header_refused(slim, tmp_path, header):
     piece = src / "shard_1" / "0.npz"
     with zipfile.ZipFile(piece, "w") as zf:
         zf.writestr("arr_0.npy", header + b"\0" * 64)
-    with pytest.raises(IntegrityError, match=rf"shard_1/0.npz:arr_0.npy: not a valid .npy header"):
+    with pytest.raises(IntegrityError, match=r"shard_1/0.npz:arr_0.npy: not a valid .npy header"):
         mtj.plan_mtj(src, CFG)
 
 

@@ -100,7 +100,7 @@ def write_slim(trees: list[dict], dest: Path, pieces: int = 16) -> None:
 def perturbed_params(seed=0):
     rng = np.random.default_rng(seed)
     params = jax.tree.map(np.asarray, model.init_params(CFG, seed))
-    for k, v in params.items():  # LayerNorms and biases away from 1/0, so a mis-mapping shows
+    for k, v in params.items():  # LayerNorms and biases away from 1/0, so a mis-mapping shows  # noqa: B007
         for n in v:
             if n in ("scale", "offset", "b"):
                 v[n] = (v[n] + rng.normal(0, 0.3, v[n].shape)).astype(np.float32)

@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest

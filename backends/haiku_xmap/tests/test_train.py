@@ -204,7 +204,7 @@ def test_bf16_compute_applies_updates_of_1e_6_as_fp32_does():
     moved = {}
     for dtype in ("float32", "bfloat16"):
         cfg = CFG.replace(dtype=dtype)
-        p0 = jax.tree.map(lambda x: x.astype(model.dtype_of(cfg)), model.init_params(CFG, 3))
+        p0 = jax.tree.map(lambda x: x.astype(model.dtype_of(cfg)), model.init_params(CFG, 3))  # noqa: B023
         p_n, _, _ = train.train(p0, cfg, enc, **kw)
         moved[dtype] = {f"{m}/{k}": float(np.linalg.norm(np.asarray(p_n[m][k], np.float32)
                                                           - np.asarray(p0[m][k], np.float32))
@@ -224,7 +224,7 @@ def test_remat_keeps_block_inputs_only_and_gives_the_same_gradients():
     mb = _micro(packing.collate_padded(enc, np.arange(4), grad_accum=1, batch_size=4, seq_len=32, pad_id=0))
     grads, saved = {}, {}
     for remat in (False, True):
-        f = lambda p: train.token_loss(p, mb, CFG, remat)[0]  # noqa: E731
+        f = lambda p: train.token_loss(p, mb, CFG, remat)[0]  # noqa: B023, E731
         grads[remat] = jax.grad(f)(params)
         out = io.StringIO()
         with contextlib.redirect_stdout(out):

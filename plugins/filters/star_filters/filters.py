@@ -6,7 +6,7 @@ filter's TOML options. ``history`` holds the candidates earlier iterations kept.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from star_engine.api import Candidate
 

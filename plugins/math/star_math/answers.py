@@ -76,7 +76,7 @@ def last_boxed(text: str) -> str | None:
     ``"so $\boxed{\frac{1}{2}}$"`` -> ``"\frac{1}{2}"``; ``"$\boxed 5$"`` -> ``"5"``;
     ``"\boxed{1} or \fbox{2}"`` -> ``"2"``."""
     found = None
-    for found in _BOX.finditer(text):
+    for found in _BOX.finditer(text):  # noqa: B007
         pass
     if found is None:
         return None

@@ -156,8 +156,8 @@ def test_no_leak_string_in_a_right_rationale(task):
     for ex in task.load("train", str(TRAIN)) + task.load("dev", str(MATH500)):
         for hint in (AnswerHint(), AnswerHint(show="solution")):
             def candidate(text):
-                return Candidate(ex.id, 1, 0, task.context(ex), text, ex.answer, ex.answer, True, True,
-                                 hint.leak_strings(task, ex))
+                return Candidate(ex.id, 1, 0, task.context(ex), text, ex.answer, ex.answer, True, True,  # noqa: B023
+                                 hint.leak_strings(task, ex))  # noqa: B023
             copied = task.gold_completion(ex, False) + "\n" + hint.text(ex)
             assert HintLeakFilter().keep([candidate(task.gold_completion(ex, False)), candidate(copied)], []) \
                 == [True, False]

@@ -20,7 +20,8 @@ import sys
 import threading
 import weakref
 from multiprocessing.connection import Connection
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from star_engine.errors import UserError
 

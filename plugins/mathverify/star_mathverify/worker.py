@@ -30,7 +30,8 @@ import logging
 import signal
 import sys
 from collections import OrderedDict
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 GOLD_FORMATS = ("auto", "latex", "expr")
 DELIMITERS = ("$", "\\(", "\\[", "\\boxed", "\\fbox")

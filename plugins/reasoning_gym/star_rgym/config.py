@@ -21,7 +21,8 @@ import re
 import types
 import typing
 from collections.abc import Sequence
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from star_engine.errors import UserError
 from star_engine.options import is_int, is_number

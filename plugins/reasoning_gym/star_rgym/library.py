@@ -11,7 +11,7 @@ import io
 from functools import cache
 from importlib import metadata
 from types import ModuleType
-from typing import Iterator
+from collections.abc import Iterator
 
 from star_engine.errors import UserError
 

@@ -18,7 +18,8 @@ choice depends neither on the split's order nor on where a run was interrupted.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from star_engine.api import Example
 from star_engine.ledger import latest

@@ -8,7 +8,8 @@ plugin, so the tracker keeps its work to writing files it owns.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from star_engine import hookimpl
 

@@ -38,7 +38,8 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 

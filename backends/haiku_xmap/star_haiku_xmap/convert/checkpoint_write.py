@@ -9,7 +9,8 @@ import filecmp
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
+from collections.abc import Iterable, Mapping
 
 import msgpack
 import numpy as np

@@ -32,7 +32,8 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 
