@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 from collections.abc import Callable, Mapping, Sequence
 
 Progress = Callable[[int], None]
@@ -115,8 +115,10 @@ class GenRequest:
     seed: int
 
 
-PACKINGS = ("segments", "stream", "none")
-LOSSES = ("completion", "all")
+Packing = Literal["segments", "stream", "none"]
+Loss = Literal["completion", "all"]
+PACKINGS: tuple[str, ...] = get_args(Packing)
+LOSSES: tuple[str, ...] = get_args(Loss)
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,6 @@ from the dict ``load_experiment`` returns (the resolved configuration, ``config.
 
 from __future__ import annotations
 
-import copy
-import math
 import re
 import tomllib
 from pathlib import Path
@@ -19,34 +17,11 @@ from collections.abc import Callable
 from . import dataroot, effects, smoke as _smoke
 from .datafiles import read_capped
 from .errors import PluginError, UserError
-from .options import is_int, is_number
 from .registry import Registry, close_matches
-from .settings import FREE, REQUIRED, SCHEMA
+from .schema import Option, validate
+from .settings import SCHEMA
 
-_TYPE_NAMES = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
-               "strlist": "a list of strings", "table": "a table", "component": "a name or a table with 'name'",
-               "components": "a list of names or tables with 'name'"}
 _LINECOL = re.compile(r"\(at line (\d+), column (\d+)\)")
-
-
-def _type_ok(type_: str, v: Any) -> bool:
-    if type_ == "str":
-        return isinstance(v, str)
-    if type_ == "int":
-        return is_int(v)
-    if type_ == "float":
-        return is_number(v)
-    if type_ == "bool":
-        return isinstance(v, bool)
-    if type_ == "strlist":
-        return isinstance(v, list) and all(isinstance(x, str) for x in v)
-    if type_ == "table":
-        return isinstance(v, dict)
-    if type_ == "component":
-        return isinstance(v, str) or (isinstance(v, dict) and isinstance(v.get("name"), str))
-    if type_ == "components":
-        return isinstance(v, list) and all(_type_ok("component", x) for x in v)
-    raise AssertionError(type_)
 
 
 def _describe(v: Any) -> str:
@@ -54,59 +29,31 @@ def _describe(v: Any) -> str:
     return f"{kind.get(type(v), type(v).__name__)} {v!r}"
 
 
-def _validate(src: Callable[[str], str] | None, data: dict[str, Any], schema: dict[str, Any], prefix: str
+def _validate(src: Callable[[str], str] | None, data: dict[str, Any], table: dict[str, Any], prefix: str
               ) -> dict[str, Any]:
-    """``data`` checked against ``schema``; ``src(key)`` names where a key's value came from
-    (``None``: the message starts with the key, for ``Origins.blame`` to place)."""
-    def fail(path: str, message: str) -> UserError:
-        return UserError(f"{src(path)}: {message}" if src else message)
+    """``data`` checked against ``table`` (a section's ``schema()``: options, and nested
+    sections' tables) by ``schema.validate``; ``src(key)`` names where the faulty key's value
+    came from (``None``: the error's ``key`` says which, for ``Origins.blame`` to place)."""
+    options = {k: (v if isinstance(v, Option) else Option(k, dict, (), {})) for k, v in table.items()}
 
-    out: dict[str, Any] = {}
-    for key in data:
-        if key not in schema:
-            where = f"{prefix}{key}"
-            raise fail(where, f"unknown key '{where}'{close_matches(key, list(schema))}; "
-                              f"allowed in [{prefix.rstrip('.') or 'top level'}]: {', '.join(schema)}")
-    for key, spec in schema.items():
-        path = f"{prefix}{key}"
-        if spec is FREE:
-            value = data.get(key, REQUIRED)
-            if value is REQUIRED:
-                raise fail(path, f"missing required table '{path}'")
-            if not isinstance(value, dict):
-                raise fail(path, f"{path}: expected a table, got {_describe(value)}")
-            out[key] = copy.deepcopy(value)
-            continue
-        if isinstance(spec, dict):
-            value = data.get(key, {})
-            if not isinstance(value, dict):
-                raise fail(path, f"{path}: expected a table, got {_describe(value)}")
-            out[key] = _validate(src, value, spec, path + ".")
-            continue
-        if key not in data:
-            if spec.default is REQUIRED:
-                raise fail(path, f"missing required key '{path}'")
-            out[key] = copy.deepcopy(spec.default)
-            continue
-        value = data[key]
-        if not _type_ok(spec.type, value):
-            raise fail(path, f"{path}: expected {_TYPE_NAMES[spec.type]}, got {_describe(value)}")
-        if spec.type == "float" and not math.isfinite(value):
-            raise fail(path, f"{path}: must be a finite number, got {value!r}")
-        if spec.check is not None and not spec.check(value):
-            raise fail(path, f"{path}: {spec.rule}, got {value!r}")
-        out[key] = float(value) if spec.type == "float" else copy.deepcopy(value)
-    return out
+    def nested(name: str) -> dict[str, Option] | None:
+        return table[name] if isinstance(table.get(name), dict) else None
+
+    try:
+        return validate(data, options, prefix, nested=nested)
+    except UserError as e:
+        if src is None or e.key is None:
+            raise
+        raise UserError(f"{src(e.key)}: {e}", key=e.key) from None
 
 
-def check_table(data: Any, schema: dict[str, Any], key: str) -> dict[str, Any]:
-    """A plugin's own table (``data``, at TOML key ``key``) checked against ``schema`` (a typed
-    section's ``schema()``, fields made with ``settings.setting``), its defaults filled in: the
-    experiment file's rules and messages. The message starts with the key (or says ``unknown
-    key '...'``); the CLI's ``Origins.blame`` puts the file or the ``--set`` in front."""
+def check_table(data: Any, table: dict[str, Any], key: str) -> dict[str, Any]:
+    """A plugin's own table (``data``, at TOML key ``key``) checked against ``table`` (a typed
+    section's ``schema()``), its defaults filled in: the experiment file's rules and messages.
+    The error carries its key; the CLI's ``Origins.blame`` puts the file or the ``--set`` in front."""
     if not isinstance(data, dict):
-        raise UserError(f"{key}: expected a table, got {_describe(data)}")
-    return _validate(None, data, schema, key + ".")
+        raise UserError(f"{key}: expected a table, got {_describe(data)}", key=key)
+    return _validate(None, data, table, key + ".")
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -153,17 +100,13 @@ class Origins:
         inner = [item for okey, item in self.items if okey.startswith(key + ".")]
         return f"{self.path} (with --set {', --set '.join(inner)})" if inner else self.path
 
-    def blame(self, message: str) -> str:
-        """``message`` (an error from a later check) with its origin in front: a message that
-        starts with a configuration key gets that key's origin; one that names a file (``/abs``,
-        ``file:line``) is left alone; any other gets the TOML file."""
-        named = re.match(r"(?:unknown|missing required) key '([\w\-.\[\]]+)'", message)
-        if named and re.split(r"[.\[]", named.group(1), maxsplit=1)[0] in SCHEMA:
-            return f"{self(named.group(1))}: {message}"
-        head = message.split(":", 1)[0]
-        section = re.split(r"[.\[]", head, maxsplit=1)[0]
-        if section in SCHEMA and re.fullmatch(r"[\w\-]+(\.[\w\-]+|\[\d+\])*", head):
-            return f"{self(head)}: {message}"
+    def blame(self, error: UserError) -> str:
+        """The error's message with its origin in front: an error that carries a configuration
+        key (``UserError.key``) gets that key's origin; one whose message already names a file
+        or its origin (``/abs``, ``file:line``, ``--set``) is left alone; any other gets the TOML file."""
+        message = str(error)
+        if error.key is not None and error.key.split(".")[0].split("[")[0] in SCHEMA:
+            return f"{self(error.key)}: {message}"
         if message.startswith(("/", "--set ", "--limit")) or re.match(r"^[^\s:]+:\d+", message):
             return message
         return f"{self.path}: {message}"

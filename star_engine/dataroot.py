@@ -46,11 +46,11 @@ def resolve_root(value: str, base: Path, from_set: bool, environ: Mapping[str, s
 
 def _absolute(base: Path, value: str, key: str) -> Path:
     if "\0" in value:
-        raise UserError(f"{key}: a path cannot contain a NUL character")
+        raise UserError(f"{key}: a path cannot contain a NUL character", key=key)
     try:
         return (base / os.path.expanduser(value)).resolve()
     except (OSError, RuntimeError, ValueError) as e:
-        raise UserError(f"{key}: not a usable path ({e})") from None
+        raise UserError(f"{key}: not a usable path ({e})", key=key) from None
 
 
 def sha256(path: Path) -> str:

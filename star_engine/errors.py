@@ -24,6 +24,10 @@ class UserError(StarEngineError):
 
     exit_code = 2
 
+    def __init__(self, message: str, *, key: str | None = None):
+        super().__init__(message)
+        self.key = key  # the dotted configuration key at fault, when one is (``schema.validate``)
+
 
 class IntegrityError(UserError):
     """A stored artifact does not match its recorded checksum or format."""

@@ -31,6 +31,6 @@ def draw(questions: Sequence[Example], k: int, sampler: Any, name: str, iteratio
         if not isinstance(ids, (list, tuple)) or not all(isinstance(i, str) and i in known for i in ids) \
                 or len(set(ids)) != len(ids) or len(ids) > k:
             raise PluginError(f"generation.sampler: sampler '{name}'.select must return at most {k} distinct ids "
-                              f"of train questions, got {str(ids)[:200]}")
+                              f"of train questions, got {str(ids)[:200]}", key='generation.sampler')
     chosen = set(ids)
     return [q for q in questions if q.id in chosen]

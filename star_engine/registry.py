@@ -14,7 +14,6 @@ Environment switches:
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 import json
@@ -30,6 +29,7 @@ import pluggy
 
 from . import hooks
 from .errors import PluginError, StarEngineError, UserError
+from .schema import close_matches, declared, open_ended, validate
 
 GROUP = "star_engine"
 KINDS = {  # kind -> the register_* hook that fills it
@@ -69,11 +69,6 @@ class Component:
     name: str
     factory: Callable[..., Any]
     plugin: PluginInfo
-
-
-def close_matches(name: str, names: list[str]) -> str:
-    m = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
-    return f" (did you mean {', '.join(repr(x) for x in m)}?)" if m else ""
 
 
 def _short_error(exc: BaseException) -> str:
@@ -182,11 +177,11 @@ class Registry:
         if (kind, name) in self.conflicts:
             who = " and ".join(f"{p.distribution} {p.version}" for p in self.conflicts[(kind, name)])
             raise PluginError(f"{key}: {kind} '{name}' is registered by both {who}; block one with "
-                              f"STAR_ENGINE_BLOCK_PLUGINS")
+                              f"STAR_ENGINE_BLOCK_PLUGINS", key=key)
         comp = self.components[kind].get(name)
         if comp is not None:
             if comp.plugin.error:
-                raise PluginError(f"{key}: {kind} '{name}' comes from broken {comp.plugin.label}: {comp.plugin.error}")
+                raise PluginError(f"{key}: {kind} '{name}' comes from broken {comp.plugin.label}: {comp.plugin.error}", key=key)
             return comp
         available = self.names(kind)
         msg = (f"{key}: unknown {kind} '{name}'; available: {', '.join(available) or '(none)'}"
@@ -194,22 +189,25 @@ class Registry:
         broken = [p for p in self.plugins.values() if p.error]
         if broken:
             msg += "; broken plugins that may provide it: " + "; ".join(f"{p.label}: {p.error}" for p in broken)
-        raise PluginError(msg)
+        raise PluginError(msg, key=key)
 
     def create(self, kind: str, name: str, options: Mapping[str, Any], key: str,
                options_key: str | None = None) -> Any:
-        """Build a component from its TOML options, after checking them against its factory.
+        """Build a component from its TOML options, after checking them against the options its
+        factory declares (``schema.declared``: names, types, ranges; defaults filled in).
         ``key`` is the TOML key path of the component's name, ``options_key`` that of its
-        options (default: ``key``, for a component given as a table with ``name``)."""
+        options (default: ``key``, for a component given as a table with ``name``). A
+        ``UserError`` the factory raises itself (a rule across options) gets the options' key."""
         comp = self.get(kind, name, key)
         okey = options_key or key
-        check_options(comp.factory, options, okey, f"{kind} '{name}'")
+        checked = check_options(comp.factory, options, okey, f"{kind} '{name}'")
         try:
-            obj = comp.factory(**options)
+            obj = comp.factory(**checked)
         except UserError as e:
-            raise UserError(prefix_key(okey, str(e))) from None
+            raise type(e)(prefix_key(okey, str(e)), key=e.key or okey) from None
         except Exception as e:  # noqa: BLE001
-            raise PluginError(f"{key}: {comp.plugin.label} failed to create {kind} '{name}': {_short_error(e)}") from None
+            raise PluginError(f"{key}: {comp.plugin.label} failed to create {kind} '{name}': {_short_error(e)}",
+                              key=key) from None
         return Guarded(obj, comp)
 
     # -- observers ----------------------------------------------------------------
@@ -245,21 +243,14 @@ def prefix_key(key: str, message: str) -> str:
     return f"{key}: {message}"
 
 
-def check_options(factory: Callable[..., Any], options: Mapping[str, Any], key: str, what: str) -> None:
+def check_options(factory: Callable[..., Any], options: Mapping[str, Any], key: str, what: str) -> dict[str, Any]:
+    """``options`` checked against what ``factory`` declares (``schema.validate``) and
+    completed with its defaults; a factory without a readable signature takes them as given."""
     try:
-        sig = inspect.signature(factory)
+        declared_options = declared(factory)
     except (TypeError, ValueError):
-        return
-    params = [p for p in sig.parameters.values() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    accepted = [p.name for p in params]
-    if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
-        for opt in options:
-            if opt not in accepted:
-                raise UserError(f"{key}.{opt}: unknown option for {what}; accepted: "
-                                f"{', '.join(accepted) or '(none)'}{close_matches(opt, accepted)}")
-    missing = [p.name for p in params if p.default is p.empty and p.name not in options]
-    if missing:
-        raise UserError(f"{key}: {what} needs option(s) {', '.join(missing)}")
+        return dict(options)
+    return validate(options, declared_options, f"{key}.", what=what, extra=open_ended(factory))
 
 
 def option_defaults(factory: Callable[..., Any]) -> dict[str, Any]:

@@ -72,9 +72,9 @@ def _check_usable(root: Path) -> None:
     """``root`` is a folder this process may use, or can be created."""
     if root.exists() or root.is_symlink():
         if not root.is_dir():
-            raise UserError(f"experiment.output_dir: {root} exists and is not a folder")
+            raise UserError(f"experiment.output_dir: {root} exists and is not a folder", key='experiment.output_dir')
         if not os.access(root, os.R_OK | os.W_OK | os.X_OK):
-            raise UserError(f"experiment.output_dir: {root}: no permission to read and write this folder")
+            raise UserError(f"experiment.output_dir: {root}: no permission to read and write this folder", key='experiment.output_dir')
         for name in FILES:
             p = root / name
             if (p.exists() or p.is_symlink()) and not p.is_file():
@@ -88,9 +88,9 @@ def _check_usable(root: Path) -> None:
     while not (parent.exists() or parent.is_symlink()):
         parent = parent.parent
     if not parent.is_dir():
-        raise UserError(f"experiment.output_dir: {root} cannot be created: {parent} is not a folder")
+        raise UserError(f"experiment.output_dir: {root} cannot be created: {parent} is not a folder", key='experiment.output_dir')
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"experiment.output_dir: {root} cannot be created: no permission to write in {parent}")
+        raise UserError(f"experiment.output_dir: {root} cannot be created: no permission to write in {parent}", key='experiment.output_dir')
 
 
 def inspect(cfg: dict[str, Any], defaults: Mapping[str, Any] | None = None) -> RunDir:

@@ -29,7 +29,7 @@ def count_tokens(backend: Any, texts: Sequence[str]) -> list[int]:
         return [len(t.encode("utf-8")) for t in texts]
     out = list(count(list(texts)))
     if len(out) != len(texts) or not all(is_int(x) and x >= 0 for x in out):
-        raise PluginError(f"model: backend count_tokens returned {len(out)} values for {len(texts)} texts")
+        raise PluginError(f"model: backend count_tokens returned {len(out)} values for {len(texts)} texts", key='model')
     return out
 
 
@@ -47,7 +47,7 @@ class Truncation:
             return None
         cap = capacity(spec)
         if not is_int(cap) or cap < 0:
-            raise PluginError(f"model: backend prompt_capacity returned {cap!r} (expected an integer >= 0)")
+            raise PluginError(f"model: backend prompt_capacity returned {cap!r} (expected an integer >= 0)", key='model')
         return cap
 
     def flags(self, prompts: Sequence[str], spec: GenSpec, stage: str, iteration: int) -> list[bool | None]:

@@ -58,7 +58,7 @@ def labels(refs: Sequence[Mapping[str, Any]]) -> list[str]:
         label = ref["name"] if names[ref["name"]] == 1 else f"{ref['name']}({opts})"
         if label in out:
             raise UserError(f"evaluation.checkers[{i}]: {label!r} is listed twice (evaluation.checkers"
-                            f"[{out.index(label)}]); list each checker once")
+                            f"[{out.index(label)}]); list each checker once", key=f"evaluation.checkers[{i}]")
         out.append(label)
     return out
 

@@ -51,7 +51,7 @@ def check(path: Path, sets: list[str]) -> None:
     except UserError as e:
         message = str(e)
         assert message and not message.startswith("Traceback")
-        blamed = Origins(path, sets).blame(message)  # what the CLI shows: still a str, never an exception
+        blamed = Origins(path, sets).blame(e)  # what the CLI shows: still a str, never an exception
         assert isinstance(blamed, str)
         return
     assert isinstance(cfg, dict) and set(cfg) == set(SCHEMA)

@@ -20,11 +20,13 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal
 
 from star_engine import hookimpl
 from star_engine.api import Example, TrainExample, TrainResult, Verdict
 from star_engine.errors import UserError
-from star_engine.settings import Section, setting
+from star_engine.schema import above, at_least, between
+from star_engine.settings import Section
 from star_engine.store import atomic_write_bytes
 
 _counts: dict[str, int] = {}
@@ -141,10 +143,10 @@ class ToyOptimizer(Section):
     completes ``[*.optimizer]`` by it, as by a real backend's. ``b1`` may be 1 here, for
     ``validate_run`` to refuse."""
 
-    lr: float = setting("float", 1e-6, 0, lo_open=True)
-    warmup_steps: int = setting("int", 100, 0)
-    schedule: str = setting("str", "constant", choices=("constant", "linear", "cosine"))
-    b1: float = setting("float", 0.9, 0, 1)
+    lr: Annotated[float, above(0)] = 1e-6
+    warmup_steps: Annotated[int, at_least(0)] = 100
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    b1: Annotated[float, between(0, 1)] = 0.9
 
 
 class ScriptedBackend:

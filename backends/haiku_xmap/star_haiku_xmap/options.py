@@ -6,17 +6,19 @@ naming its key, as ``model.<key>: ...``; and the optimizer tables' typed section
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
 
 from star_engine.errors import UserError
 from star_engine.options import is_int
-from star_engine.settings import Section, setting
+from star_engine.schema import above, at_least, between
+from star_engine.settings import Section
 
 from .config import ARCHITECTURES, DTYPES
 
 GENERATION = ("continuous", "static")
 OPT_STATE_DTYPES = ("float32", "bfloat16", "mixed")  # mixed: first moment bf16, second fp32
-SCHEDULES = ("constant", "linear", "cosine")
+Schedule = Literal["constant", "linear", "cosine"]
+SCHEDULES = get_args(Schedule)
 
 
 @dataclass(frozen=True)
@@ -27,14 +29,14 @@ class AdamW(Section):
     then stays (``constant``) or anneals (``linear``, ``cosine``) to ``end_lr`` at the last
     step. The defaults are the paper's: 1e-6 after 100 warmup steps, constant."""
 
-    lr: float = setting("float", 1e-6, 0, lo_open=True)
-    warmup_steps: int = setting("int", 100, 0)
-    schedule: str = setting("str", "constant", choices=SCHEDULES)
-    end_lr: float = setting("float", 1e-6, 0)
-    weight_decay: float = setting("float", 0.0, 0)
-    clip_norm: float = setting("float", 1.0, 0, lo_open=True)
-    b1: float = setting("float", 0.9, 0, 1, hi_open=True)
-    b2: float = setting("float", 0.999, 0, 1, hi_open=True)
+    lr: Annotated[float, above(0)] = 1e-6
+    warmup_steps: Annotated[int, at_least(0)] = 100
+    schedule: Schedule = "constant"
+    end_lr: Annotated[float, at_least(0)] = 1e-6
+    weight_decay: Annotated[float, at_least(0)] = 0.0
+    clip_norm: Annotated[float, above(0)] = 1.0
+    b1: Annotated[float, between(0, 1, hi_open=True)] = 0.9
+    b2: Annotated[float, between(0, 1, hi_open=True)] = 0.999
 
 
 def check_run_options(*, generation: Any, generation_chunk: Any, share_prefix: Any, zero: Any,
