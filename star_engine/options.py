@@ -12,17 +12,7 @@ from typing import Any
 from collections.abc import Iterable
 
 from star_engine.errors import UserError
-
-
-def is_int(value: Any) -> bool:
-    """An ``int`` that is not a ``bool`` (TOML's ``true`` is no integer): the one type check of
-    integers that the core, the plugins and the backends share."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-    """An ``int`` or a ``float`` that is not a ``bool``."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+from star_engine.schema import is_int, is_number
 
 
 def require_bool(name: str, value: Any) -> bool:

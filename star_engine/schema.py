@@ -41,6 +41,16 @@ def close_matches(name: str, names: list[str]) -> str:
     return f" (did you mean {', '.join(repr(x) for x in m)}?)" if m else ""
 
 
+def is_int(value: Any) -> bool:
+    """An ``int`` that is not a ``bool`` (TOML's ``true`` is no integer)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """An ``int`` or a ``float`` that is not a ``bool``."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 class _Required:
     def __repr__(self) -> str:
         return "REQUIRED"
