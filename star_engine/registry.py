@@ -15,6 +15,7 @@ Environment switches:
 from __future__ import annotations
 
 import importlib
+import dataclasses
 import inspect
 import json
 import os
@@ -29,7 +30,7 @@ import pluggy
 
 from . import hooks
 from .errors import PluginError, StarEngineError, UserError
-from .schema import close_matches, declared, open_ended, validate
+from .schema import REQUIRED, close_matches, declared, open_ended, validate
 
 GROUP = "star_engine"
 KINDS = {  # kind -> the register_* hook that fills it
@@ -202,7 +203,7 @@ class Registry:
         okey = options_key or key
         checked = check_options(comp.factory, options, okey, f"{kind} '{name}'")
         try:
-            obj = comp.factory(**checked)
+            obj = construct(comp.factory, checked)
         except UserError as e:
             raise type(e)(prefix_key(okey, str(e)), key=e.key or okey) from None
         except Exception as e:  # noqa: BLE001
@@ -243,31 +244,49 @@ def prefix_key(key: str, message: str) -> str:
     return f"{key}: {message}"
 
 
+def options_type(factory: Callable[..., Any]) -> type | None:
+    """The dataclass a factory takes its options as (``factory.Options``), if it declares one:
+    the registry then calls ``factory(factory.Options(**checked))``; otherwise the options are
+    the factory's keyword parameters, and it is called with them."""
+    t = getattr(factory, "Options", None)
+    return t if isinstance(t, type) and dataclasses.is_dataclass(t) else None
+
+
+def declared_options(factory: Callable[..., Any]) -> dict[str, Any] | None:
+    """What ``factory`` declares (``schema.declared``), or None without a readable signature."""
+    try:
+        return declared(options_type(factory) or factory)
+    except (TypeError, ValueError):
+        return None
+
+
 def check_options(factory: Callable[..., Any], options: Mapping[str, Any], key: str, what: str) -> dict[str, Any]:
     """``options`` checked against what ``factory`` declares (``schema.validate``) and
     completed with its defaults; a factory without a readable signature takes them as given."""
-    try:
-        declared_options = declared(factory)
-    except (TypeError, ValueError):
+    found = declared_options(factory)
+    if found is None:
         return dict(options)
-    return validate(options, declared_options, f"{key}.", what=what, extra=open_ended(factory))
+    open_ = options_type(factory) is None and open_ended(factory)
+    return validate(options, found, f"{key}.", what=what, extra=open_)
+
+
+def construct(factory: Callable[..., Any], checked: Mapping[str, Any]) -> Any:
+    """The component, from options ``check_options`` returned."""
+    t = options_type(factory)
+    return factory(t(**checked)) if t is not None else factory(**checked)
 
 
 def option_defaults(factory: Callable[..., Any]) -> dict[str, Any]:
-    """A factory's options with a default (its keyword parameters: ``check_options``) and their
-    defaults, as JSON values (a tuple as a list); one whose default JSON cannot hold (an object)
-    is left out, as is every option of a factory without a readable signature."""
-    try:
-        sig = inspect.signature(factory)
-    except (TypeError, ValueError):
-        return {}
+    """A factory's options with a default and their defaults, as JSON values (a tuple as a
+    list); one whose default JSON cannot hold (an object) is left out."""
     out = {}
-    for p in sig.parameters.values():
-        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is not p.empty:
-            try:
-                out[p.name] = json.loads(json.dumps(p.default, allow_nan=False))
-            except (TypeError, ValueError):
-                continue
+    for name, opt in (declared_options(factory) or {}).items():
+        if opt.default is REQUIRED:
+            continue
+        try:
+            out[name] = json.loads(json.dumps(opt.default, allow_nan=False))
+        except (TypeError, ValueError):
+            continue
     return out
 
 
