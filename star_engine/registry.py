@@ -205,7 +205,7 @@ class Registry:
         try:
             obj = construct(comp.factory, checked)
         except UserError as e:
-            raise type(e)(prefix_key(okey, str(e)), key=e.key or okey) from None
+            raise _within(e, okey, checked) from None
         except Exception as e:  # noqa: BLE001
             raise PluginError(f"{key}: {comp.plugin.label} failed to create {kind} '{name}': {_short_error(e)}",
                               key=key) from None
@@ -234,6 +234,17 @@ class Registry:
         dists = {(p.distribution, p.version) for p in self.plugins.values() if not p.distribution.startswith("<")}
         dists.add(("star-engine", metadata.version("star-engine")))
         return sorted(f"{d}=={v}" for d, v in dists)
+
+
+def _within(e: UserError, okey: str, options: Mapping[str, Any]) -> UserError:
+    """A factory's own ``UserError`` (a rule across options, a file an option names) placed in
+    its options table ``okey``: an option it names first (``"stop: ..."``, or ``key="stop"``)
+    makes the key ``okey.stop``; any other message is the table's."""
+    message = str(e)
+    head = e.key or message.split(":", 1)[0]
+    if head in options and message.startswith(f"{head}:"):
+        return type(e)(f"{okey}.{message}", key=f"{okey}.{head}")
+    return type(e)(prefix_key(okey, message), key=okey)
 
 
 def prefix_key(key: str, message: str) -> str:

@@ -135,13 +135,7 @@ class Option:
     def check(self, value: Any, key: str) -> Any:
         """``value`` as the component receives it (an integer given for a float made a float),
         or a ``UserError`` for ``key``."""
-        out = _check_type(self.type, self.constraints, value, key)
-        for c in self.constraints:
-            if isinstance(c, Range) and not c.ok(out):
-                raise UserError(f"{key}: {c.rule}, got {value!r}", key=key)
-            if c is NON_EMPTY and len(out) == 0:
-                raise UserError(f"{key}: must not be empty", key=key)
-        return out
+        return _checked(self.type, self.constraints, value, key)
 
     def describe(self) -> str:
         """The type in words, for messages and generated references."""
@@ -154,6 +148,7 @@ def _describe(v: Any) -> str:
 
 
 def _type_words(t: Any, constraints: tuple[Any, ...] = ()) -> str:
+    t, constraints = _unwrap(t, constraints)
     if COMPONENT in constraints:
         return "a name or a table with 'name'"
     if COMPONENTS in constraints:
@@ -173,9 +168,33 @@ def _type_words(t: Any, constraints: tuple[Any, ...] = ()) -> str:
     return "a value"
 
 
+class _Mismatch(UserError):
+    """A value of the wrong type (not a value out of range): a union tries its next member."""
+
+
+def _unwrap(t: Any, constraints: tuple[Any, ...] = ()) -> tuple[Any, tuple[Any, ...]]:
+    while typing.get_origin(t) is Annotated:
+        constraints += tuple(t.__metadata__)
+        t = t.__origin__
+    return t, constraints
+
+
+def _checked(t: Any, constraints: tuple[Any, ...], value: Any, key: str) -> Any:
+    """``value`` checked against type ``t`` (``Annotated`` at any depth: in a list, a union),
+    then against the constraints."""
+    t, constraints = _unwrap(t, constraints)
+    out = _check_type(t, constraints, value, key)
+    for c in constraints:
+        if isinstance(c, Range) and not c.ok(out):
+            raise UserError(f"{key}: {c.rule}, got {value!r}", key=key)
+        if c is NON_EMPTY and len(out) == 0:
+            raise UserError(f"{key}: must not be empty", key=key)
+    return out
+
+
 def _check_type(t: Any, constraints: tuple[Any, ...], value: Any, key: str) -> Any:
     def bad(what: str | None = None) -> UserError:
-        return UserError(f"{key}: expected {what or _type_words(t, constraints)}, got {_describe(value)}", key=key)
+        return _Mismatch(f"{key}: expected {what or _type_words(t, constraints)}, got {_describe(value)}", key=key)
 
     if COMPONENT in constraints:
         if isinstance(value, str) or (isinstance(value, dict) and isinstance(value.get("name"), str)):
@@ -190,12 +209,15 @@ def _check_type(t: Any, constraints: tuple[Any, ...], value: Any, key: str) -> A
         return copy.deepcopy(value)
     origin, args = typing.get_origin(t), typing.get_args(t)
     if origin in (Union, types.UnionType):
+        out_of_range = None
         for arg in (a for a in args if a is not type(None)):
             try:
-                return _check_type(arg, (), value, key)
-            except UserError:
+                return _checked(arg, (), value, key)
+            except _Mismatch:
                 continue
-        raise bad()
+            except UserError as e:  # the right type, out of its range: say so, unless another member takes it
+                out_of_range = out_of_range or e
+        raise UserError(str(out_of_range), key=key) if out_of_range else bad()
     if origin is Literal:
         if any(value == a and type(value) is type(a) for a in args):
             return value
@@ -227,7 +249,7 @@ def _check_type(t: Any, constraints: tuple[Any, ...], value: Any, key: str) -> A
         if not isinstance(value, list):
             raise bad()
         if inner:
-            return [_check_type(inner[0], (), v, f"{key}[{i}]") for i, v in enumerate(value)]
+            return [_checked(inner[0], (), v, f"{key}[{i}]") for i, v in enumerate(value)]
         return copy.deepcopy(value)
     raise TypeError(f"{key}: no validator for the declared type {t!r}")
 
