@@ -18,9 +18,9 @@ original joins them: ``"\\n\\n".join(prompts) + "\\n\\n" + context``).
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from star_engine import (PROMPT_KINDS, Example, TrainExample, UserError, few_shot_prompts, get, prompt_files,
+from star_engine import (NON_EMPTY, PROMPT_KINDS, Example, TrainExample, UserError, few_shot_prompts, get, prompt_files,
                          read_blocks, read_jsonl)
 from star_filters.text import clean_up_tokenization
 
@@ -28,6 +28,7 @@ from .answers import extract_letter, first_line, original_letter
 from .known_files import DATA_FILES
 from .prompts import answer_sentence, builtin_blocks, question_block
 
+FilePath = Annotated[str | None, NON_EMPTY]  # a file's path, or none
 MARK = " (CORRECT)"
 
 __all__ = ["CQATask", "CorrectHint", "extract_letter", "mark_choice"]
@@ -98,8 +99,8 @@ class CQATask:
     default_checker = "mc_letter"
     default_hint = "cqa_correct"
 
-    def __init__(self, *, prompts_file: str | None = None, hint_prompts_file: str | None = None,
-                 direct_prompts_file: str | None = None, direct_hint_prompts_file: str | None = None,
+    def __init__(self, *, prompts_file: FilePath = None, hint_prompts_file: FilePath = None,
+                 direct_prompts_file: FilePath = None, direct_hint_prompts_file: FilePath = None,
                  verbatim: bool = False, extraction: Literal["lenient", "original"] = "lenient",
                  stored_completion: Literal["until_stop", "original"] = "until_stop",
                  stop: list[str] | None = None) -> None:

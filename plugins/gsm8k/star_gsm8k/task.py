@@ -22,6 +22,7 @@ from .answers import answer_lines, final_answer, original_answer
 from .known_files import DATA_FILES
 from .prompts import builtin_blocks
 
+FilePath = Annotated[str | None, NON_EMPTY]  # a file's path, or none
 DEFAULT_TEMPLATE = "(Answer: {answer})"
 HINT_FIELDS = ("answer", "solution")
 _ANNOTATION = re.compile(r"<<[^<>\n]*>>")
@@ -76,9 +77,9 @@ class GSM8KTask:
     default_checker = "numeric"
     default_hint = "gsm8k_answer"
 
-    def __init__(self, *, calculator_annotations: Literal["strip", "keep"] = "strip", prompts_file: str | None = None,
-                 hint_prompts_file: str | None = None, direct_prompts_file: str | None = None,
-                 direct_hint_prompts_file: str | None = None, verbatim: bool = False,
+    def __init__(self, *, calculator_annotations: Literal["strip", "keep"] = "strip", prompts_file: FilePath = None,
+                 hint_prompts_file: FilePath = None, direct_prompts_file: FilePath = None,
+                 direct_hint_prompts_file: FilePath = None, verbatim: bool = False,
                  gold_answer: Literal["normalized", "raw"] = "normalized",
                  extraction: Literal["lenient", "original"] = "lenient",
                  stored_completion: Literal["until_stop", "original"] = "until_stop",
