@@ -80,7 +80,8 @@ class AdditionTask:
 
     def __init__(self, *, seed: NonNegInt = 0, n_train: PosInt = 2000, n_dev: PosInt = 250, min_digits: PosInt = 1,
                  max_digits: PosInt = 5, heldout_digits: list[int] | None = None,
-                 n_heldout: Annotated[int | None, at_least(1)] = None, n_seed: Annotated[int | None, at_least(0)] = None,
+                 n_heldout: Annotated[int | None, at_least(1)] = None,
+                 n_seed: Annotated[int | None, at_least(0)] = None,
                  seed_max_digits: Annotated[int | None, at_least(1)] = None,
                  seed_hint_fraction: float | list[float] = 0.5, n_shots: NonNegInt = 0,
                  seed_counts: list[int] | None = None, seed_repeats: list[int] | None = None,

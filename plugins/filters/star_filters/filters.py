@@ -1,7 +1,8 @@
 """Rationale filters: ``keep(candidates, history) -> list[bool]``, deterministic.
 
 Each class is a factory whose keyword-only ``__init__`` parameters declare the
-filter's TOML options (checked by the registry before the filter is built). ``history`` holds the candidates earlier iterations kept.
+filter's TOML options (checked by the registry before the filter is built).
+``history`` holds the candidates earlier iterations kept.
 """
 
 from __future__ import annotations
