@@ -349,7 +349,7 @@ def test_the_same_mistakes_in_the_file_are_blamed_on_the_file(scripted, tmp_path
 
 def test_task_option_errors_name_task_options_not_task_dataset(tmp_path):
     """The addition task refusing its own option value, and the core refusing an unknown one."""
-    for options, expected in [('{ n_train = "many" }', "task.options: n_train: must be an integer"),
+    for options, expected in [('{ n_train = "many" }', "task.options.n_train: expected an integer, got string 'many'"),
                               ("{ n_trian = 3 }", "task.options.n_trian: unknown option for task 'addition'")]:
         toml = tmp_path / "exp.toml"
         toml.write_text(f'[experiment]\nname = "x"\niterations = 1\noutput_dir = "{(tmp_path / "run").as_posix()}"\n'

@@ -24,6 +24,7 @@ from pathlib import Path
 import pluggy
 import pytest
 
+import star_engine
 import star_engine.api as api
 import star_engine.registry as registry
 from star_engine import hooks
@@ -159,12 +160,12 @@ def test_environment_switches_are_documented():
     assert all(f"`{s}" in text for s in switches)
 
 
-def test_option_helpers_are_documented():
-    import star_engine.options as options
-
-    helpers = [n for n, f in inspect.getmembers(options, inspect.isfunction) if n.startswith("require_")]
+def test_option_markers_are_documented():
+    """Every marker of the plugin API that declares an option's range is in the Options section."""
+    markers = ("at_least", "above", "between", "NON_EMPTY", "NonNegInt", "PosInt", "NonNegFloat", "Fraction")
+    assert set(markers) <= set(star_engine.__all__)
     text = section(DOC.read_text(), "Options")
-    assert helpers and all(f"`{h}" in text for h in helpers)
+    assert [m for m in markers if not re.search(rf"\b{m}\b", text)] == []
     assert all(s in text for s in ("`_file`", "`_path`", "`_dir`", "UserError"))
 
 
@@ -194,10 +195,13 @@ def test_five_minute_plugin_works(monkeypatch):
 
     reg = Registry(autoload=False)
     assert reg.add(module).components == {"checker": ["within_percent"], "filter": ["has_digit"]}
-    with pytest.raises(UserError, match="percnt: unknown option"):
+    with pytest.raises(UserError, match=r"^task\.checker\.percnt: unknown option"):
         reg.create("checker", "within_percent", {"percnt": 0.5}, "task.checker")
-    with pytest.raises(UserError, match="task.checker: percent: must be a number"):
+    with pytest.raises(UserError, match=r"^task\.checker\.percent: expected a number, got string 'half'$"):
         reg.create("checker", "within_percent", {"percent": "half"}, "task.checker")
+    with pytest.raises(UserError, match=r"^task\.checker\.percent: must be > 0, got 0$") as e:
+        reg.create("checker", "within_percent", {"percent": 0}, "task.checker")
+    assert e.value.key == "task.checker.percent"
     from star_engine.api import Candidate
 
     flt = reg.create("filter", "has_digit", {}, "task.filters[1]")

@@ -21,6 +21,8 @@ the digits. A 5-digit problem takes about 230 bytes, well inside a 512-byte cont
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 TERMINATOR = "\n\n"
 """Ends every completion; also the stop string. Nothing inside a problem or a
 scratchpad has a blank line, and few-shot examples are separated by it."""
@@ -53,7 +55,8 @@ def hinted(ctx: str, answer: str) -> str:
     return f"{ctx[: -len(cue)]}{hint_line(answer)}\n{cue}"
 
 
-STYLES = ("nye", "columns")
+Style = Literal["nye", "columns"]
+STYLES = get_args(Style)
 """Scratchpad styles: ``nye`` is the paper's (above); ``columns`` writes each step
 line's column addition before the partial sum, e.g. ``2 + 5 , 9 + 7 + 0 = 1 6 , 6 C: 1``:
 the digits being added (the column of a, of b, the carry in), then their sum as

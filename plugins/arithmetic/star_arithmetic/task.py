@@ -11,13 +11,13 @@ from __future__ import annotations
 import random
 from collections import Counter
 from functools import cached_property
-from typing import Any
+from typing import Annotated, Any
 
-from star_engine.api import Example, TrainExample
-from star_engine.errors import UserError
-from star_engine.options import is_int, is_number
+from star_engine import Example, NonNegInt, PosInt, TrainExample, UserError, at_least
 
-from . import formats
+from .formats import HINT, TERMINATOR, Style, direct_completion, extract_result, hint_line, hinted, problem
+from .formats import context as problem_context
+from .formats import rationale_completion
 from .generate import NotEnough, Problem, draw, draw_equal, n_digits
 
 SPLITS = ("train", "dev", "heldout")
@@ -32,10 +32,19 @@ MAX_SEED_REPEAT = 1000
 """Bound on ``seed_repeats`` (the base training set is held in memory)."""
 
 
-def _int(name: str, value: Any, lo: int) -> int:
-    if not is_int(value) or value < lo:
-        raise UserError(f"{name}: must be an integer >= {lo}, got {value!r}")
-    return value
+def _each_at_least(name: str, values: list[int], lo: int) -> list[int]:
+    """``values`` (integers, as declared), each ``>= lo``."""
+    for v in values:
+        if v < lo:
+            raise UserError(f"{name}: every count must be >= {lo}, got {v!r}")
+    return list(values)
+
+
+def _per_digit_count(name: str, values: list[Any], lo: int, hi: int, what: str) -> None:
+    """A list giving one value per digit count from ``lo`` up: 1 to ``hi - lo + 1`` of them."""
+    span = hi - lo + 1
+    if not 1 <= len(values) <= span:
+        raise UserError(f"{name}: must be a list of 1 to {span} {what} (digit counts {lo}..{hi}), got {values!r}")
 
 
 class AdditionTask:
@@ -67,15 +76,16 @@ class AdditionTask:
 
     default_checker = "exact"
     default_hint = "addition_target"
-    stop = (formats.TERMINATOR,)
+    stop = (TERMINATOR,)
 
-    def __init__(self, *, seed: int = 0, n_train: int = 2000, n_dev: int = 250, min_digits: int = 1,
-                 max_digits: int = 5, heldout_digits: list[int] | None = None, n_heldout: int | None = None,
-                 n_seed: int | None = None, seed_max_digits: int | None = None, seed_hint_fraction: float = 0.5,
-                 n_shots: int = 0, seed_counts: list[int] | None = None, seed_repeats: list[int] | None = None,
-                 scratchpad: str = "nye") -> None:
-        if scratchpad not in formats.STYLES:
-            raise UserError(f"scratchpad: must be one of {', '.join(map(repr, formats.STYLES))}, got {scratchpad!r}")
+    def __init__(self, *, seed: NonNegInt = 0, n_train: PosInt = 2000, n_dev: PosInt = 250, min_digits: PosInt = 1,
+                 max_digits: PosInt = 5, heldout_digits: list[int] | None = None,
+                 n_heldout: Annotated[int | None, at_least(1)] = None,
+                 n_seed: Annotated[int | None, at_least(0)] = None,
+                 seed_max_digits: Annotated[int | None, at_least(1)] = None,
+                 seed_hint_fraction: float | list[float] = 0.5, n_shots: NonNegInt = 0,
+                 seed_counts: list[int] | None = None, seed_repeats: list[int] | None = None,
+                 scratchpad: Style = "nye") -> None:
         self.style = scratchpad
         # An option that would have no effect is an error naming both (n_seed is not silently ignored).
         for name, value in (("n_seed", n_seed), ("seed_max_digits", seed_max_digits)):
@@ -86,52 +96,40 @@ class AdditionTask:
         if n_heldout is not None and not heldout_digits:
             raise UserError("n_heldout: has no effect without heldout_digits (the 'heldout' split's digit counts); "
                             "set heldout_digits or remove n_heldout")
-        n_heldout = 500 if n_heldout is None else n_heldout
+        if max_digits < min_digits:
+            raise UserError(f"max_digits: must be >= min_digits ({min_digits}), got {max_digits}")
+        self.seed, self.min_digits, self.max_digits = seed, min_digits, max_digits
+        self.n = {"train": n_train, "dev": n_dev, "heldout": 500 if n_heldout is None else n_heldout}
+        self.heldout_digits = sorted(set(_each_at_least("heldout_digits", heldout_digits or [], 1)))
+        for d in self.heldout_digits:
+            if min_digits <= d <= max_digits:
+                raise UserError(f"heldout_digits: {d} is inside the training range "
+                                f"{min_digits}-{max_digits}; held-out counts must be outside it")
+        self.seed_counts = None
         n_seed = 100 if n_seed is None else n_seed
         seed_max_digits = 2 if seed_max_digits is None else seed_max_digits
-        self.seed = _int("seed", seed, 0)
-        self.n = {"train": _int("n_train", n_train, 1), "dev": _int("n_dev", n_dev, 1),
-                  "heldout": _int("n_heldout", n_heldout, 1)}
-        self.min_digits = _int("min_digits", min_digits, 1)
-        self.max_digits = _int("max_digits", max_digits, self.min_digits)
-        if not isinstance(heldout_digits or [], list):
-            raise UserError(f"heldout_digits: must be a list of digit counts, got {heldout_digits!r}")
-        self.heldout_digits = sorted({_int("heldout_digits", d, 1) for d in heldout_digits or []})
-        for d in self.heldout_digits:
-            if self.min_digits <= d <= self.max_digits:
-                raise UserError(f"heldout_digits: {d} is inside the training range "
-                                f"{self.min_digits}-{self.max_digits}; held-out counts must be outside it")
-        self.seed_counts = None
         if seed_counts is not None:
-            span = self.max_digits - self.min_digits + 1
-            if not isinstance(seed_counts, list) or not 1 <= len(seed_counts) <= span:
-                raise UserError(f"seed_counts: must be a list of 1 to {span} counts (digit counts "
-                                f"{self.min_digits}..{self.max_digits}), got {seed_counts!r}")
-            self.seed_counts = [_int("seed_counts", k, 0) for k in seed_counts]
-            n_seed, seed_max_digits = sum(self.seed_counts), self.min_digits + len(self.seed_counts) - 1
-        span = self.max_digits - self.min_digits + 1
-        if seed_repeats is not None and (not isinstance(seed_repeats, list) or not 1 <= len(seed_repeats) <= span):
-            raise UserError(f"seed_repeats: must be a list of 1 to {span} repeat counts (digit counts "
-                            f"{self.min_digits}..{self.max_digits}), got {seed_repeats!r}")
-        self.seed_repeats = [_int("seed_repeats", k, 1) for k in seed_repeats or []]
+            _per_digit_count("seed_counts", seed_counts, min_digits, max_digits, "counts")
+            self.seed_counts = _each_at_least("seed_counts", seed_counts, 0)
+            n_seed, seed_max_digits = sum(self.seed_counts), min_digits + len(self.seed_counts) - 1
+        if seed_repeats is not None:
+            _per_digit_count("seed_repeats", seed_repeats, min_digits, max_digits, "repeat counts")
+        self.seed_repeats = _each_at_least("seed_repeats", seed_repeats or [], 1)
         if self.seed_repeats and max(self.seed_repeats) > MAX_SEED_REPEAT:
             raise UserError(f"seed_repeats: at most {MAX_SEED_REPEAT} repeats, got {max(self.seed_repeats)}")
-        self.n_seed = _int("n_seed", n_seed, 0)
-        self.seed_max_digits = _int("seed_max_digits", seed_max_digits, self.min_digits)
-        if self.seed_max_digits > self.max_digits:
-            raise UserError(f"seed_max_digits: must be <= max_digits ({self.max_digits}), got {seed_max_digits}")
+        if not min_digits <= seed_max_digits <= max_digits:
+            raise UserError(f"seed_max_digits: must be in {min_digits}..{max_digits} (min_digits..max_digits), "
+                            f"got {seed_max_digits}")
+        self.n_seed, self.seed_max_digits = n_seed, seed_max_digits
+        if isinstance(seed_hint_fraction, list):
+            _per_digit_count("seed_hint_fraction", seed_hint_fraction, min_digits, max_digits, "shares")
         fractions = seed_hint_fraction if isinstance(seed_hint_fraction, list) else [seed_hint_fraction]
-        if isinstance(seed_hint_fraction, list) and not 1 <= len(fractions) <= span:
-            raise UserError(f"seed_hint_fraction: a list gives one share per digit count ({self.min_digits}.."
-                            f"{self.max_digits}): 1 to {span} shares, got {seed_hint_fraction!r}")
-        for f in fractions:
-            if not is_number(f) or not 0 <= f <= 1:
-                raise UserError(f"seed_hint_fraction: must be a number in [0, 1] or a list of them, "
-                                f"got {seed_hint_fraction!r}")
-        self.seed_hint_fraction = [float(f) for f in fractions] if isinstance(seed_hint_fraction, list) \
-            else float(seed_hint_fraction)
-        self.n_shots = _int("n_shots", n_shots, 0)
-        if self.n_shots > self.n_seed:
+        if not all(0 <= f <= 1 for f in fractions):
+            raise UserError(f"seed_hint_fraction: must be a number in [0, 1] or a list of them, "
+                            f"got {seed_hint_fraction!r}")
+        self.seed_hint_fraction = seed_hint_fraction
+        self.n_shots = n_shots
+        if n_shots > n_seed:
             raise UserError(f"n_shots: the few-shot examples come from the seed set; "
                             f"n_shots ({n_shots}) must be <= n_seed ({n_seed})")
 
@@ -145,7 +143,7 @@ class AdditionTask:
         try:
             return draw(self._rng(what), digits, n, **kw)
         except NotEnough as e:
-            raise UserError(f"{option}: {n} is too many: {e}") from None
+            raise UserError(f"task.options.{option}: {n} is too many: {e}", key=f"task.options.{option}") from None
 
     @cached_property
     def _problems(self) -> dict[str, list[Problem]]:
@@ -153,7 +151,7 @@ class AdditionTask:
         try:
             dev = draw_equal(self._rng("dev"), digits, self.n["dev"], max_fraction=DEV_FRACTION)
         except NotEnough as e:
-            raise UserError(f"n_dev: {self.n['dev']} is too many: {e}") from None
+            raise UserError(f"task.options.n_dev: {self.n['dev']} is too many: {e}", key="task.options.n_dev") from None
         # Train and the seed set avoid dev (dev measures generalisation); the seed
         # set may overlap train: the base model has seen those problems either way.
         return {
@@ -173,13 +171,15 @@ class AdditionTask:
             try:
                 out += draw(rng, [d], k, exclude=dev) if k else []
             except NotEnough as e:
-                raise UserError(f"seed_counts: {k} problems of {d} digits is too many: {e}") from None
+                raise UserError(f"task.options.seed_counts: {k} problems of {d} digits is too many: {e}",
+                                key="task.options.seed_counts") from None
         rng.shuffle(out)
         return out
 
     def load(self, split: str, path: str | None) -> list[Example]:
         if path is not None:
-            raise UserError(f"task.data.{split}: the addition task generates its data; remove this path")
+            raise UserError(f"task.data.{split}: the addition task generates its data; remove this path",
+                            key=f"task.data.{split}")
         if split not in SPLITS:
             raise UserError(f"addition: unknown split {split!r}; known: {', '.join(SPLITS)}")
         if split == "heldout":
@@ -188,42 +188,42 @@ class AdditionTask:
             problems = self._draw("heldout", "n_heldout", self.heldout_digits, self.n["heldout"])
         else:
             problems = self._problems[split]
-        return [Example(id=f"{a}+{b}", question=formats.problem(a, b), answer=str(a + b),
+        return [Example(id=f"{a}+{b}", question=problem(a, b), answer=str(a + b),
                         cls=str(n_digits((a, b))), fields={"a": a, "b": b}) for a, b in problems]
 
     # ------------------------------------------------------------------ formats
 
     def context(self, example: Example) -> str:
-        return formats.context(example.fields["a"], example.fields["b"])
+        return problem_context(example.fields["a"], example.fields["b"])
 
     def prompt(self, kind: str) -> str:
         if kind not in PROMPT_KINDS:
             raise ValueError(f"unknown prompt kind {kind!r}; known: {', '.join(PROMPT_KINDS)}")
         shots = []
         for a, b in self._problems["seed"][: self.n_shots]:
-            ctx = formats.context(a, b)
+            ctx = problem_context(a, b)
             if kind == "hint":
-                ctx = formats.hinted(ctx, str(a + b))
-            done = formats.direct_completion(a, b) if kind == "direct" else self._worked(a, b)
+                ctx = hinted(ctx, str(a + b))
+            done = direct_completion(a, b) if kind == "direct" else self._worked(a, b)
             shots.append(ctx + done)  # each completion ends with the blank-line terminator
         return "".join(shots)
 
     def _worked(self, a: int, b: int) -> str:
-        return formats.rationale_completion(a, b, self.style)
+        return rationale_completion(a, b, self.style)
 
     def extract(self, generation: str) -> str | None:
-        return formats.extract_result(generation)
+        return extract_result(generation)
 
     def gold_completion(self, example: Example, direct: bool) -> str:
         a, b = example.fields["a"], example.fields["b"]
-        return formats.direct_completion(a, b) if direct else self._worked(a, b)
+        return direct_completion(a, b) if direct else self._worked(a, b)
 
     def seed_examples(self) -> list[TrainExample]:
         seed = self._problems["seed"]
-        plain = [(p, TrainExample(formats.context(*p), self._worked(*p))) for p in seed]
-        hinted = [(p, TrainExample(formats.hinted(formats.context(*p), str(sum(p))), self._worked(*p)))
-                  for p in self._hinted_seeds(seed)]
-        return [ex for p, ex in plain + hinted for _ in range(self._repeats(p))]
+        plain = [(p, TrainExample(problem_context(*p), self._worked(*p))) for p in seed]
+        with_hint = [(p, TrainExample(hinted(problem_context(*p), str(sum(p))), self._worked(*p)))
+                     for p in self._hinted_seeds(seed)]
+        return [ex for p, ex in plain + with_hint for _ in range(self._repeats(p))]
 
     def _hinted_seeds(self, seed: list[Problem]) -> list[Problem]:
         """The seed problems also given with their hint: the first ``fraction * len(seed)``
@@ -251,9 +251,9 @@ class TargetHint:
 
     def context(self, task, example: Example) -> str:
         try:
-            return formats.hinted(task.context(example), example.answer)
+            return hinted(task.context(example), example.answer)
         except ValueError as e:
             raise UserError(f"addition_target: example {example.id!r}: {e}") from None
 
     def leak_strings(self, task, example: Example) -> tuple[str, ...]:
-        return (formats.hint_line(example.answer), formats.HINT.strip())
+        return (hint_line(example.answer), HINT.strip())

@@ -1,7 +1,7 @@
 """The files the ``cqa`` task reads from the data root, as released (``CQATask.data_files``;
 ``star-engine data check``; README.md "Getting the data")."""
 
-from star_engine.api import DataFile
+from star_engine import DataFile
 
 _CQA = "CommonsenseQA v1.11, random split: https://s3.amazonaws.com/commensenseqa/{}"
 _STAR = "ezelikman/STaR at 6ffd3c4: https://raw.githubusercontent.com/ezelikman/STaR/" \

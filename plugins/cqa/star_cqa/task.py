@@ -18,20 +18,18 @@ original joins them: ``"\\n\\n".join(prompts) + "\\n\\n" + context``).
 from __future__ import annotations
 
 import re
+from typing import Annotated, Literal
 
-from star_engine.api import Example, TrainExample
-from star_engine.datafiles import PROMPT_KINDS, few_shot_prompts, get, prompt_files, read_blocks, read_jsonl
-from star_engine.errors import UserError
-from star_engine.options import require_bool, require_choice, require_str_list
+from star_engine import (NON_EMPTY, PROMPT_KINDS, Example, TrainExample, UserError, few_shot_prompts, get, prompt_files,
+                         read_blocks, read_jsonl)
 from star_filters.text import clean_up_tokenization
 
 from .answers import extract_letter, first_line, original_letter
 from .known_files import DATA_FILES
 from .prompts import answer_sentence, builtin_blocks, question_block
 
+FilePath = Annotated[str | None, NON_EMPTY]  # a file's path, or none
 MARK = " (CORRECT)"
-EXTRACTIONS = ("lenient", "original")
-STORED = ("until_stop", "original")
 
 __all__ = ["CQATask", "CorrectHint", "extract_letter", "mark_choice"]
 
@@ -101,14 +99,15 @@ class CQATask:
     default_checker = "mc_letter"
     default_hint = "cqa_correct"
 
-    def __init__(self, *, prompts_file: str | None = None, hint_prompts_file: str | None = None,
-                 direct_prompts_file: str | None = None, direct_hint_prompts_file: str | None = None,
-                 verbatim: bool = False, extraction: str = "lenient", stored_completion: str = "until_stop",
+    def __init__(self, *, prompts_file: FilePath = None, hint_prompts_file: FilePath = None,
+                 direct_prompts_file: FilePath = None, direct_hint_prompts_file: FilePath = None,
+                 verbatim: bool = False, extraction: Literal["lenient", "original"] = "lenient",
+                 stored_completion: Literal["until_stop", "original"] = "until_stop",
                  stop: list[str] | None = None) -> None:
-        self.verbatim = require_bool("verbatim", verbatim)
-        self.extraction = require_choice("extraction", extraction, EXTRACTIONS)
-        self.stored_completion = require_choice("stored_completion", stored_completion, STORED)
-        self.stop = ("\n\n", "\nQ:") if stop is None else tuple(require_str_list("stop", stop))
+        self.verbatim, self.extraction, self.stored_completion = verbatim, extraction, stored_completion
+        self.stop = ("\n\n", "\nQ:") if stop is None else tuple(stop)
+        if "" in self.stop:
+            raise UserError(f"stop: must be a list of non-empty strings, got {stop!r}")
         files = prompt_files(prompts_file, hint_prompts_file, direct_prompts_file, direct_hint_prompts_file)
         self._prompts = few_shot_prompts(files, lambda path, kind: _checked_blocks(path, kind, self.verbatim),
                                          _builtin, _marked)
@@ -117,7 +116,8 @@ class CQATask:
 
     def load(self, split: str, path: str | None) -> list[Example]:
         if path is None:
-            raise UserError(f"task.data.{split}: the cqa task reads its data from a file; set task.data.{split}")
+            raise UserError(f"task.data.{split}: the cqa task reads its data from a file; set task.data.{split}",
+                            key=f"task.data.{split}")
         # Only the official test split ships without answers; elsewhere a missing
         # answerKey is a broken row, not an unlabelled question.
         labelled = split != "test"

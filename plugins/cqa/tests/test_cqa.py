@@ -13,8 +13,7 @@ from star_testkit import SHARED_DATA
 from star_cqa import plugin
 from star_cqa.prompts import EXAMPLES
 from star_cqa.task import CorrectHint, CQATask, extract_letter
-from star_engine.api import Task
-from star_engine.errors import UserError
+from star_engine import Registry, Task, UserError
 
 HERE = Path(__file__).parent
 TRAIN = HERE / "data" / "train_sample.jsonl"
@@ -214,9 +213,15 @@ def test_bad_prompts_file(tmp_path, text, message):
         CQATask(prompts_file=str(path))
 
 
-def test_bad_option_value():
-    with pytest.raises(UserError, match="prompts_file: expected a path string"):
-        CQATask(prompts_file=3)
+def test_bad_option_value(tmp_path):
+    registry = Registry(autoload=False)
+    registry.add(plugin)
+    with pytest.raises(UserError, match=r"^task\.options\.prompts_file: expected a string, got integer 3$") as e:
+        registry.create("task", "cqa", {"prompts_file": 3}, "task.dataset", "task.options")
+    assert e.value.key == "task.options.prompts_file"
+    with pytest.raises(UserError, match=re.escape(f"{tmp_path / 'absent.txt'}: cannot read")) as e:
+        registry.create("task", "cqa", {"prompts_file": str(tmp_path / "absent.txt")}, "task.dataset", "task.options")
+    assert e.value.key == "task.options"
 
 
 @pytest.mark.real_data

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from star_testkit import STAR_PROMPTS
 
+from star_cqa import plugin
 from star_cqa.answers import first_line, original_letter
 from star_cqa.task import CQATask, _split_answer
-from star_engine.errors import UserError
+from star_engine import Registry, UserError
 from star_filters.checkers import LowerExactChecker, MCLetterChecker
 
 HERE = Path(__file__).parent
@@ -80,14 +81,18 @@ def test_stored_completion():
 
 
 def test_options_are_checked():
-    for options, message in [({"extraction": "strict"}, "extraction: must be one of 'lenient', 'original'"),
-                             ({"stored_completion": "first"}, "stored_completion: must be one of"),
-                             ({"verbatim": "yes"}, "verbatim: must be true or false"),
-                             ({"stop": "\n"}, "stop: must be a list of non-empty strings"),
-                             ({"stop": ["\n", ""]}, "stop: must be a list of non-empty strings"),
-                             ({"direct_hint_prompts_file": 3}, "direct_hint_prompts_file: expected a path")]:
-        with pytest.raises(UserError, match=re.escape(message)):
-            CQATask(**options)
+    registry = Registry(autoload=False)
+    registry.add(plugin)
+    for options, message in [
+            ({"extraction": "strict"}, "task.options.extraction: must be one of lenient, original, got 'strict'"),
+            ({"stored_completion": "first"}, "task.options.stored_completion: must be one of"),
+            ({"verbatim": "yes"}, "task.options.verbatim: expected true or false, got string 'yes'"),
+            ({"stop": "\n"}, "task.options.stop: expected a list of strings, got string '\\n'"),
+            ({"stop": ["\n", ""]}, "task.options: stop: must be a list of non-empty strings"),
+            ({"direct_hint_prompts_file": 3},
+             "task.options.direct_hint_prompts_file: expected a string, got integer 3")]:
+        with pytest.raises(UserError, match="^" + re.escape(message)):
+            registry.create("task", "cqa", options, "task.dataset", "task.options")
     assert CQATask(stop=["\n"]).stop == ("\n",) and CQATask(stop=[]).stop == ()
     assert CQATask().stop == ("\n\n", "\nQ:")
 

@@ -5,17 +5,17 @@ when the task found none). Extraction is the task's alone (``Task.extract``): a
 checker here interprets and compares ``extracted`` and never searches
 ``generation`` for an answer of its own, except ``regex``, whose pattern *is* a
 user's extraction rule replacing the task's. Every class here is a factory: its
-keyword-only ``__init__`` parameters are the checker's TOML options.
+keyword-only ``__init__`` parameters declare the checker's TOML options (types and ranges,
+checked by the registry before the checker is built).
 """
 
 from __future__ import annotations
 
 import re
+from typing import Annotated, Literal
 
-from star_engine.api import Verdict
-from star_engine.errors import UserError
+from star_engine import NON_EMPTY, NonNegFloat, UserError, Verdict
 
-from star_engine.options import require_bool, require_choice, require_float, require_str
 from .numbers import format_number, numbers_close, parse_number
 
 
@@ -29,9 +29,7 @@ class ExactChecker:
 
     def __init__(self, *, strip: bool = True, case_sensitive: bool = True,
                  collapse_spaces: bool = False) -> None:
-        self.strip = require_bool("strip", strip)
-        self.case_sensitive = require_bool("case_sensitive", case_sensitive)
-        self.collapse_spaces = require_bool("collapse_spaces", collapse_spaces)
+        self.strip, self.case_sensitive, self.collapse_spaces = strip, case_sensitive, collapse_spaces
 
     def _normalise(self, text: str) -> str:
         if self.collapse_spaces:
@@ -60,7 +58,7 @@ class LowerExactChecker:
     for a few non-ASCII letters such as "ß".)"""
 
     def __init__(self, *, strip: bool = False) -> None:
-        self.strip = require_bool("strip", strip)
+        self.strip = strip
 
     def check(self, generation: str, extracted: str | None, gold: str) -> Verdict:
         if extracted is None:
@@ -81,8 +79,8 @@ class MCLetterChecker:
     choice.
     """
 
-    def __init__(self, *, letters: str = "abcde") -> None:
-        letters = require_str("letters", letters).lower()
+    def __init__(self, *, letters: Annotated[str, NON_EMPTY] = "abcde") -> None:
+        letters = letters.lower()
         if not letters.isalpha() or not letters.isascii():
             raise UserError(f"letters: must be ASCII letters only, got {letters!r}")
         if len(set(letters)) != len(letters):
@@ -123,9 +121,8 @@ class NumericChecker:
     canonical number ("1000"), or the raw stripped text when it does not parse.
     """
 
-    def __init__(self, *, abs_tol: float = 1e-6, rel_tol: float = 0.0) -> None:
-        self.abs_tol = require_float("abs_tol", abs_tol)
-        self.rel_tol = require_float("rel_tol", rel_tol)
+    def __init__(self, *, abs_tol: NonNegFloat = 1e-6, rel_tol: NonNegFloat = 0.0) -> None:
+        self.abs_tol, self.rel_tol = abs_tol, rel_tol
 
     def check(self, generation: str, extracted: str | None, gold: str) -> Verdict:
         if extracted is None:
@@ -153,10 +150,8 @@ class RegexChecker:
     ``"numeric"`` compares as the ``numeric`` checker does with its defaults.
     """
 
-    def __init__(self, *, pattern: str, group: int | str = 1, flags: str = "",
-                 compare: str = "exact") -> None:
-        pattern = require_str("pattern", pattern)
-        flags = require_str("flags", flags, allow_empty=True)
+    def __init__(self, *, pattern: Annotated[str, NON_EMPTY], group: int | str = 1, flags: str = "",
+                 compare: Literal["exact", "numeric"] = "exact") -> None:
         bad = sorted(set(flags) - set(_FLAGS))
         if bad:
             raise UserError(f"flags: unknown flag(s) {''.join(bad)!r}; allowed: "
@@ -168,15 +163,13 @@ class RegexChecker:
             self.regex = re.compile(pattern, value)
         except re.error as exc:
             raise UserError(f"pattern: invalid regular expression {pattern!r}: {exc}") from None
-        if isinstance(group, bool) or not isinstance(group, (int, str)):
-            raise UserError(f"group: must be a group number or name, got {group!r}")
         if isinstance(group, int) and not 0 <= group <= self.regex.groups:
             raise UserError(f"group: pattern {pattern!r} has {self.regex.groups} group(s), "
                             f"got {group}")
         if isinstance(group, str) and group not in self.regex.groupindex:
             raise UserError(f"group: pattern {pattern!r} has no group named {group!r}")
         self.group = group
-        self.compare = require_choice("compare", compare, ("exact", "numeric"))
+        self.compare = compare
         self._numeric = NumericChecker() if self.compare == "numeric" else None
 
     def check(self, generation: str, extracted: str | None, gold: str) -> Verdict:

@@ -1,16 +1,16 @@
 """Rationale filters: ``keep(candidates, history) -> list[bool]``, deterministic.
 
-Each class is a factory whose keyword-only ``__init__`` parameters are the
-filter's TOML options. ``history`` holds the candidates earlier iterations kept.
+Each class is a factory whose keyword-only ``__init__`` parameters declare the
+filter's TOML options (checked by the registry before the filter is built).
+``history`` holds the candidates earlier iterations kept.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
-from star_engine.api import Candidate
-
-from star_engine.options import require_bool, require_choice, require_int
+from star_engine import Candidate, NonNegInt
 
 
 class HintLeakFilter:
@@ -22,7 +22,7 @@ class HintLeakFilter:
     """
 
     def __init__(self, *, case_sensitive: bool = False) -> None:
-        self.case_sensitive = require_bool("case_sensitive", case_sensitive)
+        self.case_sensitive = case_sensitive
 
     def _fold(self, text: str) -> str:
         return text if self.case_sensitive else text.casefold()
@@ -49,11 +49,9 @@ class DedupFilter:
     kept again or the new training set silently shrinks.
     """
 
-    def __init__(self, *, scope: str = "question", normalize_whitespace: bool = True,
+    def __init__(self, *, scope: Literal["question", "global"] = "question", normalize_whitespace: bool = True,
                  across_iterations: bool = False) -> None:
-        self.scope = require_choice("scope", scope, ("question", "global"))
-        self.normalize_whitespace = require_bool("normalize_whitespace", normalize_whitespace)
-        self.across_iterations = require_bool("across_iterations", across_iterations)
+        self.scope, self.normalize_whitespace, self.across_iterations = scope, normalize_whitespace, across_iterations
 
     def key(self, candidate: Candidate) -> tuple[str, str]:
         text = candidate.rationale
@@ -78,9 +76,8 @@ class LengthCapFilter:
     newline does not start a new line).
     """
 
-    def __init__(self, *, max_chars: int = 2000, max_lines: int = 0) -> None:
-        self.max_chars = require_int("max_chars", max_chars)
-        self.max_lines = require_int("max_lines", max_lines)
+    def __init__(self, *, max_chars: NonNegInt = 2000, max_lines: NonNegInt = 0) -> None:
+        self.max_chars, self.max_lines = max_chars, max_lines
 
     def fits(self, rationale: str) -> bool:
         if self.max_chars and len(rationale) > self.max_chars:

@@ -1,7 +1,7 @@
 """The files the ``gsm8k`` task reads from the data root, as released (``GSM8KTask.data_files``;
 ``star-engine data check``; README.md "Getting the data")."""
 
-from star_engine.api import DataFile
+from star_engine import DataFile
 
 _GSM8K = "GSM8K (openai/grade-school-math): https://raw.githubusercontent.com/openai/grade-school-math/" \
          "master/grade_school_math/data/{}"

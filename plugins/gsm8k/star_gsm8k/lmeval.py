@@ -31,11 +31,12 @@ lm-eval compares it, and matches no GSM8K answer).
 from __future__ import annotations
 
 import re
+from typing import Literal
 
-from star_engine.api import Verdict
-from star_engine.options import require_choice
+from star_engine import Verdict
 
-STRICT = {"gsm8k": r"#### (\-?[0-9\.\,]+)",  # gsm8k.yaml, filter "strict-match"
+Variant = Literal["gsm8k", "gsm8k_cot"]  # the lm-eval task files, the keys of STRICT
+STRICT: dict[Variant, str] = {"gsm8k": r"#### (\-?[0-9\.\,]+)",  # gsm8k.yaml, filter "strict-match"
           "gsm8k_cot": r"The answer is (\-?[0-9\.\,]+)."}  # gsm8k-cot.yaml, filter "strict-match"
 FLEXIBLE = r"(-?[$0-9.,]{2,})|(-?[0-9]+)"  # both files, filter "flexible-extract" (group_select: -1)
 REGEXES_TO_IGNORE = (",", r"\$", r"(?s).*#### ", r"\.$")  # metric exact_match
@@ -78,9 +79,9 @@ class StrictChecker(_LmEvalGSM8K):
     ``variant``: ``"gsm8k"`` (default, ``gsm8k.yaml``) or ``"gsm8k_cot"`` (``gsm8k-cot.yaml``:
     the first ``The answer is <number>`` followed by any character)."""
 
-    def __init__(self, *, variant: str = "gsm8k") -> None:
-        self.variant = require_choice("variant", variant, tuple(STRICT))
-        self.pattern, self.group_select = re.compile(STRICT[self.variant]), 0
+    def __init__(self, *, variant: Variant = "gsm8k") -> None:
+        self.variant = variant
+        self.pattern, self.group_select = re.compile(STRICT[variant]), 0
 
 
 class FlexibleChecker(_LmEvalGSM8K):

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import re
 import string
+from typing import Annotated, Literal
 
-from star_engine.api import Example, TrainExample
-from star_engine.datafiles import PROMPT_KINDS, few_shot_prompts, get, prompt_files, read_blocks, read_jsonl
-from star_engine.errors import UserError
-from star_engine.options import require_bool, require_choice, require_str, require_str_list
+from star_engine import (NON_EMPTY, PROMPT_KINDS, Example, TrainExample, UserError, few_shot_prompts, get,
+                         prompt_files, read_blocks, read_jsonl)
 
 from star_filters.numbers import canonical_number
 from star_filters.text import clean_up_tokenization
@@ -23,10 +22,7 @@ from .answers import answer_lines, final_answer, original_answer
 from .known_files import DATA_FILES
 from .prompts import builtin_blocks
 
-ANNOTATION_MODES = ("strip", "keep")
-GOLD_ANSWERS = ("normalized", "raw")
-EXTRACTIONS = ("lenient", "original")
-STORED = ("until_stop", "original")
+FilePath = Annotated[str | None, NON_EMPTY]  # a file's path, or none
 DEFAULT_TEMPLATE = "(Answer: {answer})"
 HINT_FIELDS = ("answer", "solution")
 _ANNOTATION = re.compile(r"<<[^<>\n]*>>")
@@ -81,20 +77,20 @@ class GSM8KTask:
     default_checker = "numeric"
     default_hint = "gsm8k_answer"
 
-    def __init__(self, *, calculator_annotations: str = "strip", prompts_file: str | None = None,
-                 hint_prompts_file: str | None = None, direct_prompts_file: str | None = None,
-                 direct_hint_prompts_file: str | None = None, verbatim: bool = False,
-                 gold_answer: str = "normalized", extraction: str = "lenient",
-                 stored_completion: str = "until_stop", stop: list[str] | None = None) -> None:
-        self.calculator_annotations = require_choice("calculator_annotations", calculator_annotations,
-                                                     ANNOTATION_MODES)
-        self.verbatim = require_bool("verbatim", verbatim)
-        self.gold_answer = require_choice("gold_answer", gold_answer, GOLD_ANSWERS)
-        self.extraction = require_choice("extraction", extraction, EXTRACTIONS)
-        self.stored_completion = require_choice("stored_completion", stored_completion, STORED)
+    def __init__(self, *, calculator_annotations: Literal["strip", "keep"] = "strip", prompts_file: FilePath = None,
+                 hint_prompts_file: FilePath = None, direct_prompts_file: FilePath = None,
+                 direct_hint_prompts_file: FilePath = None, verbatim: bool = False,
+                 gold_answer: Literal["normalized", "raw"] = "normalized",
+                 extraction: Literal["lenient", "original"] = "lenient",
+                 stored_completion: Literal["until_stop", "original"] = "until_stop",
+                 stop: list[str] | None = None) -> None:
+        self.calculator_annotations, self.verbatim, self.gold_answer = calculator_annotations, verbatim, gold_answer
+        self.extraction, self.stored_completion = extraction, stored_completion
         # "\nQ:" ends a generation that runs on into a new question; a rationale
         # itself has no blank lines, so "\n\n\n" only cuts rambling.
-        self.stop = ("\nQ:", "\n\n\n") if stop is None else tuple(require_str_list("stop", stop))
+        self.stop = ("\nQ:", "\n\n\n") if stop is None else tuple(stop)
+        if "" in self.stop:
+            raise UserError(f"stop: must be a list of non-empty strings, got {stop!r}")
         files = prompt_files(prompts_file, hint_prompts_file, direct_prompts_file, direct_hint_prompts_file)
         self._prompts = few_shot_prompts(
             files, lambda path, kind: _checked_blocks(path, kind, self.verbatim),
@@ -103,7 +99,8 @@ class GSM8KTask:
 
     def load(self, split: str, path: str | None) -> list[Example]:
         if path is None:
-            raise UserError(f"task.data.{split}: the gsm8k task reads its data from a file; set task.data.{split}")
+            raise UserError(f"task.data.{split}: the gsm8k task reads its data from a file; set task.data.{split}",
+                            key=f"task.data.{split}")
         examples = []
         for i, (where, row) in enumerate(read_jsonl(path)):
             question = get(row, "question", str, where)
@@ -196,8 +193,8 @@ class AnswerHint:
     it, ``{solution}`` the data set's whole answer field, verbatim (the released STaR
     code inserts ``" (" + solution + ")"``: ``template = "({solution})"``)."""
 
-    def __init__(self, *, template: str = DEFAULT_TEMPLATE) -> None:
-        self.template = require_str("template", template)
+    def __init__(self, *, template: Annotated[str, NON_EMPTY] = DEFAULT_TEMPLATE) -> None:
+        self.template = template
         self.fields = _template_fields(self.template)
 
     def text(self, example: Example) -> str:

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 from star_testkit import SHARED_DATA
 
-from star_engine.api import Task
-from star_engine.errors import UserError
+from star_engine import Registry, Task, UserError
 from star_gsm8k import plugin
 from star_gsm8k.answers import final_answer, normalize_number
 from star_gsm8k.prompts import EXAMPLES
@@ -21,6 +20,13 @@ HERE = Path(__file__).parent
 TRAIN = HERE / "data" / "train_sample.jsonl"
 REAL = SHARED_DATA / "gsm8k"
 GOOD_ROW = {"question": "What is 2 + 2?", "answer": "2+2 = <<2+2=4>>4.\n#### 4"}
+
+
+def create_task(**options):
+    """The task built as the core builds it: its declared options checked by the registry first."""
+    registry = Registry(autoload=False)
+    registry.add(plugin)
+    return registry.create("task", "gsm8k", options, "task.dataset", "task.options")
 
 
 def cut(generation: str, stop: tuple[str, ...]) -> str:
@@ -57,8 +63,10 @@ def test_load_fixture_strips_annotations(task):
 def test_keep_annotations():
     ex = GSM8KTask(calculator_annotations="keep").load("train", str(TRAIN))[0]
     assert ex.fields["rationale"].startswith("Tom has 3*12 = <<3*12=36>>36 apples.")
-    with pytest.raises(UserError, match="calculator_annotations: must be one of 'strip', 'keep'"):
-        GSM8KTask(calculator_annotations="drop")
+    with pytest.raises(UserError, match=r"^task\.options\.calculator_annotations: must be one of strip, keep, "
+                                        r"got 'drop'$") as e:
+        create_task(calculator_annotations="drop")
+    assert e.value.key == "task.options.calculator_annotations"
 
 
 def test_gold_completions(task):
@@ -185,8 +193,8 @@ def test_prompts_file(tmp_path):
     bad.write_text("Q: What is 1 + 1?\nA: 1 + 1 = 2.\n#### 2\n\n\nQ: Oops?\nA: no final line")
     with pytest.raises(UserError, match=re.escape(f"{bad}:6: the answer of this rationale prompt example")):
         GSM8KTask(prompts_file=str(bad))
-    with pytest.raises(UserError, match="direct_prompts_file: expected a path string"):
-        GSM8KTask(direct_prompts_file=["a"])
+    with pytest.raises(UserError, match=re.escape("task.options.direct_prompts_file: expected a string, got array")):
+        create_task(direct_prompts_file=["a"])
 
 
 @pytest.mark.real_data

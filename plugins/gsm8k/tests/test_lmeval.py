@@ -24,8 +24,7 @@ import re
 import pytest
 from star_testkit import SHARED_DATA
 
-from star_engine.errors import PluginError, UserError
-from star_engine.registry import Registry
+from star_engine import PluginError, Registry, UserError
 from star_gsm8k import plugin
 from star_gsm8k.lmeval import FLEXIBLE, REGEXES_TO_IGNORE, STRICT, FlexibleChecker, StrictChecker, exact_match
 from star_gsm8k.task import GSM8KTask
@@ -122,7 +121,7 @@ def test_registered_with_options_checked():
     assert {"gsm8k_strict", "gsm8k_flexible"} <= set(reg.names("checker"))
     cot = reg.create("checker", "gsm8k_strict", {"variant": "gsm8k_cot"}, "evaluation.checkers[0]")
     assert cot.check("The answer is 4.", None, "4").correct
-    with pytest.raises(UserError, match=r"^evaluation.checkers\[0\]: variant: must be one of 'gsm8k', 'gsm8k_cot', "
+    with pytest.raises(UserError, match=r"^evaluation.checkers\[0\]\.variant: must be one of gsm8k, gsm8k_cot, "
                                         r"got 'cot'$"):
         reg.create("checker", "gsm8k_strict", {"variant": "cot"}, "evaluation.checkers[0]")
     with pytest.raises(UserError, match=r"unknown option .*accepted: \(none\)"):

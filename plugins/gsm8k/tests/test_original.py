@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from star_testkit import STAR_PROMPTS
 
-from star_engine.api import Example
-from star_engine.errors import UserError
+from star_engine import Example, Registry, UserError
 from star_filters.checkers import LowerExactChecker, NumericChecker
+from star_gsm8k import plugin
 from star_gsm8k.answers import answer_lines, original_answer
 from star_gsm8k.task import AnswerHint, GSM8KTask
 
@@ -26,6 +26,15 @@ real = pytest.mark.skipif(not PROMPTS.is_dir(), reason="shared/data/star-prompts
 FIXTURE = HERE / "data" / "star_format"
 FOLDERS = [pytest.param(FIXTURE, id="fixture"),
            pytest.param(PROMPTS, id="original", marks=[pytest.mark.real_data, real])]
+
+
+def create(kind, name, options, key):
+    """The component built as the core builds it: its declared options checked by the registry first."""
+    registry = Registry(autoload=False)
+    registry.add(plugin)
+    return registry.create(kind, name, options, key)
+
+
 ORIGINAL = GSM8KTask(gold_answer="raw", extraction="original", stored_completion="original", verbatim=True)
 
 
@@ -92,8 +101,8 @@ def test_raw_gold_answer_must_be_the_final_answer(tmp_path):
     GSM8KTask().load("train", str(path))  # the normalised reading finds 5
     with pytest.raises(UserError, match=re.escape(f"{path}:1: field 'answer': the text after its last '#### '")):
         GSM8KTask(gold_answer="raw").load("train", str(path))
-    with pytest.raises(UserError, match="gold_answer: must be one of 'normalized', 'raw'"):
-        GSM8KTask(gold_answer="as-is")
+    with pytest.raises(UserError, match="^task.options.gold_answer: must be one of normalized, raw, got 'as-is'$"):
+        create("task", "gsm8k", {"gold_answer": "as-is"}, "task.options")
 
 
 def test_verbatim_keeps_questions():
@@ -114,9 +123,9 @@ def test_hint_templates():
     for template, message in [("(Answer: {number})", "unknown placeholder {number}"),
                               ("({answer:>5})", "unknown placeholder {answer:>5}"),
                               ("({})", "unknown placeholder {}"), ("(answer}", "template: Single '}'"),
-                              ("", "template: must not be empty")]:
+                              ("", "task.hint.template: must not be empty")]:
         with pytest.raises(UserError, match=re.escape(message)):
-            AnswerHint(template=template)
+            create("hint", "gsm8k_answer", {"template": template}, "task.hint")
     with pytest.raises(UserError, match="has no solution text"):
         released.text(Example("x", "q", "5"))
 
@@ -130,12 +139,14 @@ def test_direct_hint_prompt(tmp_path):
 
 
 def test_options_are_checked():
-    for options, message in [({"extraction": "strict"}, "extraction: must be one of"),
-                             ({"stored_completion": "all"}, "stored_completion: must be one of"),
-                             ({"stop": ["\nQ:", 3]}, "stop: must be a list of non-empty strings"),
-                             ({"verbatim": 1}, "verbatim: must be true or false")]:
-        with pytest.raises(UserError, match=re.escape(message)):
-            GSM8KTask(**options)
+    for options, message in [({"extraction": "strict"}, "task.options.extraction: must be one of lenient, original"),
+                             ({"stored_completion": "all"}, "task.options.stored_completion: must be one of"),
+                             ({"stop": ["\nQ:", 3]},
+                              "task.options.stop: expected a list of strings, got array ['\\nQ:', 3]"),
+                             ({"stop": ["\nQ:", ""]}, "task.options: stop: must be a list of non-empty strings"),
+                             ({"verbatim": 1}, "task.options.verbatim: expected true or false, got integer 1")]:
+        with pytest.raises(UserError, match="^" + re.escape(message)):
+            create("task", "gsm8k", options, "task.options")
     assert GSM8KTask(stop=[]).stop == () and GSM8KTask().stop == ("\nQ:", "\n\n\n")
 
 

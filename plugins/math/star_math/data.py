@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from star_engine.datafiles import get, read_jsonl
-from star_engine.errors import UserError
+from star_engine import UserError, get, read_jsonl
 
 from .answers import UnclosedBox, last_boxed
 

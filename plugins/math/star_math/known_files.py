@@ -3,7 +3,7 @@ data check``; README.md "Getting the data"). Neither has one content to check: `
 is made from MATH's release with ``jq`` (README.md of this plugin), and MATH-500's ``test.jsonl``
 is taken as the Hugging Face dataset serves it; only their presence is checked."""
 
-from star_engine.api import DataFile
+from star_engine import DataFile
 
 DATA_FILES = (
     DataFile("math/train.jsonl", None,

@@ -17,8 +17,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from star_engine.datafiles import DATA_MAX, read_capped
-from star_engine.errors import UserError
+from star_engine import DATA_MAX, UserError, read_capped
 
 from .answers import closing_sentence, extract
 

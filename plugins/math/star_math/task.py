@@ -9,25 +9,22 @@ examples separated by blank lines, with a trailing blank line.
 
 from __future__ import annotations
 
-from star_engine.api import Example, TrainExample
-from star_engine.datafiles import PROMPT_KINDS, check_option_path, few_shot_prompts, prompt_files
-from star_engine.errors import UserError
-from star_engine.options import require_choice, require_str_list
+from typing import Annotated, Literal
 
-from . import prompts
+from star_engine import NON_EMPTY, PROMPT_KINDS, Example, TrainExample, UserError, few_shot_prompts, prompt_files
+
 from .answers import extract, through_closing
 from .data import Row, Subset, level_class, read_math, subject_class
 from .known_files import DATA_FILES
+from .prompts import add_hint, builtin, completion, hint_text, read_prompt_file
+from .prompts import context as problem_context
 
-CLASSES = ("subject", "level", "none")
-EXTRACTIONS = ("lenient", "minerva", "boxed")
-STORED = ("final_answer", "until_stop")
-SHOW = ("answer", "solution")
+FilePath = Annotated[str | None, NON_EMPTY]  # a file's path, or none
 
 
 def _hinted(where: str, text: str, answer: str) -> str:
     try:
-        return prompts.add_hint(text, prompts.hint_text(answer))
+        return add_hint(text, hint_text(answer))
     except ValueError as e:  # only a user's prompt file can get here
         raise UserError(f"{where}: cannot add the hint to this prompt example: {e}") from None
 
@@ -57,19 +54,20 @@ class MATHTask:
     default_checker = "math_verify"
     default_hint = "math_answer"
 
-    def __init__(self, *, classes: str = "subject", math500_file: str | None = None,
-                 extraction: str = "lenient", stored_completion: str = "final_answer",
-                 prompts_file: str | None = None, hint_prompts_file: str | None = None,
-                 direct_prompts_file: str | None = None, direct_hint_prompts_file: str | None = None,
+    def __init__(self, *, classes: Literal["subject", "level", "none"] = "subject", math500_file: FilePath = None,
+                 extraction: Literal["lenient", "minerva", "boxed"] = "lenient",
+                 stored_completion: Literal["final_answer", "until_stop"] = "final_answer",
+                 prompts_file: FilePath = None, hint_prompts_file: FilePath = None,
+                 direct_prompts_file: FilePath = None, direct_hint_prompts_file: FilePath = None,
                  stop: list[str] | None = None) -> None:
-        self.classes = require_choice("classes", classes, CLASSES)
-        self.math500_file = check_option_path("math500_file", math500_file)
-        self.extraction = require_choice("extraction", extraction, EXTRACTIONS)
-        self.stored_completion = require_choice("stored_completion", stored_completion, STORED)
+        self.classes, self.math500_file = classes, math500_file
+        self.extraction, self.stored_completion = extraction, stored_completion
         # A solution has blank lines: only a new problem ends a generation.
-        self.stop = ("\nProblem:",) if stop is None else tuple(require_str_list("stop", stop))
+        self.stop = ("\nProblem:",) if stop is None else tuple(stop)
+        if "" in self.stop:
+            raise UserError(f"stop: must be a list of non-empty strings, got {stop!r}")
         files = prompt_files(prompts_file, hint_prompts_file, direct_prompts_file, direct_hint_prompts_file)
-        self._prompts = few_shot_prompts(files, prompts.read_prompt_file, prompts.builtin, _hinted)
+        self._prompts = few_shot_prompts(files, read_prompt_file, builtin, _hinted)
         self._subset: Subset | None = None
 
     # ------------------------------------------------------------------ data
@@ -86,7 +84,8 @@ class MATHTask:
 
     def load(self, split: str, path: str | None) -> list[Example]:
         if path is None:
-            raise UserError(f"task.data.{split}: the math task reads its data from a file; set task.data.{split}")
+            raise UserError(f"task.data.{split}: the math task reads its data from a file; set task.data.{split}",
+                            key=f"task.data.{split}")
         _, rows = read_math(path)
         ids = [row.unique_id or f"{split}-{i}" for i, row in enumerate(rows)]
         if self.math500_file is not None:
@@ -127,7 +126,7 @@ class MATHTask:
     # ------------------------------------------------------------------ formats
 
     def context(self, example: Example) -> str:
-        return prompts.context(example.question)
+        return problem_context(example.question)
 
     def prompt(self, kind: str) -> str:
         if kind not in self._prompts:
@@ -147,7 +146,7 @@ class MATHTask:
         solution = None if direct else example.fields.get("solution")
         if not direct and not solution:
             raise UserError(f"math: example {example.id!r} has no gold solution")
-        done = prompts.completion(solution, example.answer)
+        done = completion(solution, example.answer)
         cut = next((s for s in self.stop if s in done), None)
         if cut is not None:
             raise UserError(f"math: the gold completion of example {example.id!r} contains the stop string "
@@ -163,15 +162,15 @@ class AnswerHint:
     ``(Answer: $<gold answer>$)``; ``show = "solution"``: ``(Reference solution: <the data set's
     whole solution>)``. Leak strings: the hint and its label."""
 
-    def __init__(self, *, show: str = "answer") -> None:
-        self.show = require_choice("show", show, SHOW)
+    def __init__(self, *, show: Literal["answer", "solution"] = "answer") -> None:
+        self.show = show
 
     def text(self, example: Example) -> str:
         """The hint for ``example``."""
         if not example.answer:
             raise UserError(f"math_answer: example {example.id!r} has no gold answer to hint")
         if self.show == "answer":
-            return prompts.hint_text(example.answer)
+            return hint_text(example.answer)
         solution = example.fields.get("solution")
         if not isinstance(solution, str) or not solution.strip():
             raise UserError(f"math_answer: example {example.id!r} has no solution to show (show = \"solution\")")
@@ -179,7 +178,7 @@ class AnswerHint:
 
     def context(self, task, example: Example) -> str:
         try:
-            return prompts.add_hint(task.context(example), self.text(example))
+            return add_hint(task.context(example), self.text(example))
         except ValueError as e:
             raise UserError(f"math_answer: example {example.id!r}: {e}") from None
 

@@ -100,8 +100,12 @@ def test_math500_file_needs_all_of_its_problems(tmp_path):
         MATHTask(math500_file=str(MATH500)).load("dev", str(partial))
     with pytest.raises(UserError, match=re.escape(f"{tmp_path / 'nope.jsonl'}: cannot read")):
         MATHTask(math500_file=str(tmp_path / "nope.jsonl")).load("dev", str(MATH500))
-    with pytest.raises(UserError, match="math500_file: expected a path string"):
-        MATHTask(math500_file=3)
+    reg = Registry(autoload=False)
+    reg.add(plugin)
+    for value, message in [(3, "task.options.math500_file: expected a string, got integer 3"),
+                           ("", "task.options.math500_file: must not be empty")]:
+        with pytest.raises(UserError, match="^" + re.escape(message)):
+            reg.create("task", "math", {"math500_file": value}, "task.dataset", "task.options")
 
 
 BAD = [
@@ -159,10 +163,12 @@ def test_caps_are_checked_before_parsing(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"classes": "topic"}, "task.options: classes: must be one of 'subject', 'level', 'none', got 'topic'"),
-    ({"extraction": "last"}, "task.options: extraction: must be one of 'lenient', 'minerva', 'boxed'"),
-    ({"stored_completion": "all"}, "task.options: stored_completion: must be one of 'final_answer', 'until_stop'"),
-    ({"stop": "Problem:"}, "task.options: stop: must be a list of non-empty strings"),
+    ({"classes": "topic"}, "task.options.classes: must be one of subject, level, none, got 'topic'"),
+    ({"extraction": "last"}, "task.options.extraction: must be one of lenient, minerva, boxed"),
+    ({"stored_completion": "all"}, "task.options.stored_completion: must be one of final_answer, until_stop"),
+    ({"stop": "Problem:"}, "task.options.stop: expected a list of strings, got string 'Problem:'"),
+    ({"stop": ["\nProblem:", ""]}, "task.options: stop: must be a list of non-empty strings"),
+    ({"prompts_file": ""}, "task.options.prompts_file: must not be empty"),
     ({"level": 3}, "task.options.level: unknown option for task 'math'; accepted: classes, math500_file"),
 ])
 def test_option_errors_through_the_registry(options, message):
@@ -171,5 +177,5 @@ def test_option_errors_through_the_registry(options, message):
     with pytest.raises(UserError) as e:
         reg.create("task", "math", options, "task.dataset", "task.options")
     assert message in str(e.value), str(e.value)
-    with pytest.raises(UserError, match="task.hint: show: must be one of 'answer', 'solution', got 'both'"):
+    with pytest.raises(UserError, match=r"^task\.hint\.show: must be one of answer, solution, got 'both'$"):
         reg.create("hint", "math_answer", {"show": "both"}, "task.hint")

@@ -12,13 +12,12 @@ per question (``check_gold``, when the data is loaded; cached in the worker), no
 from __future__ import annotations
 
 from importlib.util import find_spec
+from typing import Annotated, Literal
 
-from star_engine.api import Verdict
-from star_engine.errors import UserError
-from star_engine.options import require_bool, require_choice, require_float, require_int
+from star_engine import NonNegInt, PosInt, UserError, Verdict, above
 
 from .pool import PACKAGE, TimedOut, Worker
-from .worker import GOLD_FORMATS
+from .worker import GoldFormat
 
 MODULES = ("math_verify", "latex2sympy2_extended", "sympy", "antlr4")  # what parsing LaTeX imports
 
@@ -55,21 +54,17 @@ class MathVerifyChecker:
       address-space cap in MiB (0 = none), past which an answer is wrong.
     """
 
-    def __init__(self, *, read: str = "generation", gold_format: str = "auto", bad_gold: str = "refuse",
-                 timeout_seconds: float = 5.0, float_rounding: int = 6, numeric_precision: int = 15,
-                 strict: bool = True, allow_set_relation_comp: bool = False, gold_cache: int = 16384,
-                 memory_mb: int = 4096) -> None:
-        self.read = require_choice("read", read, ("generation", "extracted"))
-        self.bad_gold = require_choice("bad_gold", bad_gold, ("refuse", "skip"))
-        self.timeout_seconds = require_float("timeout_seconds", timeout_seconds, strict=True)
-        options = {"gold_format": require_choice("gold_format", gold_format, GOLD_FORMATS),
-                   "float_rounding": require_int("float_rounding", float_rounding),
-                   "numeric_precision": require_int("numeric_precision", numeric_precision, minimum=1),
-                   "strict": require_bool("strict", strict),
-                   "allow_set_relation_comp": require_bool("allow_set_relation_comp", allow_set_relation_comp),
-                   "gold_cache": require_int("gold_cache", gold_cache, minimum=1),
-                   "memory_mb": require_int("memory_mb", memory_mb)}
-        if options["memory_mb"] and options["memory_mb"] < 512:
+    def __init__(self, *, read: Literal["generation", "extracted"] = "generation", gold_format: GoldFormat = "auto",
+                 bad_gold: Literal["refuse", "skip"] = "refuse", timeout_seconds: Annotated[float, above(0)] = 5.0,
+                 float_rounding: NonNegInt = 6, numeric_precision: PosInt = 15, strict: bool = True,
+                 allow_set_relation_comp: bool = False, gold_cache: PosInt = 16384,
+                 memory_mb: NonNegInt = 4096) -> None:
+        self.read, self.bad_gold, self.timeout_seconds = read, bad_gold, timeout_seconds
+        options = {"gold_format": gold_format, "float_rounding": float_rounding,
+                   "numeric_precision": numeric_precision, "strict": strict,
+                   "allow_set_relation_comp": allow_set_relation_comp, "gold_cache": gold_cache,
+                   "memory_mb": memory_mb}
+        if memory_mb and memory_mb < 512:
             raise UserError(f"memory_mb: must be 0 (no cap) or at least 512 (Python and sympy need it), "
                             f"got {memory_mb}")
         absent = missing_module()

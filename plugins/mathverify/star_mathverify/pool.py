@@ -23,7 +23,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 from collections.abc import Mapping
 
-from star_engine.errors import UserError
+from star_engine import UserError
 
 START_SECONDS = 120.0  # a cold start imports sympy and math-verify; a busy machine takes longer
 PACKAGE = "math-verify[antlr4_13_2]"

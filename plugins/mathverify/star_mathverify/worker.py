@@ -30,10 +30,10 @@ import logging
 import signal
 import sys
 from collections import OrderedDict
-from typing import Any
 from collections.abc import Mapping
+from typing import Any, Literal
 
-GOLD_FORMATS = ("auto", "latex", "expr")
+GoldFormat = Literal["auto", "latex", "expr"]  # how gold answers are read (``Verifier.parse_gold``)
 DELIMITERS = ("$", "\\(", "\\[", "\\boxed", "\\fbox")
 
 

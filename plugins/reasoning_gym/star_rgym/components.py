@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 
-from star_engine.api import Example, Verdict
-from star_engine.errors import UserError
-from star_engine.options import is_number, require_float
+from typing import Annotated
 
-from . import formats, gold, library
+from star_engine import Example, UserError, Verdict, between, is_number
+
+from .formats import HINT, hint_line, hinted
+from .gold import resolve
+from .library import quiet, rg
 
 
 class ScoreChecker:
@@ -18,20 +20,18 @@ class ScoreChecker:
     the gold answer (``star_rgym.gold``). No answer, a score_answer that raises on odd input,
     or a score that is not a finite number: a wrong answer, never a crash."""
 
-    def __init__(self, *, threshold: float = 1.0) -> None:
-        self.threshold = require_float("threshold", threshold, 0.0, strict=True)
-        if self.threshold > 1:
-            raise UserError(f"threshold: must be in (0, 1] (scores are in [0, 1]), got {threshold!r}")
-        library.rg()
+    def __init__(self, *, threshold: Annotated[float, between(0, 1, lo_open=True)] = 1.0) -> None:
+        self.threshold = threshold  # scores are in [0, 1]
+        rg()
 
     def score(self, extracted: str | None, gold_answer: str) -> float:
         """The dataset's score of ``extracted`` against the entry ``gold_answer`` refers to
         (0.0 for no answer or a score_answer that fails)."""
-        dataset, entry = gold.resolve(gold_answer, "reasoning_gym_score")
+        dataset, entry = resolve(gold_answer, "reasoning_gym_score")
         if extracted is None:
             return 0.0
         try:
-            with library.quiet():
+            with quiet():
                 value = dataset.score_answer(extracted, entry)
         except Exception:  # noqa: BLE001  (prime_factorization raises on a non-numeric answer)
             return 0.0
@@ -43,7 +43,7 @@ class ScoreChecker:
         """Whether ``gold_answer`` can be scored: a reasoning_gym task's reference to an entry that
         still draws the same (otherwise a UserError saying why). The core asks it once per
         question when it loads the data, where it has this optional Checker method."""
-        gold.resolve(gold_answer, "reasoning_gym_score")
+        resolve(gold_answer, "reasoning_gym_score")
         return True
 
     def check(self, generation: str, extracted: str | None, gold: str) -> Verdict:
@@ -55,10 +55,10 @@ class AnswerHint:
     and ``Answer:``. Leak strings: that line, and ``Hint:``."""
 
     def context(self, task, example: Example) -> str:
-        return formats.hinted(example.question, _answer(example))
+        return hinted(example.question, _answer(example))
 
     def leak_strings(self, task, example: Example) -> tuple[str, ...]:
-        return (formats.hint_line(_answer(example)), formats.HINT.strip())
+        return (hint_line(_answer(example)), HINT.strip())
 
 
 def _answer(example: Example) -> str:

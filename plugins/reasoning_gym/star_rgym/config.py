@@ -20,15 +20,12 @@ import json
 import re
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
-from collections.abc import Mapping
 
-from star_engine.errors import UserError
-from star_engine.options import is_int, is_number
-from star_engine.registry import close_matches
+from star_engine import UserError, close_matches, is_int, is_number
 
-from . import library
+from .library import dataset_classes, quiet, short
 
 RESERVED = {"seed": "task.options.seed", "size": "task.options.size_train, size_dev and size_test"}
 """Keys of every config class that the task sets itself (its reproducible, disjoint streams)."""
@@ -37,7 +34,7 @@ RESERVED = {"seed": "task.options.seed", "size": "task.options.size_train, size_
 def typed(name: str, table: Any, key: str = "config") -> dict[str, Any]:
     """The keyword arguments of dataset ``name``'s config class from the TOML table ``table``
     (``seed`` and ``size`` excluded), checked and converted; UserError naming the key."""
-    _, config_cls = library.dataset_classes(name)
+    _, config_cls = dataset_classes(name)
     if not isinstance(table, Mapping):
         raise UserError(f"{key}: must be a table of dataset {name!r}'s options, got {table!r}")
     out = _fields(config_cls, table, key, f"reasoning-gym dataset {name!r}", reserved=True)
@@ -77,9 +74,9 @@ def build(name: str, config: Mapping[str, Any], seed: int, size: int, key: str =
     """Dataset ``name`` with the typed ``config``; the config class's ``validate()`` and the
     dataset's constructor refusing it are a UserError naming the key their message mentions
     first (``size_key`` for the size)."""
-    dataset_cls, config_cls = library.dataset_classes(name)
+    dataset_cls, config_cls = dataset_classes(name)
     try:
-        with library.quiet():
+        with quiet():
             cfg = config_cls(**config, seed=seed, size=size)
             if callable(getattr(cfg, "validate", None)):
                 cfg.validate()
@@ -92,7 +89,7 @@ def build(name: str, config: Mapping[str, Any], seed: int, size: int, key: str =
         first = min(found)[1] if found else None
         where = size_key if first == "size" else key if first in (None, "seed") else f"{key}.{first}"
         raise UserError(f"{where}: reasoning-gym dataset {name!r} refused its configuration: "
-                        f"{library.short(e)}") from None
+                        f"{short(e)}") from None
 
 
 # ----------------------------------------------------------------------------- conversion
@@ -213,7 +210,7 @@ def _dataset_spec(cls: type, value: Mapping[str, Any], key: str) -> Any:
     name = spec["name"]
     if name == "composite":
         raise UserError(f"{key}.name: a composite cannot hold a composite")
-    library.dataset_classes(name, f"{key}.name")
+    dataset_classes(name, f"{key}.name")
     if not is_number(spec["weight"]) or spec["weight"] <= 0:
         raise UserError(f"{key}.weight: must be a number > 0, got {spec['weight']!r}")
     spec["config"] = typed(name, spec.get("config", {}), f"{key}.config")

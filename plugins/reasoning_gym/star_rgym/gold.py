@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from star_engine.errors import UserError
-from star_engine.options import is_int
+from star_engine import UserError, is_int
 
-from . import config, library
+from .config import build, canonical, typed
+from .library import quiet, version
 
 KEYS = ("answer", "dataset", "config", "seed", "size", "index", "reasoning_gym")
 MAX_DATASETS = 64
@@ -68,7 +68,7 @@ def decode(gold: str) -> Ref:
     if not all(isinstance(body[k], str) for k in ("answer", "dataset", "reasoning_gym")) \
             or not isinstance(body["config"], dict):
         raise ValueError("answer, dataset and reasoning_gym must be strings, config an object")
-    return Ref(body["answer"], body["dataset"], config.canonical(body["config"]), body["seed"], body["size"],
+    return Ref(body["answer"], body["dataset"], canonical(body["config"]), body["seed"], body["size"],
                body["index"], body["reasoning_gym"])
 
 
@@ -81,8 +81,8 @@ def dataset(name: str, plain_config: str, seed: int, size: int, key: str = "conf
     if k not in _datasets:
         if len(_datasets) >= MAX_DATASETS:
             _datasets.clear()
-        typed = config.typed(name, json.loads(plain_config), key)
-        _datasets[k] = config.build(name, typed, seed, size, key, size_key)
+        options = typed(name, json.loads(plain_config), key)
+        _datasets[k] = build(name, options, seed, size, key, size_key)
     return _datasets[k]
 
 
@@ -90,7 +90,7 @@ def dataset(name: str, plain_config: str, seed: int, size: int, key: str = "conf
 def entry(name: str, plain_config: str, seed: int, size: int, index: int) -> dict[str, Any]:
     """Item ``index`` of that dataset (shared: never modify it)."""
     ds = dataset(name, plain_config, seed, size)
-    with library.quiet():
+    with quiet():
         return ds[index]
 
 
@@ -108,5 +108,5 @@ def resolve(gold: str, who: str) -> tuple[Any, dict[str, Any]]:
     if str(item["answer"]) != ref.answer:
         raise UserError(f"{who}: reasoning-gym dataset {ref.name!r} (seed {ref.seed}, size {ref.size}) item "
                         f"{ref.index} now has the answer {str(item['answer'])!r}, not the gold {ref.answer!r}: "
-                        f"it was drawn by reasoning-gym {ref.version}, this is {library.version()}")
+                        f"it was drawn by reasoning-gym {ref.version}, this is {version()}")
     return ds, item

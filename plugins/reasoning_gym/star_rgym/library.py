@@ -13,7 +13,7 @@ from importlib import metadata
 from types import ModuleType
 from collections.abc import Iterator
 
-from star_engine.errors import UserError
+from star_engine import UserError
 
 DISTRIBUTION = "reasoning-gym"
 REQUIREMENT = "reasoning-gym>=0.1.25"

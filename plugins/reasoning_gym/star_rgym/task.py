@@ -17,15 +17,17 @@ from __future__ import annotations
 import json
 import os
 from functools import cached_property
-from typing import Any
+from typing import Annotated, Any
 
-from star_engine.api import Example, TrainExample
-from star_engine.errors import UserError
-from star_engine.options import is_number, require_float, require_int, require_str
-from star_engine.registry import close_matches
+from star_engine import NON_EMPTY, Example, Fraction, TrainExample, UserError, between, close_matches, is_number
 
-from . import config as rg_config
-from . import formats, gold, library
+from .config import canonical, plain, typed
+from .formats import SEPARATOR, STOP, hinted
+from .formats import completion as worked_completion
+from .formats import context as question_context
+from .formats import trim as trim_generation
+from .gold import Ref, dataset, entry
+from .library import dataset_classes, extract_answer, rg, short, system_prompts, version
 
 SPLITS = ("train", "dev", "test")
 STREAMS = ("train", "dev", "test", "shots", "seed")
@@ -36,6 +38,7 @@ STRIDE = 1 << 29
 MAX_SEED = (1 << 28) - 1
 MAX_SIZE = 1_000_000
 MAX_SHOTS = 64
+Size = Annotated[int, between(0, MAX_SIZE)]  # a stream's size (0: none)
 PROMPT_KINDS = ("rationale", "direct", "hint", "direct_hint")
 INSTRUCTIONS = ("auto", "none")
 UNHASHED = frozenset({"isomorphic_strings", "knight_swap", "polynomial_multiplication", "ransom_note", "word_ladder"})
@@ -83,41 +86,30 @@ class ReasoningGymTask:
 
     default_checker = "reasoning_gym_score"
     default_hint = "reasoning_gym_answer"
-    stop = formats.STOP
+    stop = STOP
 
-    def __init__(self, *, name: str, config: dict[str, Any] | None = None, seed: int = 0, size_train: int = 1000,
-                 size_dev: int = 200, size_test: int = 0, n_shots: int = 3, instruction: str = "auto",
-                 class_field: str = "auto", rationale_field: str = "", n_seed: int = 0,
-                 seed_hint_fraction: float = 0.0) -> None:
-        library.rg()  # a missing package: one line naming it
-        self.name = require_str("name", name)
-        library.dataset_classes(self.name, "name")
-        typed = rg_config.typed(self.name, {} if config is None else config)
-        self.config = rg_config.canonical(rg_config.plain(typed))
-        self.seed = require_int("seed", seed)
-        if self.seed > MAX_SEED:
-            raise UserError(f"seed: must be <= {MAX_SEED}, got {seed!r}")
-        self.sizes = {s: _size(f"size_{s}", v) for s, v in
-                      (("train", size_train), ("dev", size_dev), ("test", size_test))}
-        if not self.sizes["train"]:
-            raise UserError("size_train: must be >= 1, got 0")
-        self.sizes["shots"] = require_int("n_shots", n_shots)
-        if self.sizes["shots"] > MAX_SHOTS:
-            raise UserError(f"n_shots: must be <= {MAX_SHOTS}, got {n_shots!r}")
-        self.sizes["seed"] = _size("n_seed", n_seed)
-        self.seed_hint_fraction = require_float("seed_hint_fraction", seed_hint_fraction)
-        if self.seed_hint_fraction > 1:
-            raise UserError(f"seed_hint_fraction: must be in [0, 1], got {seed_hint_fraction!r}")
-        self.instruction = require_str("instruction", instruction)
-        known = [*INSTRUCTIONS, *library.system_prompts()]
-        if self.instruction not in known:
+    def __init__(self, *, name: Annotated[str, NON_EMPTY], config: dict[str, Any] | None = None,
+                 seed: Annotated[int, between(0, MAX_SEED)] = 0,
+                 size_train: Annotated[int, between(1, MAX_SIZE)] = 1000,
+                 size_dev: Size = 200, size_test: Size = 0, n_shots: Annotated[int, between(0, MAX_SHOTS)] = 3,
+                 instruction: str = "auto", class_field: str = "auto", rationale_field: str = "", n_seed: Size = 0,
+                 seed_hint_fraction: Fraction = 0.0) -> None:
+        rg()  # a missing package: one line naming it
+        self.name = name
+        dataset_classes(name, "name")
+        config_args = typed(name, {} if config is None else config)
+        self.config = canonical(plain(config_args))
+        self.seed = seed
+        self.sizes = {"train": size_train, "dev": size_dev, "test": size_test, "shots": n_shots, "seed": n_seed}
+        self.seed_hint_fraction = seed_hint_fraction
+        known = [*INSTRUCTIONS, *system_prompts()]
+        if instruction not in known:
             raise UserError(f"instruction: must be one of {', '.join(map(repr, known))}, got {instruction!r}"
-                            f"{close_matches(self.instruction, known)}")
-        self.class_field = require_str("class_field", class_field, allow_empty=True)
-        self.rationale_field = require_str("rationale_field", rationale_field, allow_empty=True)
-        self.version = library.version()
+                            f"{close_matches(instruction, known)}")
+        self.instruction, self.class_field, self.rationale_field = instruction, class_field, rationale_field
+        self.version = version()
         self._splits: dict[str, list[Example]] = {}
-        _require_stable_hashing(self.name, typed)
+        _require_stable_hashing(name, config_args)
         for stream in STREAMS:  # the config class and the constructors see every size the task uses
             if self.sizes[stream]:
                 self._dataset(stream)
@@ -127,23 +119,23 @@ class ReasoningGymTask:
     # ------------------------------------------------------------------ data
 
     def _dataset(self, stream: str) -> Any:
-        return gold.dataset(self.name, self.config, stream_seed(self.seed, stream),
+        return dataset(self.name, self.config, stream_seed(self.seed, stream),
                             stream_size(stream, self.sizes[stream]), "config", SIZE_KEYS[stream])
 
     def _draw_item(self, stream: str, index: int) -> dict[str, Any]:
         try:
-            item = gold.entry(self.name, self.config, stream_seed(self.seed, stream),
+            item = entry(self.name, self.config, stream_seed(self.seed, stream),
                               stream_size(stream, self.sizes[stream]), index)
         except UserError:
             raise
         except Exception as e:  # noqa: BLE001  (a generator that fails on this configuration)
             raise UserError(f"task.options: config: reasoning-gym dataset {self.name!r} failed to draw item {index} "
-                            f"of its {stream} stream: {library.short(e)}") from None
+                            f"of its {stream} stream: {short(e)}", key="task.options.config") from None
         if item.get("answer") is None:
             source = item.get("metadata", {}).get("source_dataset", self.name)
             raise UserError(f"task.options: name: reasoning-gym dataset {source!r} gives questions without an answer "
                             f"(answer is None; its score_answer does not score its own solution 1.0): there is no "
-                            f"gold to check or hint; choose another dataset")
+                            f"gold to check or hint; choose another dataset", key="task.options.name")
         return item
 
     @cached_property
@@ -167,13 +159,14 @@ class ReasoningGymTask:
                     return out
         raise UserError(f"task.options: {SIZE_KEYS[stream]}: only {len(out)} of the first {size} questions of the "
                         f"{stream} stream are not dev or test questions: the configuration allows too few distinct "
-                        f"questions (widen task.options.config, or ask for fewer)")
+                        f"questions (widen task.options.config, or ask for fewer)",
+                        key=f"task.options.{SIZE_KEYS[stream]}")
 
     def _examples(self, stream: str) -> list[Example]:
         out = []
         for index, item in self._items(stream):
             answer = str(item["answer"])
-            ref = gold.Ref(answer, self.name, self.config, stream_seed(self.seed, stream),
+            ref = Ref(answer, self.name, self.config, stream_seed(self.seed, stream),
                            stream_size(stream, self.sizes[stream]), index, self.version)
             qid = f"{stream}-{index}"
             fields: dict[str, Any] = {"answer": answer, "index": index}
@@ -185,12 +178,14 @@ class ReasoningGymTask:
 
     def load(self, split: str, path: str | None) -> list[Example]:
         if path is not None:
-            raise UserError(f"task.data.{split}: the reasoning_gym task draws its data; remove this path")
+            raise UserError(f"task.data.{split}: the reasoning_gym task draws its data; remove this path",
+                            key=f"task.data.{split}")
         if split not in SPLITS:
             raise UserError(f"task.data.{split}: the reasoning_gym task has the splits {', '.join(SPLITS)}, "
-                            f"not {split!r}")
+                            f"not {split!r}", key=f"task.data.{split}")
         if not self.sizes[split]:
-            raise UserError(f"task.options: size_{split}: is 0, so there is no {split} split; set it")
+            raise UserError(f"task.options: size_{split}: is 0, so there is no {split} split; set it",
+                            key=f"task.options.size_{split}")
         if split not in self._splits:
             self._splits[split] = self._examples(split)
         return list(self._splits[split])
@@ -208,44 +203,44 @@ class ReasoningGymTask:
         if not found:
             keys = ", ".join(sorted(item.get("metadata", {}))) or "none"
             raise UserError(f"task.options: class_field: {qid} of reasoning-gym dataset {self.name!r} has no "
-                            f"metadata field {self.class_field!r} (its fields: {keys})")
+                            f"metadata field {self.class_field!r} (its fields: {keys})", key="task.options.class_field")
         if isinstance(value, (str, int, float, bool)):
             return str(value)
-        return json.dumps(rg_config.plain(value), sort_keys=True, separators=(",", ":"), default=str)
+        return json.dumps(plain(value), sort_keys=True, separators=(",", ":"), default=str)
 
     def _rationale(self, item: dict[str, Any], qid: str) -> str:
         found, value = metadata_field(item, self.rationale_field)
         if not found or not isinstance(value, str) or not value.strip():
             raise UserError(f"task.options: rationale_field: {qid} of reasoning-gym dataset {self.name!r} has no "
-                            f"text in metadata field {self.rationale_field!r}")
-        if any(s in formats.completion("", value) for s in self.stop):
+                            f"text in metadata field {self.rationale_field!r}", key="task.options.rationale_field")
+        if any(s in worked_completion("", value) for s in self.stop):
             raise UserError(f"task.options: rationale_field: the rationale of {qid} holds a stop string "
-                            f"({', '.join(map(repr, self.stop))})")
+                            f"({', '.join(map(repr, self.stop))})", key="task.options.rationale_field")
         return value
 
     # ------------------------------------------------------------------ formats
 
     def context(self, example: Example) -> str:
-        return formats.context(example.question)
+        return question_context(example.question)
 
     def prompt(self, kind: str) -> str:
         if kind not in PROMPT_KINDS:
             raise ValueError(f"unknown prompt kind {kind!r}; known: {', '.join(PROMPT_KINDS)}")
-        direct, hinted = kind.startswith("direct"), kind.endswith("hint")
+        direct, with_hint = kind.startswith("direct"), kind.endswith("hint")
         parts = []
         text = self._instruction(direct)
         if text:
-            parts.append(text.strip() + formats.SEPARATOR)
+            parts.append(text.strip() + SEPARATOR)
         for ex in self._shots:
-            ctx = formats.hinted(ex.question, ex.fields["answer"]) if hinted else formats.context(ex.question)
-            parts.append(ctx + self.completion(ex, direct) + formats.SEPARATOR)
+            ctx = hinted(ex.question, ex.fields["answer"]) if with_hint else question_context(ex.question)
+            parts.append(ctx + self.completion(ex, direct) + SEPARATOR)
         return "".join(parts)
 
     def _instruction(self, direct: bool) -> str:
         if self.instruction == "none":
             return ""
         which = ("direct" if direct else "default") if self.instruction == "auto" else self.instruction
-        return library.system_prompts()[which]
+        return system_prompts()[which]
 
     @cached_property
     def _shots(self) -> list[Example]:
@@ -254,38 +249,31 @@ class ReasoningGymTask:
     def completion(self, example: Example, direct: bool) -> str:
         """The example's worked answer: with its rationale unless ``direct`` or there is none."""
         rationale = None if direct else example.fields.get("rationale")
-        return formats.completion(example.fields["answer"], rationale)
+        return worked_completion(example.fields["answer"], rationale)
 
     def trim(self, generation: str) -> str:
-        return formats.trim(generation)
+        return trim_generation(generation)
 
     def extract(self, generation: str) -> str | None:
-        return library.extract_answer(generation)
+        return extract_answer(generation)
 
     def gold_completion(self, example: Example, direct: bool) -> str:
         if not direct and "rationale" not in example.fields:
             raise UserError(f"task.options: rationale_field: reasoning-gym dataset {self.name!r} has no gold "
                             f"rationales to train on; name the metadata field that holds one (gsm_symbolic: "
-                            f"\"answer_cot\"), or set task.direct = true")
+                            f"\"answer_cot\"), or set task.direct = true", key="task.options.rationale_field")
         return self.completion(example, direct)
 
     def seed_examples(self) -> list[TrainExample]:
         seeds = self._examples("seed")
-        plain = [TrainExample(self.context(ex), self.completion(ex, False)) for ex in seeds]
-        hinted = [TrainExample(formats.hinted(ex.question, ex.fields["answer"]), self.completion(ex, False))
-                  for ex in seeds[: round(self.seed_hint_fraction * len(seeds))]]
-        return plain + hinted
+        without = [TrainExample(self.context(ex), self.completion(ex, False)) for ex in seeds]
+        with_hint = [TrainExample(hinted(ex.question, ex.fields["answer"]), self.completion(ex, False))
+                     for ex in seeds[: round(self.seed_hint_fraction * len(seeds))]]
+        return without + with_hint
 
 
-def _size(name: str, value: Any) -> int:
-    n = require_int(name, value)
-    if n > MAX_SIZE:
-        raise UserError(f"{name}: must be <= {MAX_SIZE}, got {value!r}")
-    return n
-
-
-def _require_stable_hashing(name: str, typed: dict[str, Any]) -> None:
-    names = {name} | {spec.name for spec in typed.get("datasets", [])} if name == "composite" else {name}
+def _require_stable_hashing(name: str, config_args: dict[str, Any]) -> None:
+    names = {name} | {spec.name for spec in config_args.get("datasets", [])} if name == "composite" else {name}
     unstable = sorted(names & UNHASHED)
     if unstable and not os.environ.get("PYTHONHASHSEED", "").isdigit():
         raise UserError(f"name: reasoning-gym dataset {unstable[0]!r} draws other questions in every Python process "

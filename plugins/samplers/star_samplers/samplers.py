@@ -1,6 +1,7 @@
 """Question samplers: which train questions STaR iteration ``n`` draws (``generation.sampler``).
 
-Each class is a factory whose keyword-only ``__init__`` parameters are its TOML options;
+Each class is a factory whose keyword-only ``__init__`` parameters declare its TOML options
+(types and ranges, checked by the registry before it is built);
 ``select(iteration, questions, n, ledger, seed)`` returns the ids of at most ``n`` questions.
 Every random choice comes from ``derive_seed(seed, iteration, question id, purpose)``, so a
 choice depends neither on the split's order nor on where a run was interrupted.
@@ -18,16 +19,11 @@ choice depends neither on the split's order nor on where a run was interrupted.
 from __future__ import annotations
 
 import math
-from typing import Any
 from collections.abc import Mapping, Sequence
+from typing import Annotated, Any
 
-from star_engine.api import Example
-from star_engine.ledger import latest
-from star_engine.metrics import natural
-from star_engine.options import require_float, require_str_list
-from star_engine.errors import UserError
-from star_engine.questions import uniform_subset
-from star_engine.seeds import derive_seed
+from star_engine import (Example, Fraction, NonNegFloat, UserError, between, derive_seed, latest, natural,
+                         uniform_subset)
 
 
 def _uniform(u: int) -> float:
@@ -55,11 +51,9 @@ class AdaptiveSampler:
     often a question was solved. ``n`` questions are drawn without replacement, each with
     a chance in proportion to its weight (Efraimidis-Spirakis keys ``u ** (1 / weight)``)."""
 
-    def __init__(self, *, floor: float = 0.1, power: float = 1.0) -> None:
-        self.floor = require_float("floor", floor)
-        if not 0 < self.floor <= 1:
-            raise UserError(f"floor: must be in (0, 1], got {floor!r}")
-        self.power = require_float("power", power)
+    def __init__(self, *, floor: Annotated[float, between(0, 1, lo_open=True)] = 0.1,
+                 power: NonNegFloat = 1.0) -> None:
+        self.floor, self.power = floor, power
 
     def weight(self, iteration: int, history: Mapping[str, Any] | None) -> float:
         solved = (history or {}).get("times_solved") or 0
@@ -87,11 +81,11 @@ class CurriculumSampler:
     in the latest iteration that drew it (a class never drawn has 0). ``n`` questions are
     drawn uniformly from the open classes (fewer when they hold fewer)."""
 
-    def __init__(self, *, order: list[str] | None = None, threshold: float = 0.5) -> None:
-        self.order = require_str_list("order", [] if order is None else order)
-        self.threshold = require_float("threshold", threshold)
-        if self.threshold > 1:
-            raise UserError(f"threshold: must be in [0, 1], got {threshold!r}")
+    def __init__(self, *, order: list[str] | None = None, threshold: Fraction = 0.5) -> None:
+        self.order = [] if order is None else list(order)
+        if "" in self.order:
+            raise UserError(f"order: must be a list of non-empty strings, got {order!r}")
+        self.threshold = threshold
 
     def classes(self, questions: Sequence[Example]) -> list[str]:
         present = {q.cls for q in questions}

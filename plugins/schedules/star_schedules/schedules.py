@@ -10,17 +10,17 @@ examples at 1.4 epochs are 63 steps here, where the original's floats give
 
 Every schedule gives 0 steps when there are no examples (there is nothing to train
 on), and ``max_steps`` (0 = no cap) caps the result. Each class is a factory whose
-keyword-only ``__init__`` parameters are the schedule's TOML options.
+keyword-only ``__init__`` parameters declare the schedule's TOML options (types and
+ranges, checked by the registry before the schedule is built).
 """
 
 from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import Annotated
 
-from star_engine.errors import UserError
-
-from star_engine.options import is_int, require_float, require_int
+from star_engine import NonNegFloat, NonNegInt, UserError, above, is_int
 
 
 def _exact(value: float) -> Fraction:
@@ -50,12 +50,10 @@ class EpochsSchedule(_Schedule):
     (batch_size * grad_accum))``, at least ``min_steps`` when there are examples.
     """
 
-    def __init__(self, *, base_epochs: float = 1.0, add_epochs: float = 0.2,
-                 min_steps: int = 1, max_steps: int = 0) -> None:
-        self.base_epochs = require_float("base_epochs", base_epochs)
-        self.add_epochs = require_float("add_epochs", add_epochs)
-        self.min_steps = require_int("min_steps", min_steps)
-        self.max_steps = require_int("max_steps", max_steps)
+    def __init__(self, *, base_epochs: NonNegFloat = 1.0, add_epochs: NonNegFloat = 0.2,
+                 min_steps: NonNegInt = 1, max_steps: NonNegInt = 0) -> None:
+        self.base_epochs, self.add_epochs = base_epochs, add_epochs
+        self.min_steps, self.max_steps = min_steps, max_steps
         if self.max_steps and self.min_steps > self.max_steps:
             raise UserError(f"min_steps: must not exceed max_steps ({self.max_steps}), "
                             f"got {self.min_steps}")
@@ -74,10 +72,8 @@ class EpochsSchedule(_Schedule):
 class SteadyGrowSchedule(_Schedule):
     """``steps = start_steps + add_steps * (n - 1)``."""
 
-    def __init__(self, *, start_steps: int = 40, add_steps: int = 20, max_steps: int = 0) -> None:
-        self.start_steps = require_int("start_steps", start_steps)
-        self.add_steps = require_int("add_steps", add_steps)
-        self.max_steps = require_int("max_steps", max_steps)
+    def __init__(self, *, start_steps: NonNegInt = 40, add_steps: NonNegInt = 20, max_steps: NonNegInt = 0) -> None:
+        self.start_steps, self.add_steps, self.max_steps = start_steps, add_steps, max_steps
 
     def steps(self, iteration: int, n_examples: int, batch_size: int, grad_accum: int) -> int:
         _check_call(iteration, n_examples, batch_size, grad_accum)
@@ -90,10 +86,9 @@ class ExponentialGrowSchedule(_Schedule):
     """``steps = floor(start_steps * grow ** (n - 1))``: the paper's "40 steps, +20%
     per iteration" gives 40, 48, 57, 69, 82, 99, … (floor, as the original's ``int()``)."""
 
-    def __init__(self, *, start_steps: int = 40, grow: float = 1.2, max_steps: int = 0) -> None:
-        self.start_steps = require_int("start_steps", start_steps)
-        self.grow = require_float("grow", grow, strict=True)
-        self.max_steps = require_int("max_steps", max_steps)
+    def __init__(self, *, start_steps: NonNegInt = 40, grow: Annotated[float, above(0)] = 1.2,
+                 max_steps: NonNegInt = 0) -> None:
+        self.start_steps, self.grow, self.max_steps = start_steps, grow, max_steps
         self._grow = _exact(self.grow)
 
     def steps(self, iteration: int, n_examples: int, batch_size: int, grad_accum: int) -> int:

@@ -2,7 +2,8 @@ import math
 
 import pytest
 
-from star_engine.errors import UserError
+from star_engine import Registry, UserError
+from star_schedules import plugin
 from star_schedules.schedules import EpochsSchedule, ExponentialGrowSchedule, SteadyGrowSchedule
 
 
@@ -100,30 +101,44 @@ def test_exponential_grow_zero_examples():
 # ----------------------------------------------------------------------------- validation
 
 
-@pytest.mark.parametrize("factory, options, option", [
-    (EpochsSchedule, {"base_epochs": -1.0}, "base_epochs"),
-    (EpochsSchedule, {"base_epochs": "1"}, "base_epochs"),
-    (EpochsSchedule, {"add_epochs": float("nan")}, "add_epochs"),
-    (EpochsSchedule, {"add_epochs": -0.2}, "add_epochs"),
-    (EpochsSchedule, {"min_steps": -1}, "min_steps"),
-    (EpochsSchedule, {"min_steps": 1.5}, "min_steps"),
-    (EpochsSchedule, {"min_steps": 20, "max_steps": 10}, "min_steps"),
-    (EpochsSchedule, {"max_steps": -3}, "max_steps"),
-    (SteadyGrowSchedule, {"start_steps": -40}, "start_steps"),
-    (SteadyGrowSchedule, {"start_steps": 40.0}, "start_steps"),
-    (SteadyGrowSchedule, {"add_steps": -20}, "add_steps"),
-    (SteadyGrowSchedule, {"add_steps": True}, "add_steps"),
-    (SteadyGrowSchedule, {"max_steps": "0"}, "max_steps"),
-    (ExponentialGrowSchedule, {"grow": 0}, "grow"),
-    (ExponentialGrowSchedule, {"grow": -1.2}, "grow"),
-    (ExponentialGrowSchedule, {"grow": float("inf")}, "grow"),
-    (ExponentialGrowSchedule, {"grow": False}, "grow"),
-    (ExponentialGrowSchedule, {"start_steps": -1}, "start_steps"),
-    (ExponentialGrowSchedule, {"max_steps": -1}, "max_steps"),
+@pytest.mark.parametrize("name, options, message", [
+    ("epochs", {"base_epochs": -1.0}, "base_epochs: must be >= 0, got -1.0"),
+    ("epochs", {"base_epochs": "1"}, "base_epochs: expected a number, got string '1'"),
+    ("epochs", {"add_epochs": float("nan")}, "add_epochs: must be a finite number, got nan"),
+    ("epochs", {"add_epochs": -0.2}, "add_epochs: must be >= 0, got -0.2"),
+    ("epochs", {"min_steps": -1}, "min_steps: must be >= 0, got -1"),
+    ("epochs", {"min_steps": 1.5}, "min_steps: expected an integer, got number 1.5"),
+    ("epochs", {"max_steps": -3}, "max_steps: must be >= 0, got -3"),
+    ("steady_grow", {"start_steps": -40}, "start_steps: must be >= 0, got -40"),
+    ("steady_grow", {"start_steps": 40.0}, "start_steps: expected an integer, got number 40.0"),
+    ("steady_grow", {"add_steps": -20}, "add_steps: must be >= 0, got -20"),
+    ("steady_grow", {"add_steps": True}, "add_steps: expected an integer, got boolean True"),
+    ("steady_grow", {"max_steps": "0"}, "max_steps: expected an integer, got string '0'"),
+    ("exponential_grow", {"grow": 0}, "grow: must be > 0, got 0"),
+    ("exponential_grow", {"grow": -1.2}, "grow: must be > 0, got -1.2"),
+    ("exponential_grow", {"grow": float("inf")}, "grow: must be a finite number, got inf"),
+    ("exponential_grow", {"grow": False}, "grow: expected a number, got boolean False"),
+    ("exponential_grow", {"start_steps": -1}, "start_steps: must be >= 0, got -1"),
+    ("exponential_grow", {"max_steps": -1}, "max_steps: must be >= 0, got -1"),
+    ("epochs", {"max_step": 3}, "max_step: unknown option for schedule 'epochs'"),
 ])
-def test_bad_options(factory, options, option):
-    with pytest.raises(UserError, match=option):
-        factory(**options)
+def test_bad_options(name, options, message):
+    # the real path: the registry checks the options the factory declares, then builds it
+    registry = Registry(autoload=False)
+    registry.add(plugin)
+    with pytest.raises(UserError) as e:
+        registry.create("schedule", name, options, "training.schedule")
+    assert str(e.value).startswith(f"training.schedule.{message}"), str(e.value)
+    assert e.value.key == f"training.schedule.{message.split(':')[0]}"
+
+
+def test_a_rule_across_options_names_the_option_after_the_table():
+    registry = Registry(autoload=False)
+    registry.add(plugin)
+    with pytest.raises(UserError) as e:
+        registry.create("schedule", "epochs", {"min_steps": 20, "max_steps": 10}, "training.schedule")
+    assert str(e.value) == "training.schedule: min_steps: must not exceed max_steps (10), got 20"
+    assert e.value.key == "training.schedule"
 
 
 def test_float_options_accept_integers():
