@@ -63,7 +63,7 @@ TOML_CASES = [
     ("empty_splits", lambda t: _edit(t, 'splits = ["dev"]', "splits = []"),
      "{path}: evaluation.splits: needs at least one split"),
     ("split_not_string", lambda t: _edit(t, 'splits = ["dev"]', 'splits = ["dev", 3]'),
-     "evaluation.splits: expected a list of strings"),
+     "evaluation.splits[1]: expected a string, got integer 3"),
     ("component_name_not_string",
      lambda t: _edit(t, 'filters = ["toy_leak"]', 'filters = ["toy_leak"]\nchecker = { name = 3 }'),
      "task.checker: expected a name or a table with 'name'"),
