@@ -15,7 +15,7 @@ from star_testkit import REPO
 
 def plugin_packages() -> list[Path]:
     found = []
-    for parent in ("plugins", "backends"):
+    for parent in ("plugins", "backends", "examples"):
         for project in sorted((REPO / parent).glob("*/pyproject.toml")):
             found += [init.parent for init in sorted(project.parent.glob("*/__init__.py"))
                       if init.parent.name != "tests"]

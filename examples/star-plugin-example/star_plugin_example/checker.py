@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from star_engine.api import Verdict
-from star_engine.options import require_bool, require_float
+from star_engine import NonNegFloat, Verdict
 
 from . import units
 
@@ -26,12 +25,12 @@ class UnitNumericChecker:
     "350"), or the raw stripped text when it does not parse.
     """
 
-    def __init__(self, *, abs_tol: float = 1e-9, rel_tol: float = 0.0, require_unit: bool = True,
+    def __init__(self, *, abs_tol: NonNegFloat = 1e-9, rel_tol: NonNegFloat = 0.0, require_unit: bool = True,
                  convert: bool = True) -> None:
-        self.abs_tol = Decimal(str(require_float("abs_tol", abs_tol)))
-        self.rel_tol = Decimal(str(require_float("rel_tol", rel_tol)))
-        self.require_unit = require_bool("require_unit", require_unit)
-        self.convert = require_bool("convert", convert)
+        self.abs_tol = Decimal(str(abs_tol))
+        self.rel_tol = Decimal(str(rel_tol))
+        self.require_unit = require_unit
+        self.convert = convert
 
     def close(self, a: Decimal, b: Decimal) -> bool:
         return abs(a - b) <= max(self.abs_tol, self.rel_tol * max(abs(a), abs(b)))

@@ -16,12 +16,10 @@ import random
 import re
 from decimal import Decimal
 from functools import cached_property
-from typing import Any
+from typing import Annotated, Any
 
-from star_engine.api import Example, TrainExample
-from star_engine.datafiles import read_jsonl
-from star_engine.errors import UserError
-from star_engine.options import require_float, require_int
+from star_engine import (NON_EMPTY, Example, Fraction, NonNegInt, PosInt, TrainExample, UserError, between,
+                         read_jsonl)
 
 from . import units
 from .units import PAIRS, UNITS, Unit, fmt, quantity
@@ -88,29 +86,21 @@ class UnitConversionTask:
     default_hint = "unit_answer"
     stop = (STOP,)
 
-    def __init__(self, *, seed: int = 0, n_train: int = 1000, n_dev: int = 100, n_test: int = 100,
-                 families: list[str] | None = None, max_value: int = 20, decimals: int = 1,
-                 n_seed: int = 200, seed_hint_fraction: float = 0.5, n_shots: int = 0) -> None:
-        self.seed = require_int("seed", seed)
-        self.n = {"train": require_int("n_train", n_train, 1), "dev": require_int("n_dev", n_dev, 1),
-                  "test": require_int("n_test", n_test, 1)}
+    def __init__(self, *, seed: NonNegInt = 0, n_train: PosInt = 1000, n_dev: PosInt = 100, n_test: PosInt = 100,
+                 families: Annotated[list[str], NON_EMPTY] | None = None, max_value: PosInt = 20,
+                 decimals: Annotated[int, between(0, 3)] = 1, n_seed: NonNegInt = 200,
+                 seed_hint_fraction: Fraction = 0.5, n_shots: NonNegInt = 0) -> None:
+        # The types and ranges above are checked by the core before this runs (declared once).
+        self.seed = seed
+        self.n = {"train": n_train, "dev": n_dev, "test": n_test}
         if families is None:
             families = list(units.FAMILIES)
-        if not isinstance(families, list) or not families or not all(isinstance(f, str) for f in families):
-            raise UserError(f"families: must be a non-empty list of family names, got {families!r}")
         unknown = sorted(set(families) - set(units.FAMILIES))
         if unknown:
             raise UserError(f"families: unknown {', '.join(map(repr, unknown))}; known: {', '.join(units.FAMILIES)}")
         self.families = [f for f in units.FAMILIES if f in families]
-        self.max_value = require_int("max_value", max_value, 1)
-        self.decimals = require_int("decimals", decimals)
-        if self.decimals > 3:
-            raise UserError(f"decimals: must be <= 3, got {decimals!r}")
-        self.n_seed = require_int("n_seed", n_seed)
-        self.seed_hint_fraction = require_float("seed_hint_fraction", seed_hint_fraction)
-        if self.seed_hint_fraction > 1:
-            raise UserError(f"seed_hint_fraction: must be <= 1, got {seed_hint_fraction!r}")
-        self.n_shots = require_int("n_shots", n_shots)
+        self.max_value, self.decimals = max_value, decimals
+        self.n_seed, self.seed_hint_fraction, self.n_shots = n_seed, seed_hint_fraction, n_shots
         if self.n_shots > self.n_seed:
             raise UserError(f"n_shots: the few-shot examples come from the seed set; n_shots ({n_shots}) "
                             f"must be <= n_seed ({n_seed})")
@@ -164,7 +154,7 @@ class UnitConversionTask:
 
     def _read_jsonl(self, split: str, path: str) -> list[Example]:
         """Rows ``{"id"?, "quantity", "from", "to", "answer"?}``; units by any name or symbol.
-        :func:`star_engine.datafiles.read_jsonl` reports bad JSON as ``file:line``."""
+        :func:`star_engine.read_jsonl` reports bad JSON as ``file:line``."""
         out = []
         for where, row in read_jsonl(path):
             for key in ("quantity", "from", "to"):
