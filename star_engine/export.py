@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from .errors import IntegrityError, UserError
 from .fsio import sha256_file
 from .records import Rationale, read
+from .registry import Registry
 from .seeds import coin
 from .store import atomic_write_bytes, read_json_file, read_manifest
 
@@ -165,8 +166,6 @@ def kept_rationales(root: Path, iteration: int | None = None) -> tuple[list[Rati
 def _prefixes(root: Path) -> tuple[Any, bool]:
     """(a function row -> the few-shot prefix its stored prompt goes with, whether the stored
     prompts already hold it), from the run's ``config.json`` and its task plugin."""
-    from .registry import Registry
-
     cfg = read_json_file(root / "config.json", 64 << 20, "config.json")
     try:
         task_cfg, seed = cfg["task"], cfg["experiment"]["seed"]

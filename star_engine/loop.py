@@ -85,7 +85,7 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
         kept = training_examples(rationales)
         trained_on = "gold" if tr.source == "gold" else "kept"
         if not kept and cfg.experiment.smoke:  # --smoke: the training stage runs all the same
-            kept, trained_on = smoke.gold_fallback(stages, n, D), "gold_fallback"
+            kept, trained_on = training_examples(smoke.gold_fallback(stages, n, D)), "gold_fallback"
         init = M0 if tr.restart_from_base else M                           # restart from base
         steps = exp.schedule.steps(n, len(kept), tr.batch_size, tr.grad_accum)
         if cfg.experiment.smoke:

@@ -21,8 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from .metrics import natural  # noqa: E402
-from .report import classes, eval_split, has_exploration, series, train_all, train_counts  # noqa: E402
+from .metrics import classes, eval_split, has_exploration, natural, series, train_all, train_counts  # noqa: E402
 
 MAX_CLASSES = 24  # plotted per run (the Markdown table has them all)
 LABEL_WIDTH = 34  # characters per legend line

@@ -37,6 +37,8 @@ from typing import Any
 from collections.abc import Callable, Iterator
 
 from .api import MultiProcess
+from .boundary import failure_message
+from .errors import ProcessLost
 
 
 @dataclass
@@ -84,9 +86,6 @@ class Processes:
         try:
             yield
         except BaseException as e:
-            from .boundary import failure_message
-            from .errors import ProcessLost
-
             if not isinstance(e, ProcessLost):
                 self.stop_others(f"process {self.index}: {failure_message(e)}")
             raise

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import structlog
 
-from . import __version__, rundir, ui
+from . import __version__, rundir, runlock, ui
 from .experiment import Experiment, config_hash
 from .loop import run_star
 from .stages import Stages, derive_seed
@@ -79,7 +79,7 @@ def prepare_run_dir(exp: Experiment, toml_path: Path) -> RunStore:
     may have changed it since ``preflight``), then open it."""
     p = exp.processes
     if p.primary:
-        rundir.lock(exp.run_dir)  # before the first write; refused at once when another run holds it
+        runlock.lock(exp.run_dir)  # before the first write; refused at once when another run holds it
     p.sync("run directory locked")
     state = rundir.inspect(exp.cfg, exp.defaults)
     # Several processes: all of them look at the folder before process 0 changes it.

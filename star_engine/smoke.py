@@ -27,13 +27,18 @@ from __future__ import annotations
 
 import copy
 from typing import Any
+from typing import TYPE_CHECKING
 from collections.abc import Sequence
 
 import structlog
 
-from .api import Example, TrainExample
+from .api import Example
 from .errors import UserError
-from .options import is_int
+from .schema import is_int
+
+if TYPE_CHECKING:  # the loop's stages, for the annotation only (they import much; the config loader reads this)
+    from .records import Rationale
+    from .stages import Stages
 
 log = structlog.get_logger("star_engine")
 LIMIT = 8
@@ -74,12 +79,10 @@ def steps(scheduled: int) -> int:
     return min(max(scheduled, 1), STEPS)
 
 
-def gold_fallback(stages: Any, n: int, questions: Sequence[Example]) -> list[TrainExample]:
+def gold_fallback(stages: Stages, n: int, questions: Sequence[Example]) -> list[Rationale]:
     """Iteration ``n`` of a smoke run kept nothing: the gold completions of its questions
     (``stages.gold``, stored as ``smoke_gold.parquet``; the direct ones when the task has no gold
     rationales) to train on, with a ``smoke_gold_fallback`` warning."""
-    from .stages import training_examples
-
     direct = stages.cfg.task.direct
     try:
         rows = stages.gold(n, questions, "smoke_gold")
@@ -97,4 +100,4 @@ def gold_fallback(stages: Any, n: int, questions: Sequence[Example]) -> list[Tra
     log.warning("smoke_gold_fallback", iteration=n, examples=len(rows), completions=what,
                 note="--smoke: nothing was kept, so the training stage trains on the task's gold completions "
                      "instead (metrics.parquet: trained_on = gold_fallback)")
-    return training_examples(rows)
+    return rows
