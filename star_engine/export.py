@@ -175,10 +175,12 @@ def _prefixes(root: Path) -> tuple[Any, bool]:
         raise UserError(f"{root / 'config.json'}: not a run's resolved configuration") from None
     if task_cfg.get("few_shot_train", False):
         return None, True
-    task = Registry().create("task", dataset, options, "task.dataset", "task.options")
+    registry = Registry()
+    task = registry.create("task", dataset, options, "task.dataset", "task.options")
     # experiment.prompt_kinds: the kinds the run asked its task for, (plain, hinted)
     plain, hinted = ("direct", "direct_hint") if task_cfg.get("direct", False) else ("rationale", "hint")
-    cache = {kind: task.prompt(kind) for kind in (plain, hinted) if kind == plain or p_show > 0}
+    with registry.calling(task, "prompt"):
+        cache = {kind: task.prompt(kind) for kind in (plain, hinted) if kind == plain or p_show > 0}
 
     def prefix(r: Rationale) -> str:
         # stages.rationalize: a hinted row's prompt is the hinted context when this coin fired
