@@ -162,7 +162,7 @@ def report(statuses: list[Status], root: Path | None, where: str, out: Callable[
     for s in statuses:
         shown = relative(s.path, root) or str(s.path)
         line = f"  {s.state:<9} {s.key:<{width}}  {shown}"
-        if s.state == "different":
+        if s.state == "different" and s.known is not None:  # (a different file has a known hash)
             line += f"  sha256 {s.actual}, expected {s.known.sha256}"
         if s.state in ("missing", "different") and s.known is not None:
             line += f"  [{s.known.source}; {s.known.license}]"

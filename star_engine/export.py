@@ -40,12 +40,19 @@ MAX_ROWS = 50_000_000  # rationales per file, as its footer declares them
 _ITER = re.compile(r"^iterations/(\d{3,})/rationales\.parquet$")
 
 
+def _iteration(rel: str) -> int:
+    """The iteration of a ``rationales.parquet`` (a path ``_ITER`` matches)."""
+    m = _ITER.match(rel)
+    assert m is not None
+    return int(m.group(1))
+
+
 def _rationale_files(root: Path) -> list[str]:
     """The run's intact rationales.parquet files (as the manifest records them), in iteration order."""
     manifest = read_manifest(root)
     if manifest is None:
         raise UserError(f"{root}: no manifest.json (not a run directory)")
-    rels = sorted((r for r in manifest["artifacts"] if _ITER.match(r)), key=lambda r: int(_ITER.match(r).group(1)))
+    rels = sorted((r for r in manifest["artifacts"] if _ITER.match(r)), key=_iteration)
     for rel in rels:
         rec, path = manifest["artifacts"][rel], root / rel
         if not path.is_file() or path.stat().st_size != rec["bytes"] or sha256_file(path) != rec["sha256"]:
@@ -124,7 +131,7 @@ def _no_pairs(root: Path) -> str:
     rels = _rationale_files(root)
     if not rels:
         return "no iteration has selected its rationales yet"
-    done = [int(_ITER.match(r).group(1)) for r in rels]
+    done = [_iteration(r) for r in rels]
     where = f"iteration {done[0]}" if len(done) == 1 else f"iterations {done[0]}-{done[-1]}"
     rows = [r for rel in rels for r in _rows(root / rel) if r.checker != "gold"]
     kept, wrong = sum(r.kept for r in rows), sum(not r.correct for r in rows)
@@ -147,7 +154,7 @@ def kept_rationales(root: Path, iteration: int | None = None) -> tuple[list[Rati
     every row the run trained on), or of every iteration (each distinct prompt and completion
     once, earliest first); and why there are none when there are none."""
     rels = _rationale_files(root)
-    done = [int(_ITER.match(r).group(1)) for r in rels]
+    done = [_iteration(r) for r in rels]
     if iteration is not None:
         if iteration not in done:
             have = ", ".join(map(str, done)) or "none yet"

@@ -7,7 +7,7 @@ import math
 import statistics
 from collections import Counter, defaultdict
 from fractions import Fraction
-from typing import Any
+from typing import Any, cast
 from collections.abc import Iterable, Sequence
 
 from .api import Example
@@ -56,7 +56,7 @@ def majority_correct(samples: Sequence[Answer]) -> bool:
     """Majority vote over one question's samples (``predicted``, ``correct``, ``sample``): the
     answer given most often (no answer does not vote; a tie goes to the answer reached first,
     in sample order) is right."""
-    ordered = sorted(samples, key=lambda r: r.sample)
+    ordered = sorted(samples, key=lambda r: cast(int, r.sample))  # a sampled answer's sample is set
     votes = Counter(r.predicted for r in ordered if r.predicted is not None)
     if not votes:
         return False
@@ -159,7 +159,8 @@ def _train_sampling(rationales: Sequence[Rationale], lengths: Sequence[int], c: 
     """A train row's sampling and exploration columns, for class ``c``: pass@k over the
     hint-free rationales (k = their number per question: the share of questions with at least
     one correct), majority vote, distinct correct rationales, kept lengths."""
-    mine = [(r, t) for r, t in zip(rationales, lengths or [None] * len(rationales))
+    padded: Sequence[int | None] = lengths or [None] * len(rationales)
+    mine = [(r, t) for r, t in zip(rationales, padded)
             if c == "all" or r.cls == c]
     plain = [r for r, _ in mine if not r.was_hinted and r.checker != "gold"]
     k = max(Counter(r.question_id for r in plain).values(), default=0)

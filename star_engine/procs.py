@@ -60,6 +60,7 @@ class Processes:
         directory; the numbered name makes a process that took another path fail
         at the barrier (when the backend checks names) instead of reading stale files."""
         if self.count > 1:
+            assert self.barrier is not None  # configure: more than one process has the backend's barrier
             self._synced += 1
             self.barrier(f"star-engine {self._synced}: {what}")
 

@@ -78,7 +78,7 @@ def class_table(rows: Sequence[dict], name: str, checker: str | None = None) -> 
     out = [f"{name}, {split} accuracy (%) per class{what}:", "", "| iteration | " + " | ".join(columns) + " |",
            "| ---: |" + " ---: |" * len(columns)]
     for n in sorted({it for it, _ in acc}):
-        cells = ["–" if acc.get((n, c)) is None else f"{100 * acc[(n, c)]:.1f}" for c in columns]
+        cells = ["–" if (a := acc.get((n, c))) is None else f"{100 * a:.1f}" for c in columns]
         out.append(f"| {n} | " + " | ".join(cells) + " |")
     return out
 

@@ -390,7 +390,7 @@ class Stages:
         self._timed("evaluate", t0)
         return self._finish(rel, rows, Evaluation, f"{it_dir(n)}/{name}", () if k else GREEDY)
 
-    def evaluate_all(self, n: int, model: str) -> tuple[dict[str, list[Evaluation]], ...]:
+    def evaluate_all(self, n: int, model: str) -> tuple[dict[str, list[Evaluation]], dict[str, list[Evaluation]]]:
         """Every evaluation split, greedy, and sampled when ``evaluation.samples_per_question`` > 1."""
         splits = self.cfg.evaluation.splits
         greedy = {s: self.evaluate(n, model, s) for s in splits}

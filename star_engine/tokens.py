@@ -52,7 +52,7 @@ class Truncation:
             raise PluginError(f"model: backend prompt_capacity returned {cap!r} (expected an integer >= 0)", key='model')
         return cap
 
-    def flags(self, prompts: Sequence[str], spec: GenSpec, stage: str, iteration: int) -> list[bool | None]:
+    def flags(self, prompts: Sequence[str], spec: GenSpec, stage: str, iteration: int) -> Sequence[bool | None]:
         """One flag per prompt: cut (True) or whole (False); all None when the backend does not
         say. A stage that cuts any logs one warning (the count, the capacity, the longest)."""
         cap = self.capacity(spec)

@@ -260,19 +260,26 @@ def _print_line(line: str) -> None:
     _out(lambda: print(line, file=sys.stdout, flush=True))
 
 
+def _nothing(n: int = 1) -> None:
+    """A progress that shows nothing."""
+
+
 @contextlib.contextmanager
 def progress(description: str, total: int, unit: str = "prompt") -> Iterator[Callable[[int], None]]:
     """A stage's progress, ``total`` ``unit``s; yields ``advance(n)``. A live bar on a terminal,
     lines elsewhere (``LineProgress``), nothing with ``--quiet`` or nothing to do."""
     if OUTPUT.quiet or total <= 0:
-        yield lambda n=1: None
+        yield _nothing
     elif console.is_terminal:
         bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                        TextColumn(f"{unit}s"), TimeElapsedColumn(), TimeRemainingColumn(), console=console,
                        transient=False)
         with bar:
             task_id = bar.add_task(description, total=total)
-            yield lambda n=1: bar.advance(task_id, n)
+
+            def advance(n: int = 1) -> None:
+                bar.advance(task_id, n)
+            yield advance
     else:
         lines = LineProgress(description, total, unit, OUTPUT.interval, _print_line)
         yield lines.advance
