@@ -378,57 +378,37 @@ class MultiProcess(Protocol):
 
 
 # ----------------------------------------------------------------------------- optional capabilities
-# A component may have a method besides those of its protocol; each is one of these small protocols.
-# The core asks ``isinstance(component, Trims)`` (they are runtime_checkable: an attribute set to
-# None counts as absent; the answer is remembered per class, so a class is not to gain or lose the
-# method afterwards) and calls the method only then. docs/CONTRACTS.md lists them.
+# A component's optional methods (documented with its protocol above), each a small protocol: the
+# core asks ``isinstance(component, Trims)`` and calls the method only then (an attribute set to None
+# counts as absent; the answer is remembered per class, so a class is not to gain or lose the method
+# afterwards). docs/CONTRACTS.md lists them.
 
 
 @runtime_checkable
-class Trims(Protocol):
-    """A ``Task`` with ``trim`` (see ``Task``): the part of a generation that is checked and stored."""
-
-    def trim(self, generation: str) -> str:
-        """``generation`` cut to the part that counts."""
+class Trims(Protocol):  # a Task's (``Task``: trim)
+    def trim(self, generation: str) -> str: ...
 
 
 @runtime_checkable
-class ChecksGold(Protocol):
-    """A ``Checker`` with ``check_gold`` (see ``Checker``): screens gold answers when the data loads."""
-
-    def check_gold(self, gold: str) -> bool:
-        """True: ``gold`` can be judged against; False: skip the question; ``UserError``: refuse the data."""
+class ChecksGold(Protocol):  # a Checker's (``Checker``: check_gold)
+    def check_gold(self, gold: str) -> bool: ...
 
 
 @runtime_checkable
-class ValidatesRun(Protocol):
-    """A ``Backend`` with ``validate_run`` (see ``Backend.validate_run``): its checks before a run writes."""
-
-    def validate_run(self, generation: Mapping[str, GenSpec], training: Mapping[str, TrainSpec]) -> None:
-        """Raise ``UserError`` naming the TOML key for what ``generate`` or ``train`` would refuse."""
+class ValidatesRun(Protocol):  # a Backend's (``Backend.validate_run``)
+    def validate_run(self, generation: Mapping[str, GenSpec], training: Mapping[str, TrainSpec]) -> None: ...
 
 
 @runtime_checkable
-class CountsTokens(Protocol):
-    """A ``Backend`` with ``count_tokens`` (see ``Backend.count_tokens``); without it the core counts
-    UTF-8 bytes."""
-
-    def count_tokens(self, texts: Sequence[str]) -> list[int]:
-        """Tokens of each text in the backend's tokenizer."""
+class CountsTokens(Protocol):  # a Backend's (``Backend.count_tokens``); without it: UTF-8 bytes
+    def count_tokens(self, texts: Sequence[str]) -> list[int]: ...
 
 
 @runtime_checkable
-class CapsPrompts(Protocol):
-    """A ``Backend`` with ``prompt_capacity`` (see ``Backend.prompt_capacity``); without it no prompt
-    counts as cut."""
-
-    def prompt_capacity(self, spec: GenSpec) -> int:
-        """The most prompt tokens ``generate`` keeps under ``spec``."""
+class CapsPrompts(Protocol):  # a Backend's (``Backend.prompt_capacity``); without it no prompt is cut
+    def prompt_capacity(self, spec: GenSpec) -> int: ...
 
 
 @runtime_checkable
-class Aborts(Protocol):
-    """A ``MultiProcess`` backend with ``abort``: a failing process tells the others to stop."""
-
-    def abort(self, message: str) -> None:
-        """Make the other processes' next ``barrier`` end with ``ProcessLost`` naming ``message``."""
+class Aborts(Protocol):  # a MultiProcess backend's (``MultiProcess``: abort)
+    def abort(self, message: str) -> None: ...

@@ -28,8 +28,8 @@ from .api import Example
 from .errors import UserError
 from .experiment import Experiment
 from .metrics import METRICS_SCHEMA, coverage, dev_accuracy, iteration_rows
-from .records import Rationale
-from .stages import Stages, derive_seed, it_dir, training_examples
+from .records import Rationale, training_examples
+from .stages import Stages, derive_seed, it_dir
 from .store import RunStore
 
 log = structlog.get_logger("star_engine")

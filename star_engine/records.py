@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from .api import Candidate
+from .api import Candidate, TrainExample
 from .errors import IntegrityError
 
 Int32 = Annotated[int, pa.int32()]
@@ -276,3 +276,7 @@ class Metrics:
     # "gold"), "gold_fallback" (--smoke: nothing was kept, the task's gold completions instead);
     # null when it did not train (iteration 0, or no steps).
     trained_on: str | None = None
+
+
+def training_examples(rows: Sequence[Rationale]) -> list[TrainExample]:
+    return [TrainExample(r.prompt, r.rationale) for r in rows if r.kept]

@@ -10,27 +10,24 @@ batching or on where a run was interrupted.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import hashlib
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pyarrow.parquet as pq
 import structlog
 
 from . import ui
 from .api import Example, GenRequest, GenSpec, TrainExample, TrainSpec, Trims, Verdict
-from .errors import PluginError, UserError
 from .experiment import Experiment, prompt_kinds
 from .ledger import LEDGER_SCHEMA, ledger_rows
 from .questions import draw
 from .records import GREEDY, UNSELECTED, Chunk, Evaluation, Rationale
 from .seeds import coin, derive_seed
-from .store import RunStore, loading_checkpoint
+from .store import RunStore, disk_full, loading_checkpoint
 from .tokens import Truncation, count_tokens
 from .verdicts import Judge
 
@@ -315,7 +312,7 @@ class Stages:
                     "losses": [], "examples": len(examples)}
         else:
             self.store.remove(model_rel)  # a stale, unrecorded attempt
-            with ui.progress(f"{rel_dir}: train", spec.steps, "step") as advance, _disk_full(self.store.root / model_rel), \
+            with ui.progress(f"{rel_dir}: train", spec.steps, "step") as advance, disk_full(self.store.root / model_rel), \
                     loading_checkpoint(Path(self.path(init)), not Path(init).is_absolute()), \
                     self.exp.calling(self.backend, "train"):
                 res = self.backend.train(self.path(init), self.store.root / model_rel, examples, spec,
@@ -334,7 +331,7 @@ class Stages:
         rec = self.store.manifest.get("base_checkpoint")
         if rec and not self.store.checkpoint_done(rec, self._checkpoint_id):
             self.store.manifest["checkpoints"].pop(rec, None)  # damaged (and removed) or gone: written again
-        with _disk_full(self.store.root / "base"), self.exp.calling(self.backend, "base"):
+        with disk_full(self.store.root / "base"), self.exp.calling(self.backend, "base"):
             base = self.backend.base(self.store.root / "base", self.seed)
         init = self._ref(base)
         if not Path(init).is_absolute() and init not in self.store.manifest["checkpoints"]:
@@ -399,24 +396,7 @@ class Stages:
         return greedy, sampled
 
 
-@contextlib.contextmanager
-def _disk_full(path: Path) -> Iterator[None]:
-    """Name ``path`` when the backend runs out of disk space writing it (the OSError of
-    a failed write names no file); the store's records are untouched."""
-    try:
-        yield
-    except PluginError as e:
-        if isinstance(e.__cause__, OSError) and e.__cause__.errno == errno.ENOSPC:
-            raise UserError(f"{path}: no space left on device while the backend wrote this checkpoint; the run's "
-                            f"previous state is intact (free some space and rerun to resume)") from None
-        raise
-
-
 def _rationale(n: int, ex: Example, s: int, prompt: str, text: str, verdict: Verdict, **rest: Any) -> Rationale:
     """Sample ``s`` of iteration ``n`` for question ``ex``: ``text`` stored with ``prompt``, judged ``verdict``."""
     return Rationale(question_id=ex.id, cls=ex.cls, iteration=n, sample=s, prompt=prompt, rationale=text,
                      predicted=verdict.predicted, gold=ex.answer, correct=bool(verdict.correct), **rest)
-
-
-def training_examples(rows: Sequence[Rationale]) -> list[TrainExample]:
-    return [TrainExample(r.prompt, r.rationale) for r in rows if r.kept]
