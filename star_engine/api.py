@@ -377,6 +377,38 @@ class MultiProcess(Protocol):
         failed (called ``abort``) or died."""
 
 
-ComponentFactory = Callable[..., Any]
-Register = Callable[[str, ComponentFactory], None]
-"""``register(name, factory)``: what each ``register_*`` hook receives."""
+# ----------------------------------------------------------------------------- optional capabilities
+# A component's optional methods (documented with its protocol above), each a small protocol: the
+# core asks ``isinstance(component, Trims)`` and calls the method only then (an attribute set to None
+# counts as absent; the answer is remembered per class, so a class is not to gain or lose the method
+# afterwards). docs/CONTRACTS.md lists them.
+
+
+@runtime_checkable
+class Trims(Protocol):  # a Task's (``Task``: trim)
+    def trim(self, generation: str) -> str: ...
+
+
+@runtime_checkable
+class ChecksGold(Protocol):  # a Checker's (``Checker``: check_gold)
+    def check_gold(self, gold: str) -> bool: ...
+
+
+@runtime_checkable
+class ValidatesRun(Protocol):  # a Backend's (``Backend.validate_run``)
+    def validate_run(self, generation: Mapping[str, GenSpec], training: Mapping[str, TrainSpec]) -> None: ...
+
+
+@runtime_checkable
+class CountsTokens(Protocol):  # a Backend's (``Backend.count_tokens``); without it: UTF-8 bytes
+    def count_tokens(self, texts: Sequence[str]) -> list[int]: ...
+
+
+@runtime_checkable
+class CapsPrompts(Protocol):  # a Backend's (``Backend.prompt_capacity``); without it no prompt is cut
+    def prompt_capacity(self, spec: GenSpec) -> int: ...
+
+
+@runtime_checkable
+class Aborts(Protocol):  # a MultiProcess backend's (``MultiProcess``: abort)
+    def abort(self, message: str) -> None: ...

@@ -34,10 +34,12 @@ import signal
 import sys
 import traceback
 from contextlib import contextmanager
+from importlib import metadata
 from collections.abc import Callable, Iterator
 
-from . import ui
+from . import __version__, ui
 from .errors import ProcessLost, StarEngineError
+from .runlock import release_locks
 
 # errno values that say the filesystem or the machine refused something, not that the code is wrong
 ENVIRONMENT_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.EACCES, errno.EPERM,
@@ -62,8 +64,6 @@ def _oserror_message(e: OSError) -> str:
 def _culprit(tb) -> str:
     """Whose code raised the exception: the distribution ("name version") of its innermost frame
     outside the standard library, or that frame's module when no distribution has it."""
-    from importlib import metadata
-
     try:
         owners = metadata.packages_distributions()
     except Exception:  # noqa: BLE001 -- a broken environment must not hide the bug being reported
@@ -79,8 +79,6 @@ def _culprit(tb) -> str:
             except metadata.PackageNotFoundError:
                 continue
         return f"module {module} ({frame.f_code.co_filename})"
-    from . import __version__
-
     return f"star-engine {__version__}"
 
 
@@ -158,8 +156,6 @@ def run_command(command: Callable[[], int]) -> int:
         return code
     finally:
         ui.close_run_log()
-        from .rundir import release_locks
-
         release_locks()
 
 

@@ -1,5 +1,9 @@
 """The ``star-engine`` command. Failures end in ``star_engine.boundary``: bad input is one
-line and exit code 2, anything else a bug with its traceback (exit code 1)."""
+line and exit code 2, anything else a bug with its traceback (exit code 1).
+
+Each command imports what it uses inside its function (the only function-level imports of the
+core, besides matplotlib's in ``report``): ``star-engine --help`` and a light command load
+neither pyarrow, structlog nor the plugins they do not need."""
 
 from __future__ import annotations
 
@@ -131,7 +135,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from .dataroot import command
+    from .datacheck import command
 
     return command(args.file, args.overrides, args.root)
 

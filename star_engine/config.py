@@ -1,15 +1,18 @@
-"""Experiment TOML files: parsing, ``--set`` overrides, schema validation, defaults.
+"""An experiment's configuration: the typed ``Config`` (its sections are in
+:mod:`star_engine.settings`), and how an experiment TOML file becomes one: parsing, ``--set``
+overrides, schema validation, defaults.
 
 Every error names the file and either ``line:col`` (syntax) or the dotted key
-path (schema), and is raised as :class:`UserError` (exit code 2). The schema is that
-of the typed sections in :mod:`star_engine.settings`, which ``experiment.build`` makes
-from the dict ``load_experiment`` returns (the resolved configuration, ``config.json``).
+path (schema), and is raised as :class:`UserError` (exit code 2). The schema is ``Config``'s
+(``SCHEMA``); ``experiment.build`` makes the ``Config`` from the dict ``load_experiment``
+returns (the resolved configuration, ``config.json``).
 """
 
 from __future__ import annotations
 
 import re
 import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable
@@ -19,7 +22,26 @@ from .datafiles import read_capped
 from .errors import PluginError, UserError
 from .registry import Registry, close_matches
 from .schema import Option, validate
-from .settings import SCHEMA
+from .settings import BaseTraining, EvaluationSection, ExperimentSection, Generation, Rationalization, Section, \
+    TaskSection, Training
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config(Section):
+    """A whole experiment, validated and resolved (``samples_per_question``, ``pass_k`` and the
+    task's default checker filled in); ``as_dict()`` is what ``config.json`` holds."""
+
+    experiment: ExperimentSection
+    task: TaskSection
+    generation: Generation = field(default_factory=Generation)
+    rationalization: Rationalization = field(default_factory=Rationalization)
+    base_training: BaseTraining = field(default_factory=BaseTraining)
+    training: Training = field(default_factory=Training)
+    evaluation: EvaluationSection = field(default_factory=EvaluationSection)
+    model: dict  # the backend's table: its factory's options (``schema.declared``)
+
+
+SCHEMA: dict[str, Any] = Config.schema()
 
 _LINECOL = re.compile(r"\(at line (\d+), column (\d+)\)")
 
@@ -186,7 +208,7 @@ def load_experiment(path: Path, overrides: list[str] | None = None, limit: int |
         data.setdefault("experiment", {})["limit"] = limit
     src = Origins(path, overrides)
     cfg = _validate(src, data, SCHEMA, "")
-    pointless = effects.pointless(cfg)  # refused once every key is checked (below)
+    pointless = effects.pointless(cfg, SCHEMA)  # refused once every key is checked (below)
     base = path.resolve().parent
     task = cfg["task"]
     try:

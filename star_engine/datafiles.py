@@ -140,7 +140,8 @@ def read_blocks(path: str | Path, verbatim: bool = False) -> list[tuple[str, str
             blocks.append((f"{p}:{at}", piece))
             at += piece.count("\n") + 2
         return blocks
-    start, lines = 0, []
+    start = 0
+    lines: list[str] = []
     for n, line in enumerate(text.replace("\r\n", "\n").split("\n"), start=1):
         if line.strip():
             if not lines:
@@ -184,7 +185,7 @@ def few_shot_prompts(files: Mapping[str, str | None], read: Callable[[str, str],
     ``read(path, kind)`` gives the examples of a kind's file, ``builtin(kind)`` those of
     "rationale" or "direct" when no file is given; a hinted kind ("hint", "direct_hint")
     without a file is derived from its plain kind's examples by ``hinted(where, text, answer)``."""
-    plain = {kind: read(files[kind], kind) if files.get(kind) else builtin(kind) for kind in ("rationale", "direct")}
+    plain = {kind: read(path, kind) if (path := files.get(kind)) else builtin(kind) for kind in ("rationale", "direct")}
     texts = {kind: [text for _, text, _ in examples] for kind, examples in plain.items()}
     for kind, base in (("hint", "rationale"), ("direct_hint", "direct")):
         path = files.get(kind)

@@ -1,5 +1,6 @@
-"""The data root, and ``star-engine data check``: which files an experiment (or every installed
-task) expects, and whether each is there with the content its task knows (sha256).
+"""The data root, and what ``star-engine data check`` (``star_engine.datacheck``) reports: which
+files an experiment (or every installed task) expects, and whether each is there with the content
+its task knows (sha256).
 
 The data root is the folder that ``task.data`` and the task's file options
 (``task.options`` keys ending in ``_file``, ``_path``, ``_dir``) are relative to. An
@@ -24,7 +25,7 @@ from typing import Any
 from collections.abc import Callable, Iterable, Mapping
 
 from .api import DataFile
-from .errors import UserError
+from .errors import PluginError, UserError
 
 ENV = "STAR_ENGINE_DATA"
 HASH_CHUNK = 1 << 20
@@ -38,13 +39,13 @@ def resolve_root(value: str, base: Path, from_set: bool, environ: Mapping[str, s
     environment, to the working directory."""
     env = (os.environ if environ is None else environ).get(ENV, "")
     if value and env and not from_set:
-        return _absolute(Path.cwd(), env, ENV), ENV
+        return absolute(Path.cwd(), env, ENV), ENV
     if value:
-        return _absolute(base, value, "task.data_root"), ("--set task.data_root" if from_set else "task.data_root")
+        return absolute(base, value, "task.data_root"), ("--set task.data_root" if from_set else "task.data_root")
     return None, ""
 
 
-def _absolute(base: Path, value: str, key: str) -> Path:
+def absolute(base: Path, value: str, key: str) -> Path:
     if "\0" in value:
         raise UserError(f"{key}: a path cannot contain a NUL character", key=key)
     try:
@@ -65,8 +66,6 @@ def known_files(registry: Any) -> tuple[dict[str, tuple[str, DataFile]], list[st
     """Every installed task's ``data_files`` by relative path, as (task name, file), and the
     conflicts (two tasks giving one path different hashes: a line naming both). A task factory
     without the attribute knows no files; a malformed declaration is the plugin's error, named."""
-    from .errors import PluginError
-
     out: dict[str, tuple[str, DataFile]] = {}
     conflicts: list[str] = []
     for name in registry.names("task"):
@@ -163,57 +162,8 @@ def report(statuses: list[Status], root: Path | None, where: str, out: Callable[
     for s in statuses:
         shown = relative(s.path, root) or str(s.path)
         line = f"  {s.state:<9} {s.key:<{width}}  {shown}"
-        if s.state == "different":
+        if s.state == "different" and s.known is not None:  # (a different file has a known hash)
             line += f"  sha256 {s.actual}, expected {s.known.sha256}"
         if s.state in ("missing", "different") and s.known is not None:
             line += f"  [{s.known.source}; {s.known.license}]"
         out(line)
-
-
-def command(experiment: Path | None, overrides: list[str], root: Path | None,
-            out: Callable[[str], None] = print) -> int:
-    """``star-engine data check [EXPERIMENT] [--set ...] [--root DIR]``: the files ``experiment``
-    reads (each ``task.data`` split and file option), or without one every file the installed
-    tasks know under ``root`` (else ``STAR_ENGINE_DATA``), each present, missing or different
-    (sha256); reads only. Bad input (exit 2): a missing or different file of the experiment, a
-    different known file, two tasks knowing one file differently."""
-    from .config import load_experiment
-    from .registry import Registry
-
-    registry = Registry()
-    known, conflicts = known_files(registry)
-    if experiment is not None:
-        if root is not None:
-            raise UserError("--root: only without an experiment (the experiment's task.data_root, STAR_ENGINE_DATA "
-                            "or --set task.data_root=... say where its data is)")
-        cfg = load_experiment(experiment, overrides, None, registry)
-        found = Path(cfg["task"]["data_root"]) if cfg["task"]["data_root"] else None
-        env = os.environ.get(ENV, "")
-        where = (ENV if env and found == _absolute(Path.cwd(), env, ENV)
-                 else f"task.data_root of {experiment}" if found else "")
-        statuses = check(experiment_files(cfg), found, known)
-        failed = [s for s in statuses if s.state in ("missing", "different")]
-    else:
-        if overrides:
-            raise UserError("--set: only with an experiment")
-        env = os.environ.get(ENV, "")
-        if root is None and not env:
-            raise UserError(f"data check: say which data: an experiment file, --root DIR, or the environment "
-                            f"variable {ENV}")
-        found = _absolute(Path.cwd(), str(root), "--root") if root is not None else _absolute(Path.cwd(), env, ENV)
-        where = "--root" if root is not None else ENV
-        statuses = [status(f"task {task}", found / rel, found, known) for rel, (task, _) in sorted(known.items())]
-        failed = [s for s in statuses if s.state == "different"]  # a file nobody runs on may be absent
-    if statuses:
-        report(statuses, found, where, out)
-    for line in conflicts:
-        out(f"  conflict  {line}")
-    counts = {state: sum(s.state == state for s in statuses) for state in ("ok", "present", "missing", "different")}
-    summary = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
-    if failed or conflicts:
-        raise UserError(f"data check: {summary or 'no files'}" + (f", {len(conflicts)} conflicting" if conflicts else "")
-                        + "; README.md 'Getting the data' says where each file comes from and where it goes")
-    out(f"data check: {summary}" if summary else "data check: nothing to check (" + (
-        "the experiment names no data file: its task makes its data)" if experiment is not None else
-        "no installed task knows a data file)"))
-    return 0

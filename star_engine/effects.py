@@ -15,14 +15,13 @@ from typing import Any
 from collections.abc import Callable
 
 from .errors import UserError
-from .settings import SCHEMA
 
 Rule = tuple[str, str, Any]  # (the pointless key, the key that makes it so, that key's value)
 
 
-def _default(key: str) -> Any:
+def _default(schema: dict[str, Any], key: str) -> Any:
     section, name = key.split(".", 1)
-    return SCHEMA[section][name].default
+    return schema[section][name].default
 
 
 def _value(cfg: dict[str, Any], key: str) -> Any:
@@ -42,9 +41,9 @@ def _toml(value: Any) -> str:
     return f'"{value}"' if isinstance(value, str) else repr(value)
 
 
-def pointless(cfg: dict[str, Any]) -> list[Rule]:
-    """The keys of ``cfg`` (validated, not yet resolved) set to something other than their
-    default that have no effect, each with the key that decides so."""
+def pointless(cfg: dict[str, Any], schema: dict[str, Any]) -> list[Rule]:
+    """The keys of ``cfg`` (validated, not yet resolved, by ``schema``: ``config.SCHEMA``) set to
+    something other than their default that have no effect, each with the key that decides so."""
     r, tr, ev, g = cfg["rationalization"], cfg["training"], cfg["evaluation"], cfg["generation"]
     rules: list[Rule] = []
     if tr["source"] == "gold" or not r["enabled"]:
@@ -54,7 +53,7 @@ def pointless(cfg: dict[str, Any]) -> list[Rule]:
     if tr["source"] == "gold":  # the dataset's completions are kept as they are
         rules.append(("task.filters", "training.source", "gold"))
     if cfg["base_training"]["steps"] == 0:
-        rules += [(f"base_training.{k}", "base_training.steps", 0) for k in SCHEMA["base_training"] if k != "steps"]
+        rules += [(f"base_training.{k}", "base_training.steps", 0) for k in schema["base_training"] if k != "steps"]
     # The sampled evaluation (evaluation.samples_per_question, resolved as _resolve_sampled_evaluation does)
     n = ev["samples_per_question"] or (g["samples_per_question"] if g["temperature"] > 0 else 1)
     if n <= 1:
@@ -69,7 +68,7 @@ def pointless(cfg: dict[str, Any]) -> list[Rule]:
         rules.append(("evaluation.top_p", "evaluation.temperature", 0.0))
     if g["temperature"] == 0 and n <= 1:  # a sampled evaluation samples with generation.top_p
         rules.append(("generation.top_p", "generation.temperature", 0.0))
-    return [rule for rule in rules if _value(cfg, rule[0]) != _default(rule[0])]
+    return [rule for rule in rules if _value(cfg, rule[0]) != _default(schema, rule[0])]
 
 
 def refuse(rules: list[Rule], src: Callable[[str], str]) -> None:

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from . import procs
-from .api import Example
+from .api import Backend, Checker, Example, HintFormatter, QuestionSampler, RationaleFilter, StepSchedule, Task
 from .errors import UserError
 from .registry import Registry, option_defaults
-from .settings import Config
+from .config import Config
 from .verdicts import Panel, build_panel, screen
 
 
@@ -25,14 +26,14 @@ from .verdicts import Panel, build_panel, screen
 class Experiment:
     config: Config
     registry: Registry
-    task: Any
-    checker: Any
+    task: Task
+    checker: Checker
     checker_name: str
-    hint: Any
-    filters: list[tuple[str, Any]]
-    schedule: Any
-    sampler: Any
-    backend: Any
+    hint: HintFormatter | None  # None: the run does not rationalize
+    filters: list[tuple[str, RationaleFilter]]
+    schedule: StepSchedule
+    sampler: QuestionSampler | None  # None: questions are drawn uniformly
+    backend: Backend
     splits: dict[str, list[Example]]
     defaults: dict[str, dict[str, Any]] = field(default_factory=dict)
     """``{"checker": {"name": ...}, "hint": ..., "model": {...}}``: what ``task.checker`` and
@@ -46,13 +47,13 @@ class Experiment:
     """The ``[evaluation] checkers`` (``star_engine.verdicts``) and the gold answers skipped."""
 
     @property
-    def cfg(self) -> dict[str, Any]:
-        """The resolved configuration as a plain dict (a fresh copy): what ``config.json`` holds."""
-        return self.config.as_dict()
-
-    @property
     def run_dir(self) -> Path:
         return Path(self.config.experiment.output_dir)
+
+    def calling(self, component: Any, method: str) -> AbstractContextManager[None]:
+        """``with exp.calling(exp.task, "prompt"): exp.task.prompt(kind)``: a failure of the call
+        names the plugin that provides the component (``Registry.calling``)."""
+        return self.registry.calling(component, method)
 
     def notify(self, hook: str, **kwargs: Any) -> None:
         """Call an observer hook of every plugin (``Registry.notify``); in a multi-process
@@ -97,13 +98,15 @@ def build(cfg: dict[str, Any], registry: Registry, load_data: bool = True) -> Ex
     # Ask for the few-shot prompts the run will use now, so that a kind the task lacks
     # fails before anything runs.
     plain, hinted = prompt_kinds(config)
-    task.prompt(plain)
+    with registry.calling(task, "prompt"):
+        task.prompt(plain)
     if hint is not None:
-        task.prompt(hinted)
+        with registry.calling(task, "prompt"):
+            task.prompt(hinted)
     exp = Experiment(config, registry, task, checker, resolved["checker"]["name"], hint, filters, schedule, sampler,
-                     backend, {}, defaults, procs.configure(backend), panel)
+                     backend, {}, defaults, procs.configure(backend, registry.origin(backend)), panel)
     if load_data:
-        exp.splits = load_splits(config, task, checker, panel)
+        exp.splits = load_splits(config, task, checker, panel, registry)
     return exp
 
 
@@ -112,10 +115,10 @@ def prompt_kinds(config: Config) -> tuple[str, str]:
     return ("direct", "direct_hint") if config.task.direct else ("rationale", "hint")
 
 
-def load_splits(config: Config, task: Any, checker: Any = None, panel: Panel | None = None
+def load_splits(config: Config, task: Task, checker: Checker, panel: Panel, registry: Registry
                 ) -> dict[str, list[Example]]:
-    """Every split the run uses, checked; with ``checker`` (the task's) and ``panel`` (the
-    evaluation checkers) their gold answers screened (``verdicts.screen``)."""
+    """Every split the run uses, checked, their gold answers screened (``verdicts.screen``) by
+    ``checker`` (the task's) and ``panel`` (the evaluation checkers); ``registry`` built them."""
     limit = config.experiment.limit
     wanted = ["train", *config.evaluation.splits]
     data = config.task.data
@@ -128,7 +131,9 @@ def load_splits(config: Config, task: Any, checker: Any = None, panel: Panel | N
                 " README.md 'Getting the data' says where each file comes from; star-engine data check lists them)"
             raise UserError(f"task.data.{split}: no such file: {path}{where}", key=f"task.data.{split}")
         try:
-            examples = list(task.load(split, path))
+            with registry.calling(task, "load"):
+                loaded = task.load(split, path)
+            examples = list(loaded)
         except UserError as e:
             if path is not None or split == "train":
                 raise
@@ -143,12 +148,11 @@ def load_splits(config: Config, task: Any, checker: Any = None, panel: Panel | N
         if len(set(ids)) != len(ids):
             dup = next(i for i in ids if ids.count(i) > 1)
             raise UserError(f"task.data.{split}: duplicate question id {dup!r} ({path})", key=f"task.data.{split}")
-        if checker is not None:
-            examples = screen(split, examples, path, checker, config.task.checker["name"], panel or Panel(),
-                              split in config.evaluation.splits)
-            if not examples:
-                raise UserError(f"task.data.{split}: every gold answer of split '{split}' was skipped by checker "
-                                f"'{config.task.checker['name']}' ({path or 'generated by the task'})", key=f"task.data.{split}")
+        examples = screen(split, examples, path, checker, config.task.checker["name"], panel,
+                          split in config.evaluation.splits, registry)
+        if not examples:
+            raise UserError(f"task.data.{split}: every gold answer of split '{split}' was skipped by checker "
+                            f"'{config.task.checker['name']}' ({path or 'generated by the task'})", key=f"task.data.{split}")
         splits[split] = examples
     return splits
 

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from .errors import IntegrityError, UserError
 from .fsio import sha256_file
 from .records import Rationale, read
+from .registry import Registry
 from .seeds import coin
 from .store import atomic_write_bytes, read_json_file, read_manifest
 
@@ -39,12 +40,19 @@ MAX_ROWS = 50_000_000  # rationales per file, as its footer declares them
 _ITER = re.compile(r"^iterations/(\d{3,})/rationales\.parquet$")
 
 
+def _iteration(rel: str) -> int:
+    """The iteration of a ``rationales.parquet`` (a path ``_ITER`` matches)."""
+    m = _ITER.match(rel)
+    assert m is not None
+    return int(m.group(1))
+
+
 def _rationale_files(root: Path) -> list[str]:
     """The run's intact rationales.parquet files (as the manifest records them), in iteration order."""
     manifest = read_manifest(root)
     if manifest is None:
         raise UserError(f"{root}: no manifest.json (not a run directory)")
-    rels = sorted((r for r in manifest["artifacts"] if _ITER.match(r)), key=lambda r: int(_ITER.match(r).group(1)))
+    rels = sorted((r for r in manifest["artifacts"] if _ITER.match(r)), key=_iteration)
     for rel in rels:
         rec, path = manifest["artifacts"][rel], root / rel
         if not path.is_file() or path.stat().st_size != rec["bytes"] or sha256_file(path) != rec["sha256"]:
@@ -123,7 +131,7 @@ def _no_pairs(root: Path) -> str:
     rels = _rationale_files(root)
     if not rels:
         return "no iteration has selected its rationales yet"
-    done = [int(_ITER.match(r).group(1)) for r in rels]
+    done = [_iteration(r) for r in rels]
     where = f"iteration {done[0]}" if len(done) == 1 else f"iterations {done[0]}-{done[-1]}"
     rows = [r for rel in rels for r in _rows(root / rel) if r.checker != "gold"]
     kept, wrong = sum(r.kept for r in rows), sum(not r.correct for r in rows)
@@ -146,7 +154,7 @@ def kept_rationales(root: Path, iteration: int | None = None) -> tuple[list[Rati
     every row the run trained on), or of every iteration (each distinct prompt and completion
     once, earliest first); and why there are none when there are none."""
     rels = _rationale_files(root)
-    done = [int(_ITER.match(r).group(1)) for r in rels]
+    done = [_iteration(r) for r in rels]
     if iteration is not None:
         if iteration not in done:
             have = ", ".join(map(str, done)) or "none yet"
@@ -165,8 +173,6 @@ def kept_rationales(root: Path, iteration: int | None = None) -> tuple[list[Rati
 def _prefixes(root: Path) -> tuple[Any, bool]:
     """(a function row -> the few-shot prefix its stored prompt goes with, whether the stored
     prompts already hold it), from the run's ``config.json`` and its task plugin."""
-    from .registry import Registry
-
     cfg = read_json_file(root / "config.json", 64 << 20, "config.json")
     try:
         task_cfg, seed = cfg["task"], cfg["experiment"]["seed"]
@@ -176,10 +182,12 @@ def _prefixes(root: Path) -> tuple[Any, bool]:
         raise UserError(f"{root / 'config.json'}: not a run's resolved configuration") from None
     if task_cfg.get("few_shot_train", False):
         return None, True
-    task = Registry().create("task", dataset, options, "task.dataset", "task.options")
+    registry = Registry()
+    task = registry.create("task", dataset, options, "task.dataset", "task.options")
     # experiment.prompt_kinds: the kinds the run asked its task for, (plain, hinted)
     plain, hinted = ("direct", "direct_hint") if task_cfg.get("direct", False) else ("rationale", "hint")
-    cache = {kind: task.prompt(kind) for kind in (plain, hinted) if kind == plain or p_show > 0}
+    with registry.calling(task, "prompt"):
+        cache = {kind: task.prompt(kind) for kind in (plain, hinted) if kind == plain or p_show > 0}
 
     def prefix(r: Rationale) -> str:
         # stages.rationalize: a hinted row's prompt is the hinted context when this coin fired

@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 
 import structlog
 
 from . import smoke
+from .api import Example
+from .errors import UserError
 from .experiment import Experiment
 from .metrics import METRICS_SCHEMA, coverage, dev_accuracy, iteration_rows
-from .records import Rationale
-from .stages import Stages, derive_seed, it_dir, training_examples
+from .records import Rationale, training_examples
+from .stages import Stages, derive_seed, it_dir
 from .store import RunStore
 
 log = structlog.get_logger("star_engine")
@@ -85,9 +88,10 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
         kept = training_examples(rationales)
         trained_on = "gold" if tr.source == "gold" else "kept"
         if not kept and cfg.experiment.smoke:  # --smoke: the training stage runs all the same
-            kept, trained_on = smoke.gold_fallback(stages, n, D), "gold_fallback"
+            kept, trained_on = training_examples(smoke_gold(stages, n, D)), "gold_fallback"
         init = M0 if tr.restart_from_base else M                           # restart from base
-        steps = exp.schedule.steps(n, len(kept), tr.batch_size, tr.grad_accum)
+        with exp.calling(exp.schedule, "steps"):
+            steps = exp.schedule.steps(n, len(kept), tr.batch_size, tr.grad_accum)
         if cfg.experiment.smoke:
             steps = smoke.steps(steps)
         seed = derive_seed(cfg.experiment.seed, n, "train")
@@ -104,3 +108,27 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
                 log.info("early_stop", iteration=n, best_accuracy=best, patience=patience)
                 break
     return all_rows
+
+
+def smoke_gold(stages: Stages, n: int, questions: Sequence[Example]) -> list[Rationale]:
+    """Iteration ``n`` of a smoke run kept nothing: the gold completions of its questions
+    (``stages.gold``, stored as ``smoke_gold.parquet``; the direct ones when the task has no gold
+    rationales) to train on, with a ``smoke_gold_fallback`` warning."""
+    direct = stages.cfg.task.direct
+    try:
+        rows = stages.gold(n, questions, "smoke_gold")
+    except UserError as e:
+        if direct:
+            raise UserError(f"--smoke: iteration {n} kept nothing, and the task has no gold completions to train "
+                            f"on instead: {e}") from None
+        try:  # e.g. CommonsenseQA: no gold rationales, but its answers
+            rows, direct = stages.gold(n, questions, "smoke_gold", direct=True), True
+        except UserError as e2:
+            raise UserError(f"--smoke: iteration {n} kept nothing, and the task has no gold completions to train "
+                            f"on instead: {e2}") from None
+    what = "gold answers (the task has no gold rationales)" if direct != stages.cfg.task.direct else \
+        "gold completions"
+    log.warning("smoke_gold_fallback", iteration=n, examples=len(rows), completions=what,
+                note="--smoke: nothing was kept, so the training stage trains on the task's gold completions "
+                     "instead (metrics.parquet: trained_on = gold_fallback)")
+    return rows

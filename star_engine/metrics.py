@@ -7,7 +7,7 @@ import math
 import statistics
 from collections import Counter, defaultdict
 from fractions import Fraction
-from typing import Any
+from typing import Any, cast
 from collections.abc import Iterable, Sequence
 
 from .api import Example
@@ -56,7 +56,7 @@ def majority_correct(samples: Sequence[Answer]) -> bool:
     """Majority vote over one question's samples (``predicted``, ``correct``, ``sample``): the
     answer given most often (no answer does not vote; a tie goes to the answer reached first,
     in sample order) is right."""
-    ordered = sorted(samples, key=lambda r: r.sample)
+    ordered = sorted(samples, key=lambda r: cast(int, r.sample))  # a sampled answer's sample is set
     votes = Counter(r.predicted for r in ordered if r.predicted is not None)
     if not votes:
         return False
@@ -159,7 +159,8 @@ def _train_sampling(rationales: Sequence[Rationale], lengths: Sequence[int], c: 
     """A train row's sampling and exploration columns, for class ``c``: pass@k over the
     hint-free rationales (k = their number per question: the share of questions with at least
     one correct), majority vote, distinct correct rationales, kept lengths."""
-    mine = [(r, t) for r, t in zip(rationales, lengths or [None] * len(rationales))
+    padded: Sequence[int | None] = lengths or [None] * len(rationales)
+    mine = [(r, t) for r, t in zip(rationales, padded)
             if c == "all" or r.cls == c]
     plain = [r for r, _ in mine if not r.was_hinted and r.checker != "gold"]
     k = max(Counter(r.question_id for r in plain).values(), default=0)
@@ -172,3 +173,38 @@ def dev_accuracy(rows: Sequence[dict], split: str) -> float | None:
         if r["split"] == split and r["class"] == "all":
             return r["accuracy"]
     return None
+
+
+# -- reading the rows back (the report's tables and plot) ---------------------------------
+
+def eval_split(rows: Sequence[dict]) -> str:
+    """The run's first evaluation split ("train" when it has none)."""
+    splits = [r["split"] for r in rows if r["split"] != "train"]
+    return splits[0] if splits else "train"
+
+
+def series(rows: Sequence[dict], split: str, cls: str) -> tuple[list[int], list[float]]:
+    """(iterations, accuracy in %) of ``split`` and class ``cls``."""
+    pts = sorted((r["iteration"], r["accuracy"]) for r in rows if r["split"] == split and r["class"] == cls
+                 and r["accuracy"] is not None)
+    return [p[0] for p in pts], [100 * p[1] for p in pts]
+
+
+def classes(rows: Sequence[dict], split: str) -> list[str]:
+    """The eval split's classes other than "all", numbers in numeric order."""
+    return sorted({r["class"] for r in rows if r["split"] == split and r["class"] != "all"}, key=natural)
+
+
+def train_counts(rows: Sequence[dict]) -> list[tuple[int, int, int]]:
+    """(iteration, kept, rationalized) of the fine-tuning set, per iteration."""
+    return sorted((r["iteration"], r["kept"] or 0, r["rationalized"] or 0) for r in rows
+                  if r["split"] == "train" and r["class"] == "all")
+
+
+def has_exploration(rows: Sequence[dict]) -> bool:
+    return any(r["pass_at_k"] is not None or r["kept_len_mean"] is not None for r in rows)
+
+
+def train_all(rows: Sequence[dict]) -> list[dict]:
+    """The train rows of class "all", by iteration."""
+    return sorted((r for r in rows if r["split"] == "train" and r["class"] == "all"), key=lambda r: r["iteration"])

@@ -13,7 +13,8 @@ from __future__ import annotations
 import io
 import textwrap
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import matplotlib
 
@@ -21,8 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from .metrics import natural  # noqa: E402
-from .report import classes, eval_split, has_exploration, series, train_all, train_counts  # noqa: E402
+from .metrics import classes, eval_split, has_exploration, natural, series, train_all, train_counts  # noqa: E402
 
 MAX_CLASSES = 24  # plotted per run (the Markdown table has them all)
 LABEL_WIDTH = 34  # characters per legend line
@@ -76,7 +76,7 @@ def _accuracy_panel(ax, rows: Sequence[dict], name: str, cls: Sequence[str]) -> 
 def _counts_panel(ax, runs: Runs) -> None:
     """The fine-tuning set per iteration: kept and rationalized of the first run, kept of the second."""
     (rows, name), other = runs[0], runs[1:]
-    bars = [(f"{name}: kept", [(t[0], t[1]) for t in train_counts(rows)], "tab:blue", None),
+    bars: list[tuple[str, list[tuple[int, int]], str, str | None]] = [(f"{name}: kept", [(t[0], t[1]) for t in train_counts(rows)], "tab:blue", None),
             (f"{name}: rationalized (right with the hint)", [(t[0], t[2]) for t in train_counts(rows)],
              "tab:orange", None)]
     for o_rows, o_name in other:
@@ -110,7 +110,8 @@ def _exploration_panel(ax, runs: Runs) -> list:
     eval pass@k and majority vote (left axis, %); distinct right rationales per solved question
     (right axis). Returns the right axis."""
     right = ax.twinx()
-    left_values, right_values = [], []
+    left_values: list[float] = []
+    right_values: list[float] = []
     for (rows, name), style in zip(runs, ("-", "--")):
         evals = sorted((r for r in rows if r["split"] == eval_split(rows) and r["class"] == "all"
                         and r["pass_at_k"] is not None), key=lambda r: r["iteration"])
@@ -173,7 +174,7 @@ def figure(rows: Sequence[dict], name: str, other: Sequence[dict] | None = None,
     runs: list[tuple[Sequence[dict], str]] = [(rows, name)] + ([(other, other_name)] if other is not None else [])
     cls = sorted({c for r, _ in runs for c in classes(r, eval_split(r))}, key=natural)[:MAX_CLASSES]
     explore = any(has_exploration(r) for r, _ in runs)
-    panels = [*[(lambda ax, r=r, n=n: _accuracy_panel(ax, r, n, cls)) for r, n in runs],
+    panels: list[Callable[[Any], Any]] = [*[(lambda ax, r=r, n=n: _accuracy_panel(ax, r, n, cls)) for r, n in runs],
               lambda ax: _counts_panel(ax, runs)]
     if other is not None:
         panels.append(lambda ax: _overlay_panel(ax, runs))
@@ -186,7 +187,7 @@ def figure(rows: Sequence[dict], name: str, other: Sequence[dict] | None = None,
     its = _iterations(runs)
     for subfig, draw in zip(subfigs, panels):
         ax = subfig.subplots()
-        twins = draw(ax) or []
+        twins: list[Any] = draw(ax) or []
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # (one iteration: one tick)
         if its:

@@ -36,7 +36,10 @@ from dataclasses import dataclass
 from typing import Any
 from collections.abc import Callable, Iterator
 
-from .api import MultiProcess
+from .api import Aborts, MultiProcess
+from .boundary import failure_message
+from .errors import ProcessLost
+from .registry import Component, calling
 
 
 @dataclass
@@ -57,6 +60,7 @@ class Processes:
         directory; the numbered name makes a process that took another path fail
         at the barrier (when the backend checks names) instead of reading stale files."""
         if self.count > 1:
+            assert self.barrier is not None  # configure: more than one process has the backend's barrier
             self._synced += 1
             self.barrier(f"star-engine {self._synced}: {what}")
 
@@ -84,24 +88,31 @@ class Processes:
         try:
             yield
         except BaseException as e:
-            from .boundary import failure_message
-            from .errors import ProcessLost
-
             if not isinstance(e, ProcessLost):
                 self.stop_others(f"process {self.index}: {failure_message(e)}")
             raise
 
 
-def configure(backend: Any) -> Processes:
+def configure(backend: Any, origin: Component | None = None) -> Processes:
     """The process layout of ``backend``: an ``api.MultiProcess`` (see the module
-    docstring), or one process."""
+    docstring), or one process. ``origin``: the component the backend was created from, that
+    its methods' failures name (``registry.calling``), the barrier's and ``abort``'s too."""
+
+    def call(method: str) -> Callable[..., Any]:
+        def named(*args: Any) -> Any:
+            with calling(origin, method):
+                return getattr(backend, method)(*args)
+        return named
+
     if isinstance(backend, MultiProcess):
-        count, index, barrier = int(backend.process_count()), int(backend.process_index()), backend.barrier
+        count, index, barrier = int(call("process_count")()), int(call("process_index")()), call("barrier")
     else:
-        count, index, barrier = int(getattr(backend, "process_count", lambda: 1)()), 0, None
+        count = int(call("process_count")()) if hasattr(backend, "process_count") else 1
+        index, barrier = 0, None
         if count > 1:
             raise TypeError(f"{type(backend).__name__}: {count} processes but not every method of "
                             "star_engine.api.MultiProcess (process_index, process_count, barrier)")
     if not 0 <= index < max(count, 1):
         raise ValueError(f"{type(backend).__name__}: process_index {index} outside [0, {count})")
-    return Processes(index=index, count=count, barrier=barrier, abort=getattr(backend, "abort", None))
+    return Processes(index=index, count=count, barrier=barrier,
+                     abort=call("abort") if isinstance(backend, Aborts) else None)

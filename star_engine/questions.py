@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 from collections.abc import Mapping, Sequence
 
-from .api import Example
+from .api import Example, QuestionSampler
 from .errors import PluginError
+from .registry import Registry
 from .seeds import derive_seed
 
 
@@ -19,14 +20,17 @@ def uniform_subset(questions: Sequence[Example], k: int, seed: int, iteration: i
     return [q.id for q in sorted(questions, key=lambda q: derive_seed(seed, iteration, q.id, "subset"))[:k]]
 
 
-def draw(questions: Sequence[Example], k: int, sampler: Any, name: str, iteration: int,
-         ledger: Sequence[Mapping[str, Any]], seed: int) -> list[Example]:
+def draw(questions: Sequence[Example], k: int, sampler: QuestionSampler | None, name: str, iteration: int,
+         ledger: Sequence[Mapping[str, Any]], seed: int, registry: Registry) -> list[Example]:
     """``k`` (at most) of ``questions`` for ``iteration``, in their order: ``sampler.select``'s
-    choice from the ``ledger`` of the iterations before (checked), or ``uniform_subset``."""
+    choice from the ``ledger`` of the iterations before (checked), or ``uniform_subset``.
+    ``registry`` built the sampler (a failure names its plugin)."""
     if sampler is None:
         ids = uniform_subset(questions, k, seed, iteration)
     else:
-        ids = sampler.select(iteration, questions, k, [dict(r) for r in ledger], seed)
+        rows = [dict(r) for r in ledger]
+        with registry.calling(sampler, "select"):
+            ids = sampler.select(iteration, questions, k, rows, seed)
         known = {q.id for q in questions}
         if not isinstance(ids, (list, tuple)) or not all(isinstance(i, str) and i in known for i in ids) \
                 or len(set(ids)) != len(ids) or len(ids) > k:

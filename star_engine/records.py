@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from .api import Candidate
+from .api import Candidate, TrainExample
 from .errors import IntegrityError
 
 Int32 = Annotated[int, pa.int32()]
@@ -48,7 +48,7 @@ def _arrow(hint: Any) -> pa.DataType:
         return _arrow(inner)
     if origin is tuple:
         return pa.list_(_arrow(typing.get_args(hint)[0]))
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return pa.struct([(col, typ) for _, col, typ in _layout(hint)])
     return _ARROW[hint]
 
@@ -57,14 +57,20 @@ def _item(kind: type, f: dataclasses.Field) -> type | None:
     """The record type of the items of ``kind``'s field ``f`` (``tuple[R, ...]``), else None."""
     hint = typing.get_type_hints(kind)[f.name]
     args = typing.get_args(hint) if typing.get_origin(hint) is tuple else ()
-    return args[0] if args and dataclasses.is_dataclass(args[0]) else None
+    return args[0] if args and isinstance(args[0], type) and dataclasses.is_dataclass(args[0]) else None
 
 
-@functools.cache
+_LAYOUTS: dict[type, tuple[tuple[dataclasses.Field, str, pa.DataType], ...]] = {}  # _layout's, per record type
+
+
 def _layout(kind: type) -> tuple[tuple[dataclasses.Field, str, pa.DataType], ...]:
     """(field, column name, Arrow type) of each of ``kind``'s fields, in order."""
-    hints = typing.get_type_hints(kind, include_extras=True)
-    return tuple((f, f.metadata.get("column", f.name), _arrow(hints[f.name])) for f in dataclasses.fields(kind))
+    found = _LAYOUTS.get(kind)
+    if found is None:
+        hints = typing.get_type_hints(kind, include_extras=True)
+        found = _LAYOUTS[kind] = tuple((f, f.metadata.get("column", f.name), _arrow(hints[f.name]))
+                                       for f in dataclasses.fields(kind))
+    return found
 
 
 @functools.cache
@@ -270,3 +276,7 @@ class Metrics:
     # "gold"), "gold_fallback" (--smoke: nothing was kept, the task's gold completions instead);
     # null when it did not train (iteration 0, or no steps).
     trained_on: str | None = None
+
+
+def training_examples(rows: Sequence[Rationale]) -> list[TrainExample]:
+    return [TrainExample(r.prompt, r.rationale) for r in rows if r.kept]

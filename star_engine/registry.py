@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import importlib
 import dataclasses
-import inspect
 import json
 import os
 import traceback
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from types import ModuleType
 from typing import Any
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import pluggy
 
@@ -71,11 +71,33 @@ class Component:
     factory: Callable[..., Any]
     plugin: PluginInfo
 
+    @property
+    def label(self) -> str:
+        """``plugin 'p' (dist 1.0): checker 'name'``: who to blame for what it does."""
+        return f"{self.plugin.label}: {self.kind} '{self.name}'"
+
 
 def _short_error(exc: BaseException) -> str:
     frame = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
     where = f" at {frame[0].filename}:{frame[0].lineno}" if frame else ""
     return f"{type(exc).__name__}: {exc}{where}"
+
+
+@contextmanager
+def calling(origin: Component | None, method: str) -> Iterator[None]:
+    """Blame ``origin`` (the component whose ``method`` the block calls) for what the call raises:
+    an exception that is not the core's own (``StarEngineError``) nor Ctrl-C becomes a
+    ``PluginError`` naming its plugin, the component, the method and where it was raised (the
+    exception is its ``__cause__``). Keep the block to that one call. ``origin`` None (an object
+    no registry built: a test's double) lets everything through."""
+    try:
+        yield
+    except (StarEngineError, KeyboardInterrupt):
+        raise
+    except Exception as e:  # noqa: BLE001 -- any other failure of a plugin's method is the plugin's
+        if origin is None:
+            raise
+        raise PluginError(f"{origin.label}.{method} raised {_short_error(e)}") from e
 
 
 class Registry:
@@ -85,6 +107,7 @@ class Registry:
         self.plugins: dict[str, PluginInfo] = {}
         self.components: dict[str, dict[str, Component]] = {k: {} for k in KINDS}
         self.conflicts: dict[tuple[str, str], list[PluginInfo]] = {}
+        self._built: list[tuple[Any, Component]] = []  # what ``create`` returned, and from what
         if autoload is None:
             autoload = os.environ.get("STAR_ENGINE_DISABLE_AUTOLOAD", "") in ("", "0")
         if blocked is None:
@@ -209,7 +232,19 @@ class Registry:
         except Exception as e:  # noqa: BLE001
             raise PluginError(f"{key}: {comp.plugin.label} failed to create {kind} '{name}': {_short_error(e)}",
                               key=key) from None
-        return Guarded(obj, comp)
+        self._built.append((obj, comp))
+        return obj
+
+    def origin(self, obj: Any) -> Component | None:
+        """The component ``obj`` was created from (``create``), or None when this registry did not
+        create it."""
+        return next((comp for built, comp in self._built if built is obj), None)
+
+    def calling(self, obj: Any, method: str) -> AbstractContextManager[None]:
+        """``with registry.calling(task, "prompt"): task.prompt(kind)``: a failure of the call
+        names the plugin that provides ``obj`` (``calling``). Where the core calls a
+        component's method, it calls it so."""
+        return calling(self.origin(obj), method)
 
     # -- observers ----------------------------------------------------------------
     def notify(self, hook: str, **kwargs: Any) -> None:
@@ -299,28 +334,3 @@ def option_defaults(factory: Callable[..., Any]) -> dict[str, Any]:
         except (TypeError, ValueError):
             continue
     return out
-
-
-class Guarded:
-    """Proxy that names the plugin when a component's method raises. Only methods and
-    functions are wrapped; any other attribute passes through as it is, a callable object
-    included (a backend's jax ``Mesh`` is a context decorator: wrapped, it was a function)."""
-
-    def __init__(self, obj: Any, comp: Component):
-        self._obj, self._comp = obj, comp
-
-    def __getattr__(self, attr: str) -> Any:
-        value = getattr(self._obj, attr)
-        if not inspect.isroutine(value):
-            return value
-        comp = self._comp
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return value(*args, **kwargs)
-            except (StarEngineError, KeyboardInterrupt):
-                raise
-            except Exception as e:  # noqa: BLE001
-                raise PluginError(f"{comp.plugin.label}: {comp.kind} '{comp.name}'.{attr} raised "
-                                  f"{_short_error(e)}") from e
-        return call

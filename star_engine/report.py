@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import IntegrityError, UserError
-from .metrics import LATER_COLUMNS, METRICS_SCHEMA, natural
+from .metrics import LATER_COLUMNS, METRICS_SCHEMA, classes, eval_split, has_exploration, series, train_counts
 from .store import atomic_write_bytes, read_json_file
 
 MAX_ROWS = 1_000_000
@@ -62,39 +62,6 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return rows
 
 
-def eval_split(rows: Sequence[dict]) -> str:
-    """The run's first evaluation split ("train" when it has none)."""
-    splits = [r["split"] for r in rows if r["split"] != "train"]
-    return splits[0] if splits else "train"
-
-
-def series(rows: Sequence[dict], split: str, cls: str) -> tuple[list[int], list[float]]:
-    """(iterations, accuracy in %) of ``split`` and class ``cls``."""
-    pts = sorted((r["iteration"], r["accuracy"]) for r in rows if r["split"] == split and r["class"] == cls
-                 and r["accuracy"] is not None)
-    return [p[0] for p in pts], [100 * p[1] for p in pts]
-
-
-def classes(rows: Sequence[dict], split: str) -> list[str]:
-    """The eval split's classes other than "all", numbers in numeric order."""
-    return sorted({r["class"] for r in rows if r["split"] == split and r["class"] != "all"}, key=natural)
-
-
-def train_counts(rows: Sequence[dict]) -> list[tuple[int, int, int]]:
-    """(iteration, kept, rationalized) of the fine-tuning set, per iteration."""
-    return sorted((r["iteration"], r["kept"] or 0, r["rationalized"] or 0) for r in rows
-                  if r["split"] == "train" and r["class"] == "all")
-
-
-def has_exploration(rows: Sequence[dict]) -> bool:
-    return any(r["pass_at_k"] is not None or r["kept_len_mean"] is not None for r in rows)
-
-
-def train_all(rows: Sequence[dict]) -> list[dict]:
-    """The train rows of class "all", by iteration."""
-    return sorted((r for r in rows if r["split"] == "train" and r["class"] == "all"), key=lambda r: r["iteration"])
-
-
 def _under(r: dict, checker: str) -> float | None:
     """Row ``r``'s accuracy under the ``[evaluation] checkers`` entry ``checker`` (None: none)."""
     return next((c["accuracy"] for c in r.get("checkers") or () if c["checker"] == checker), None)
@@ -111,7 +78,7 @@ def class_table(rows: Sequence[dict], name: str, checker: str | None = None) -> 
     out = [f"{name}, {split} accuracy (%) per class{what}:", "", "| iteration | " + " | ".join(columns) + " |",
            "| ---: |" + " ---: |" * len(columns)]
     for n in sorted({it for it, _ in acc}):
-        cells = ["–" if acc.get((n, c)) is None else f"{100 * acc[(n, c)]:.1f}" for c in columns]
+        cells = ["–" if (a := acc.get((n, c))) is None else f"{100 * a:.1f}" for c in columns]
         out.append(f"| {n} | " + " | ".join(cells) + " |")
     return out
 

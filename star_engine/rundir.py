@@ -1,5 +1,5 @@
-"""A run directory before anything is written to it: whether this run may use it, what it
-holds, and the lock that keeps it to one run at a time.
+"""A run directory before anything is written to it: whether this run may use it and what it
+holds.
 
 ``inspect`` only reads. It refuses (``UserError``, nothing written) an
 ``experiment.output_dir`` that is a file or cannot be created, a folder that holds
@@ -7,19 +7,13 @@ something else, a run of another configuration, and an unreadable or inconsisten
 ``config.json`` or ``manifest.json``. ``validate`` and ``run`` both call it
 (``runner.preflight``); ``run`` calls it again once it holds the lock.
 
-The lock is ``fcntl.flock`` on ``RUN_DIR/.lock``, taken by ``run`` (process 0 of a
-multi-process run, for all of them) before its first write and held until the
-command ends. A second ``run`` of the same directory is refused at once; the
-operating system releases the lock when its holder dies (``kill -9`` too), so a
-rerun resumes. ``report`` and ``validate`` only read and never lock.
+The lock (``star_engine.runlock``) is taken by ``run`` only; ``report`` and ``validate``
+only read and never lock.
 """
 
 from __future__ import annotations
 
-import errno
 import os
-import socket
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,17 +21,15 @@ from collections.abc import Mapping
 
 from .errors import UserError
 from .fsio import is_temporary
+from .runlock import LOCK
 from .store import read_json_file, read_manifest
 
-LOCK = ".lock"
 CONFIG_MAX = 64 << 20
 FILES = ("experiment.toml", "config.json", "manifest.json", "requirements.txt", "events.jsonl", "metrics.parquet",
          "questions.parquet", "pairs.jsonl", "report.png", "report.md", LOCK)
 FOLDERS = ("base", "iterations")
 # Keys that may change when a run is resumed: they extend or observe it, they do not change its results.
 RESUMABLE_CHANGES = {"experiment.iterations", "experiment.early_stop_patience", "experiment.output_dir"}
-
-_held: list[int] = []  # file descriptors of the locks this process holds
 
 
 @dataclass
@@ -142,46 +134,3 @@ def _with_defaults(old: dict[str, Any], cfg: dict[str, Any], defaults: Mapping[s
         if task.get(key) == {} and key in defaults and cfg["task"].get(key) == defaults[key]:
             task[key] = defaults[key]
     return {**old, "task": task}
-
-
-def lock(root: Path) -> None:
-    """Take the run directory's lock (creating the folder), or refuse at once when another
-    run holds it. Held until ``release_locks`` (the end of the command) or the process's death."""
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        import fcntl
-
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        holder = b""
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            try:
-                holder = os.pread(fd, 512, 0)
-            except OSError:
-                pass
-        os.close(fd)
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            who = holder.decode("utf-8", "replace").strip().replace("\n", " ") or "holder unknown"
-            raise UserError(f"{root}: another star-engine run is using this run directory ({who}); wait until it "
-                            f"ends, or set experiment.output_dir to another folder") from None
-        raise UserError(f"{path}: cannot lock the run directory ({e.strerror or e}); star-engine needs a "
-                        f"filesystem with file locks (flock) to keep one run per directory") from None
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    note = f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n".encode()
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, note, 0)
-    except OSError:
-        pass  # the note only helps the message of a refused second run
-    _held.append(fd)
-
-
-def release_locks() -> None:
-    """Release the locks this process holds (the command ended)."""
-    while _held:
-        try:
-            os.close(_held.pop())
-        except OSError:
-            pass

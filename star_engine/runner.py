@@ -16,10 +16,11 @@ from pathlib import Path
 
 import structlog
 
-from . import __version__, rundir, ui
+from . import __version__, rundir, runlock, ui
+from .api import ValidatesRun
 from .experiment import Experiment, config_hash
 from .loop import run_star
-from .stages import Stages, derive_seed
+from .seeds import derive_seed
 from .store import RunStore, clean_temporaries, json_bytes
 from .verdicts import log_skipped
 
@@ -30,27 +31,28 @@ def check_backend(exp: Experiment) -> None:
     """The backend's checks of what this run will ask of it (``Backend.validate_run``, when it
     has one): the generation specs the stages use, and the training specs (``steps`` 0 where
     the schedule decides per iteration)."""
-    validate = getattr(exp.backend, "validate_run", None)
-    if validate is None:
+    backend, cfg = exp.backend, exp.config
+    if not isinstance(backend, ValidatesRun):
         return
-    stages = Stages(exp, None)  # only for its generation specs; it touches no store
-    generation = {"generation": stages.sample_spec, "evaluation": stages.eval_spec}
-    seed, bt, tr = exp.config.experiment.seed, exp.config.base_training, exp.config.training
+    stop = tuple(exp.task.stop)
+    generation = {"generation": cfg.generation.gen_spec(stop), "evaluation": cfg.evaluation.gen_spec(cfg.generation, stop)}
+    seed, bt, tr = cfg.experiment.seed, cfg.base_training, cfg.training
     training = {"base_training": bt.train_spec(bt.steps, derive_seed(seed, 0, "base_training"))} if bt.steps else {}
     training["training"] = tr.train_spec(0, derive_seed(seed, 1, "train"))
-    validate(generation=generation, training=training)
+    with exp.calling(backend, "validate_run"):
+        backend.validate_run(generation=generation, training=training)
 
 
 def preflight(exp: Experiment) -> rundir.RunDir:
     """Every check a run makes before it writes anything (reads only): the backend's, then the
     run directory's. ``validate`` and ``run`` both call it."""
     check_backend(exp)
-    return rundir.inspect(exp.cfg, exp.defaults)
+    return rundir.inspect(exp.config.as_dict(), exp.defaults)
 
 
 def open_run_dir(exp: Experiment, state: rundir.RunDir, toml_path: Path) -> RunStore:
     """Write the run directory's self-description (``state`` was checked under the lock)."""
-    root, p, cfg = state.root, exp.processes, exp.cfg
+    root, p, cfg = state.root, exp.processes, exp.config.as_dict()
     event_dir = root if p.primary else None  # one event log, process 0's
     describe = {"config_sha256": config_hash(cfg), "star_engine": __version__,
                 "plugins": exp.registry.requirements()}
@@ -65,10 +67,12 @@ def open_run_dir(exp: Experiment, state: rundir.RunDir, toml_path: Path) -> RunS
         log.info("start", run_dir=str(root))
     # The resolved config is rewritten on resume so a raised iteration count is recorded.
     store.write_bytes(root / "config.json", json_bytes(cfg))
+    with exp.calling(exp.backend, "describe"):
+        backend = exp.backend.describe()
     store.set_header(star_engine_version=__version__, config_sha256=describe["config_sha256"],
                      experiment=exp.config.experiment.name, python=sys.version.split()[0],
                      platform=platform.platform(), plugins=exp.registry.describe(),
-                     requirements=exp.registry.requirements(), backend=exp.backend.describe(),
+                     requirements=exp.registry.requirements(), backend=backend,
                      finished=False)
     store.write_bytes(root / "requirements.txt", ("\n".join(exp.registry.requirements()) + "\n").encode())
     return store
@@ -79,9 +83,9 @@ def prepare_run_dir(exp: Experiment, toml_path: Path) -> RunStore:
     may have changed it since ``preflight``), then open it."""
     p = exp.processes
     if p.primary:
-        rundir.lock(exp.run_dir)  # before the first write; refused at once when another run holds it
+        runlock.lock(exp.run_dir)  # before the first write; refused at once when another run holds it
     p.sync("run directory locked")
-    state = rundir.inspect(exp.cfg, exp.defaults)
+    state = rundir.inspect(exp.config.as_dict(), exp.defaults)
     # Several processes: all of them look at the folder before process 0 changes it.
     p.sync("start")
     return open_run_dir(exp, state, toml_path)
@@ -96,7 +100,7 @@ def _run(exp: Experiment, toml_path: Path) -> list[dict]:
     preflight(exp)
     store = prepare_run_dir(exp, toml_path)
     log_skipped(exp.panel)  # gold answers the checkers skipped when the data was loaded
-    exp.notify("on_run_start", run_dir=store.root, config=exp.cfg)
+    exp.notify("on_run_start", run_dir=store.root, config=exp.config.as_dict())
     t0 = time.perf_counter()
     rows = run_star(exp, store)
     store.set_header(finished=True)

@@ -30,7 +30,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, TypeGuard, Union
 
 from .errors import UserError
 
@@ -41,12 +41,12 @@ def close_matches(name: str, names: list[str]) -> str:
     return f" (did you mean {', '.join(repr(x) for x in m)}?)" if m else ""
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int]:
     """An ``int`` that is not a ``bool`` (TOML's ``true`` is no integer)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: Any) -> TypeGuard[int | float]:
     """An ``int`` or a ``float`` that is not a ``bool``."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -270,7 +270,7 @@ def declared(obj: Any) -> dict[str, Option]:
                 default = REQUIRED
             out[f.name] = Option.of(f.name, hints.get(f.name, Any), default)
         return out
-    target = obj.__init__ if isinstance(obj, type) else obj
+    target = obj.__init__ if isinstance(obj, type) else obj  # type: ignore[misc]  # a class: its own __init__
     sig = inspect.signature(obj)
     try:
         hints = typing.get_type_hints(target, include_extras=True)

@@ -1,11 +1,14 @@
-"""The experiment configuration as typed, frozen objects, read by attribute.
+"""The sections of an experiment file as typed, frozen objects, read by attribute (the whole
+experiment, ``config.Config``, holds one of each).
 
 Each section of an experiment file is a frozen dataclass whose fields are its keys, each
 declared once with its type, default and allowed range (``star_engine.schema``): the TOML
 reference, the validation in :mod:`star_engine.config` (``schema.validate``) and the
-objects the core reads name the same keys. :func:`Config.from_dict` builds the objects
+objects the core reads name the same keys. ``Config.from_dict`` builds the objects
 from a configuration ``config.load_experiment`` has validated and resolved; nothing is
-checked twice. ``[model]`` and the component references (``task.checker``, ...) are
+checked twice. A section makes the jobs it describes: ``Generation.gen_spec`` and
+``EvaluationSection.gen_spec`` the backend's generation specs, ``Trains.train_spec`` its
+training jobs. ``[model]`` and the component references (``task.checker``, ...) are
 plugin option tables: they stay dicts, checked against the factory they name by the same
 validator (``Registry.create``). The ``[*.optimizer]`` tables are the backend's: it
 declares their typed section (``Backend.optimizer_table``, a dataclass like these) and
@@ -20,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Annotated, Any, Literal
 
-from .api import Loss, Packing, TrainSpec
+from .api import GenSpec, Loss, Packing, TrainSpec
 from .schema import Component, Components, Fraction, NonNegFloat, NonNegInt, PosInt, between, declared
 
 
@@ -104,6 +107,10 @@ class Generation(Section):
     sampler: Component = ""
     chunk_size: PosInt = 256
 
+    def gen_spec(self, stop: tuple[str, ...]) -> GenSpec:
+        """How rationales are sampled (generation, rationalization); ``stop``: the task's."""
+        return GenSpec(self.max_new_tokens, self.temperature, self.top_p, stop, self.batch_size)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Rationalization(Section):
@@ -159,20 +166,14 @@ class EvaluationSection(Section):
     pass_k: NonNegInt = 0
     checkers: Components = field(default_factory=list)  # more verdicts, recorded beside task.checker's
 
+    def gen_spec(self, generation: Generation, stop: tuple[str, ...]) -> GenSpec:
+        """How the evaluation answers (greedy, at ``temperature``); ``max_new_tokens`` 0 and the
+        batch are ``[generation]``'s; ``stop``: the task's."""
+        return GenSpec(self.max_new_tokens or generation.max_new_tokens, self.temperature, self.top_p, stop,
+                       generation.batch_size)
 
-@dataclass(frozen=True, kw_only=True)
-class Config(Section):
-    """A whole experiment, validated and resolved (``samples_per_question``, ``pass_k`` and the
-    task's default checker filled in); ``as_dict()`` is what ``config.json`` holds."""
-
-    experiment: ExperimentSection
-    task: TaskSection
-    generation: Generation = field(default_factory=Generation)
-    rationalization: Rationalization = field(default_factory=Rationalization)
-    base_training: BaseTraining = field(default_factory=BaseTraining)
-    training: Training = field(default_factory=Training)
-    evaluation: EvaluationSection = field(default_factory=EvaluationSection)
-    model: dict  # the backend's table: its factory's options (``schema.declared``)
-
-
-SCHEMA: dict[str, Any] = Config.schema()
+    def sampled_spec(self, generation: Generation, stop: tuple[str, ...]) -> GenSpec:
+        """How the sampled evaluation (``samples_per_question`` > 1) answers: at
+        ``sample_temperature``, with ``[generation]``'s ``top_p``."""
+        greedy = self.gen_spec(generation, stop)
+        return GenSpec(greedy.max_new_tokens, self.sample_temperature, generation.top_p, stop, greedy.batch_size)

@@ -17,7 +17,7 @@ What it changes in the run (``loop.run_star`` reads ``experiment.smoke``):
 - each STaR iteration trains at least 1 and at most ``STEPS`` steps (``steps``), so that the
   training stage runs whatever the schedule says for a small set;
 - an iteration that kept nothing (a tiny random model rarely answers right) trains on the
-  task's gold completions instead (``Task.gold_completion``; the direct ones when the task has
+  task's gold completions instead (``loop.smoke_gold``) (``Task.gold_completion``; the direct ones when the task has
   no gold rationales), stored as ``iterations/NNN/smoke_gold.parquet``: ``metrics.parquet``'s
   ``trained_on`` is ``"gold_fallback"``, the events have a ``smoke_gold_fallback`` warning and
   the summary says so. ``kept`` stays what the checker and the filters kept (0).
@@ -27,15 +27,9 @@ from __future__ import annotations
 
 import copy
 from typing import Any
-from collections.abc import Sequence
 
-import structlog
+from .schema import is_int
 
-from .api import Example, TrainExample
-from .errors import UserError
-from .options import is_int
-
-log = structlog.get_logger("star_engine")
 LIMIT = 8
 STEPS = 4
 
@@ -72,29 +66,3 @@ def apply(data: dict[str, Any], limit: int | None) -> None:
 def steps(scheduled: int) -> int:
     """A smoke iteration's optimizer steps: the schedule's, at least 1 and at most ``STEPS``."""
     return min(max(scheduled, 1), STEPS)
-
-
-def gold_fallback(stages: Any, n: int, questions: Sequence[Example]) -> list[TrainExample]:
-    """Iteration ``n`` of a smoke run kept nothing: the gold completions of its questions
-    (``stages.gold``, stored as ``smoke_gold.parquet``; the direct ones when the task has no gold
-    rationales) to train on, with a ``smoke_gold_fallback`` warning."""
-    from .stages import training_examples
-
-    direct = stages.cfg.task.direct
-    try:
-        rows = stages.gold(n, questions, "smoke_gold")
-    except UserError as e:
-        if direct:
-            raise UserError(f"--smoke: iteration {n} kept nothing, and the task has no gold completions to train "
-                            f"on instead: {e}") from None
-        try:  # e.g. CommonsenseQA: no gold rationales, but its answers
-            rows, direct = stages.gold(n, questions, "smoke_gold", direct=True), True
-        except UserError as e2:
-            raise UserError(f"--smoke: iteration {n} kept nothing, and the task has no gold completions to train "
-                            f"on instead: {e2}") from None
-    what = "gold answers (the task has no gold rationales)" if direct != stages.cfg.task.direct else \
-        "gold completions"
-    log.warning("smoke_gold_fallback", iteration=n, examples=len(rows), completions=what,
-                note="--smoke: nothing was kept, so the training stage trains on the task's gold completions "
-                     "instead (metrics.parquet: trained_on = gold_fallback)")
-    return training_examples(rows)

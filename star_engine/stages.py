@@ -10,27 +10,24 @@ batching or on where a run was interrupted.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import hashlib
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pyarrow.parquet as pq
 import structlog
 
 from . import ui
-from .api import Example, GenRequest, GenSpec, TrainExample, TrainSpec, Verdict
-from .errors import PluginError, UserError
+from .api import Example, GenRequest, GenSpec, TrainExample, TrainSpec, Trims, Verdict
 from .experiment import Experiment, prompt_kinds
 from .ledger import LEDGER_SCHEMA, ledger_rows
 from .questions import draw
 from .records import GREEDY, UNSELECTED, Chunk, Evaluation, Rationale
 from .seeds import coin, derive_seed
-from .store import RunStore, loading_checkpoint
+from .store import RunStore, disk_full, loading_checkpoint
 from .tokens import Truncation, count_tokens
 from .verdicts import Judge
 
@@ -50,26 +47,20 @@ class Stages:
         self.exp, self.store, self.cfg = exp, store, exp.config
         self.seed = self.cfg.experiment.seed
         self.task, self.backend = exp.task, exp.backend
-        g = self.cfg.generation
         self.stop = tuple(self.task.stop)
-        self.sample_spec = GenSpec(g.max_new_tokens, g.temperature, g.top_p, self.stop, g.batch_size)
-        ev = self.cfg.evaluation
-        self.eval_spec = GenSpec(ev.max_new_tokens or g.max_new_tokens, ev.temperature, ev.top_p, self.stop,
-                                 g.batch_size)
+        self.sample_spec = self.cfg.generation.gen_spec(self.stop)
+        self.eval_spec = self.cfg.evaluation.gen_spec(self.cfg.generation, self.stop)
         self.kind, self.hint_kind = prompt_kinds(self.cfg)
-        # Optional Task method: the part of a generation that is checked and stored.
-        self.trim = getattr(self.task, "trim", None) or (lambda text: text)
-        self.judge = Judge(exp.checker, exp.checker_name, exp.panel)
-        self.truncation = Truncation(self.backend)  # the prompts the backend cuts, per stage
+        self.judge = Judge(exp.checker, exp.checker_name, exp.panel, exp.registry)
+        self.truncation = Truncation(self.backend, exp.registry)  # the prompts the backend cuts, per stage
         self.timings: dict[str, float] = {}
         # questions.parquet is rewritten as the loop goes, so whether to rewrite it is decided
         # from its row count read here, before any process can change it, and from the counts
         # written since: every process decides alike (star_engine.procs).
         self._ledger_on_disk = -1
-        if store is not None:
-            if store.done("questions.parquet"):
-                self._ledger_on_disk = pq.ParquetFile(store.root / "questions.parquet").metadata.num_rows
-            store.processes.sync("ledger counted")
+        if store.done("questions.parquet"):
+            self._ledger_on_disk = pq.ParquetFile(store.root / "questions.parquet").metadata.num_rows
+        store.processes.sync("ledger counted")
 
     # -- references to checkpoints (relative inside the run directory) -------------
     def _ref(self, path: str | Path) -> str:
@@ -81,7 +72,27 @@ class Stages:
         return str(self.store.root / ref) if not Path(ref).is_absolute() else ref
 
     def checkpoint_id(self, ref: str) -> str:
-        return self.backend.checkpoint_id(self.path(ref))
+        return self._checkpoint_id(self.path(ref))
+
+    def _checkpoint_id(self, path: str) -> str:
+        with self.exp.calling(self.backend, "checkpoint_id"):
+            return self.backend.checkpoint_id(path)
+
+    # -- the task's methods, a failure named after its plugin ---------------------------
+    def _prompt(self, kind: str) -> str:
+        with self.exp.calling(self.task, "prompt"):
+            return self.task.prompt(kind)
+
+    def _context(self, ex: Example) -> str:
+        with self.exp.calling(self.task, "context"):
+            return self.task.context(ex)
+
+    def _trim(self, text: str) -> str:
+        """The part of a generation that is checked and stored (the optional ``Task.trim``)."""
+        if not isinstance(self.task, Trims):
+            return text
+        with self.exp.calling(self.task, "trim"):
+            return self.task.trim(text)
 
     # -- timing --------------------------------------------------------------------
     def _timed(self, name: str, start: float) -> None:
@@ -108,7 +119,8 @@ class Stages:
                 rel = f"{rel_dir}/chunk-{i:05d}.parquet"
                 if not self.store.done(rel):
                     reqs = [GenRequest(p, s) for p, s in zip(prompts[start:start + size], seeds[start:start + size])]
-                    with loading_checkpoint(Path(self.path(model)), not Path(model).is_absolute()):
+                    with loading_checkpoint(Path(self.path(model)), not Path(model).is_absolute()), \
+                            self.exp.calling(self.backend, "generate"):
                         out = self.backend.generate(self.path(model), reqs, spec, progress=advance)
                     if len(out) != len(reqs):
                         raise RuntimeError(f"backend returned {len(out)} texts for {len(reqs)} requests")
@@ -140,11 +152,11 @@ class Stages:
         """The questions iteration ``n`` draws (``star_engine.questions``), in the split's order."""
         qs, sampler = self.exp.splits["train"], self.cfg.generation.sampler
         k = min(self.cfg.generation.n_train_samples or len(qs), len(qs))
-        return draw(qs, k, self.exp.sampler, sampler.get("name", ""), n, ledger, self.seed)
+        return draw(qs, k, self.exp.sampler, sampler.get("name", ""), n, ledger, self.seed, self.exp.registry)
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens per text: the backend's optional ``count_tokens``, else UTF-8 bytes."""
-        return count_tokens(self.backend, texts)
+        return count_tokens(self.backend, texts, self.exp.registry)
 
     def ledger(self, n: int, questions: Sequence[Example], rationales: Sequence[Rationale],
                before: Sequence[dict]) -> list[dict]:
@@ -165,12 +177,13 @@ class Stages:
             self._ledger_on_disk = len(rows)
 
     def _stored_prompt(self, context: str, kind: str) -> str:
-        return (self.task.prompt(kind) + context) if self.cfg.task.few_shot_train else context
+        return (self._prompt(kind) + context) if self.cfg.task.few_shot_train else context
 
     def _judge(self, text: str, gold: str) -> tuple[str, str | None, Verdict]:
         """(the generation as the task keeps it, the task's extraction, the checker's verdict)."""
-        text = self.trim(text)
-        extracted = self.task.extract(text)
+        text = self._trim(text)
+        with self.exp.calling(self.task, "extract"):
+            extracted = self.task.extract(text)
         return text, extracted, self.judge(text, extracted, gold)
 
     def _row(self, n: int, ex: Example, s: int, text: str, stored: str, full: str, seed: int, hinted: bool,
@@ -187,14 +200,14 @@ class Stages:
             return self._stored(rel, f"{it_dir(n)}/generate", Rationale)
         t0, k = time.perf_counter(), self.cfg.generation.samples_per_question
         items = [(ex, s) for ex in questions for s in range(k)]
-        prefix = self.task.prompt(self.kind)
-        prompts = [prefix + self.task.context(ex) for ex, _ in items]
+        prefix = self._prompt(self.kind)
+        prompts = [prefix + self._context(ex) for ex, _ in items]
         seeds = [derive_seed(self.seed, n, ex.id, s, "generate") for ex, s in items]
         cut = self.truncation.flags(prompts, self.sample_spec, "generate", n)
         texts = self._generate(f"{it_dir(n)}/generate", prompts, seeds, self.sample_spec, model,
                                f"iter {n}: generate")
         mid = self.checkpoint_id(model)
-        rows = [self._row(n, ex, s, text, self._stored_prompt(self.task.context(ex), self.kind), full, seed,
+        rows = [self._row(n, ex, s, text, self._stored_prompt(self._context(ex), self.kind), full, seed,
                           False, mid, c)
                 for (ex, s), text, full, seed, c in zip(items, texts, prompts, seeds, cut)]
         self.judge.flush("generate", n)
@@ -210,8 +223,11 @@ class Stages:
         chosen = [ex for ex in wrong if coin(r.p_rationalization, self.seed, n, ex.id, "rationalize")]
         k = self.cfg.generation.samples_per_question
         items = [(ex, s) for ex in chosen for s in range(k)]
-        prefix = self.task.prompt(self.hint_kind)
-        hinted = [self.exp.hint.context(self.task, ex) for ex, _ in items]
+        prefix = self._prompt(self.hint_kind)
+        hint = self.exp.hint
+        assert hint is not None  # rationalization has its hint formatter (experiment.build)
+        with self.exp.calling(hint, "context"):
+            hinted = [hint.context(self.task, ex) for ex, _ in items]
         prompts = [prefix + h for h in hinted]
         seeds = [derive_seed(self.seed, n, ex.id, s, "rationalize") for ex, s in items]
         cut = self.truncation.flags(prompts, self.sample_spec, "rationalize", n)
@@ -223,8 +239,9 @@ class Stages:
             # Stored as if no hint had been given, unless p_show_hint_save says otherwise.
             show = coin(r.p_show_hint_save, self.seed, n, ex.id, s, "show_hint")
             stored = (self._stored_prompt(h, self.hint_kind) if show
-                      else self._stored_prompt(self.task.context(ex), self.kind))
-            leaks = self.exp.hint.leak_strings(self.task, ex)
+                      else self._stored_prompt(self._context(ex), self.kind))
+            with self.exp.calling(hint, "leak_strings"):
+                leaks = hint.leak_strings(self.task, ex)
             rows.append(self._row(n, ex, s, text, stored, full, seed, True, mid, c, leaks))
         self.judge.flush("rationalize", n)
         self._timed("rationalize", t0)
@@ -247,7 +264,9 @@ class Stages:
         history = [r.candidate() for r in self.history(n)]
         for name, flt in self.exp.filters:
             alive = [i for i, r in enumerate(rows) if r.kept]
-            flags = flt.keep([rows[i].candidate() for i in alive], history)
+            candidates = [rows[i].candidate() for i in alive]
+            with self.exp.calling(flt, "keep"):
+                flags = flt.keep(candidates, history)
             if len(flags) != len(alive):
                 raise RuntimeError(f"filter '{name}' returned {len(flags)} flags for {len(alive)} candidates")
             for i, ok in zip(alive, flags):
@@ -266,8 +285,10 @@ class Stages:
         direct = self.cfg.task.direct if direct is None else direct
         rows = []
         for ex in questions:
-            ctx = self._stored_prompt(self.task.context(ex), self.kind)
-            rows.append(_rationale(n, ex, 0, ctx, self.task.gold_completion(ex, direct), Verdict(ex.answer, True),
+            ctx = self._stored_prompt(self._context(ex), self.kind)
+            with self.exp.calling(self.task, "gold_completion"):
+                completion = self.task.gold_completion(ex, direct)
+            rows.append(_rationale(n, ex, 0, ctx, completion, Verdict(ex.answer, True),
                                    was_hinted=False, kept=True, checker="gold", model_checkpoint="",
                                    prompt_hash=prompt_hash(ctx), seed=0))
         self.store.write_records(rel, rows, Rationale)
@@ -282,7 +303,7 @@ class Stages:
         model_rel = f"{rel_dir}/model"
         if self.store.done(rel):
             info = self.store.read_json(rel)
-            if info["checkpoint"] != model_rel or self.store.checkpoint_done(model_rel, self.backend.checkpoint_id):
+            if info["checkpoint"] != model_rel or self.store.checkpoint_done(model_rel, self._checkpoint_id):
                 return info["checkpoint"], info
             self.store.forget(rel)
         t0 = time.perf_counter()
@@ -291,8 +312,9 @@ class Stages:
                     "losses": [], "examples": len(examples)}
         else:
             self.store.remove(model_rel)  # a stale, unrecorded attempt
-            with ui.progress(f"{rel_dir}: train", spec.steps, "step") as advance, _disk_full(self.store.root / model_rel), \
-                    loading_checkpoint(Path(self.path(init)), not Path(init).is_absolute()):
+            with ui.progress(f"{rel_dir}: train", spec.steps, "step") as advance, disk_full(self.store.root / model_rel), \
+                    loading_checkpoint(Path(self.path(init)), not Path(init).is_absolute()), \
+                    self.exp.calling(self.backend, "train"):
                 res = self.backend.train(self.path(init), self.store.root / model_rel, examples, spec,
                                          progress=advance)
             self.store.record_checkpoint(model_rel, res.checkpoint_id)
@@ -307,17 +329,20 @@ class Stages:
     def base_model(self) -> str:
         """The base model: the backend's, or one trained from the task's seed examples."""
         rec = self.store.manifest.get("base_checkpoint")
-        if rec and not self.store.checkpoint_done(rec, self.backend.checkpoint_id):
+        if rec and not self.store.checkpoint_done(rec, self._checkpoint_id):
             self.store.manifest["checkpoints"].pop(rec, None)  # damaged (and removed) or gone: written again
-        with _disk_full(self.store.root / "base"):
-            init = self._ref(self.backend.base(self.store.root / "base", self.seed))
+        with disk_full(self.store.root / "base"), self.exp.calling(self.backend, "base"):
+            base = self.backend.base(self.store.root / "base", self.seed)
+        init = self._ref(base)
         if not Path(init).is_absolute() and init not in self.store.manifest["checkpoints"]:
             self.store.record_checkpoint(init, self.checkpoint_id(init))
             self.store.set_header(base_checkpoint=init)
         bt = self.cfg.base_training
         if bt.steps == 0:
             return init
-        ref, _ = self.fine_tune("base", init, self.task.seed_examples(),
+        with self.exp.calling(self.task, "seed_examples"):
+            seed_examples = self.task.seed_examples()
+        ref, _ = self.fine_tune("base", init, seed_examples,
                                 bt.train_spec(bt.steps, derive_seed(self.seed, 0, "base_training")), "seed")
         return ref
 
@@ -330,8 +355,7 @@ class Stages:
         """``evaluation.samples_per_question`` answers per question of ``split``, sampled at
         ``evaluation.sample_temperature`` (pass@k and majority vote)."""
         ev = self.cfg.evaluation
-        spec = GenSpec(self.eval_spec.max_new_tokens, ev.sample_temperature, self.cfg.generation.top_p,
-                       self.stop, self.eval_spec.batch_size)
+        spec = ev.sampled_spec(self.cfg.generation, self.stop)
         return self._evaluate(n, model, split, ev.samples_per_question, spec)
 
     def _evaluate(self, n: int, model: str, split: str, k: int, spec: GenSpec) -> list[Evaluation]:
@@ -343,9 +367,9 @@ class Stages:
             return self._stored(rel, f"{it_dir(n)}/{name}", Evaluation)
         t0, examples = time.perf_counter(), self.exp.splits[split]
         # no_prompt drops the few-shot prompt once the model has been fine-tuned (as the original).
-        prefix = "" if (self.cfg.evaluation.no_prompt and n > 0) else self.task.prompt(self.kind)
+        prefix = "" if (self.cfg.evaluation.no_prompt and n > 0) else self._prompt(self.kind)
         items = [(ex, s) for ex in examples for s in range(k or 1)]
-        prompts = [prefix + self.task.context(ex) for ex, _ in items]
+        prompts = [prefix + self._context(ex) for ex, _ in items]
         seeds = [derive_seed(self.seed, n, ex.id, split, s, "evaluate_sample") if k else
                  derive_seed(self.seed, n, ex.id, split, "evaluate") for ex, s in items]
         what = f"evaluate {split}{' (sampled)' if k else ''}"
@@ -363,7 +387,7 @@ class Stages:
         self._timed("evaluate", t0)
         return self._finish(rel, rows, Evaluation, f"{it_dir(n)}/{name}", () if k else GREEDY)
 
-    def evaluate_all(self, n: int, model: str) -> tuple[dict[str, list[Evaluation]], ...]:
+    def evaluate_all(self, n: int, model: str) -> tuple[dict[str, list[Evaluation]], dict[str, list[Evaluation]]]:
         """Every evaluation split, greedy, and sampled when ``evaluation.samples_per_question`` > 1."""
         splits = self.cfg.evaluation.splits
         greedy = {s: self.evaluate(n, model, s) for s in splits}
@@ -372,24 +396,7 @@ class Stages:
         return greedy, sampled
 
 
-@contextlib.contextmanager
-def _disk_full(path: Path) -> Iterator[None]:
-    """Name ``path`` when the backend runs out of disk space writing it (the OSError of
-    a failed write names no file); the store's records are untouched."""
-    try:
-        yield
-    except PluginError as e:
-        if isinstance(e.__cause__, OSError) and e.__cause__.errno == errno.ENOSPC:
-            raise UserError(f"{path}: no space left on device while the backend wrote this checkpoint; the run's "
-                            f"previous state is intact (free some space and rerun to resume)") from None
-        raise
-
-
 def _rationale(n: int, ex: Example, s: int, prompt: str, text: str, verdict: Verdict, **rest: Any) -> Rationale:
     """Sample ``s`` of iteration ``n`` for question ``ex``: ``text`` stored with ``prompt``, judged ``verdict``."""
     return Rationale(question_id=ex.id, cls=ex.cls, iteration=n, sample=s, prompt=prompt, rationale=text,
                      predicted=verdict.predicted, gold=ex.answer, correct=bool(verdict.correct), **rest)
-
-
-def training_examples(rows: Sequence[Rationale]) -> list[TrainExample]:
-    return [TrainExample(r.prompt, r.rationale) for r in rows if r.kept]

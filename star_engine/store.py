@@ -32,7 +32,7 @@ import structlog
 
 from . import records
 from .procs import Processes
-from .errors import IntegrityError, UserError
+from .errors import IntegrityError, PluginError, UserError
 from .fsio import TMP_MARK, fsync_dir, is_temporary, sha256_file
 
 MANIFEST = "manifest.json"
@@ -329,3 +329,16 @@ def _intact(f: Path, want: Mapping[str, Any]) -> bool:
     if not f.is_file() or st.st_size != want["bytes"]:
         return False
     return st.st_mtime_ns == want.get("mtime_ns") or sha256_file(f) == want["sha256"]
+
+
+@contextlib.contextmanager
+def disk_full(path: Path) -> Iterator[None]:
+    """Name ``path`` when the backend runs out of disk space writing it (the OSError of
+    a failed write names no file); the store's records are untouched."""
+    try:
+        yield
+    except PluginError as e:
+        if isinstance(e.__cause__, OSError) and e.__cause__.errno == errno.ENOSPC:
+            raise UserError(f"{path}: no space left on device while the backend wrote this checkpoint; the run's "
+                            f"previous state is intact (free some space and rerun to resume)") from None
+        raise

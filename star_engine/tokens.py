@@ -10,24 +10,26 @@ that cut any logs one ``prompts_truncated`` warning.
 
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Sequence
 
 import structlog
 
-from .api import GenSpec
+from .api import Backend, CapsPrompts, CountsTokens, GenSpec
 from .errors import PluginError
-from .options import is_int
+from .registry import Registry
+from .schema import is_int
 
 log = structlog.get_logger("star_engine")
 
 
-def count_tokens(backend: Any, texts: Sequence[str]) -> list[int]:
-    """Tokens per text: the backend's optional ``count_tokens``, else UTF-8 bytes."""
-    count = getattr(backend, "count_tokens", None)
-    if count is None:
+def count_tokens(backend: Backend, texts: Sequence[str], registry: Registry) -> list[int]:
+    """Tokens per text: the backend's optional ``count_tokens`` (``api.CountsTokens``), else UTF-8
+    bytes. ``registry`` built the backend (a failure names its plugin)."""
+    if not isinstance(backend, CountsTokens):
         return [len(t.encode("utf-8")) for t in texts]
-    out = list(count(list(texts)))
+    with registry.calling(backend, "count_tokens"):
+        counted = backend.count_tokens(list(texts))
+    out = list(counted)
     if len(out) != len(texts) or not all(is_int(x) and x >= 0 for x in out):
         raise PluginError(f"model: backend count_tokens returned {len(out)} values for {len(texts)} texts", key='model')
     return out
@@ -36,27 +38,27 @@ def count_tokens(backend: Any, texts: Sequence[str]) -> list[int]:
 class Truncation:
     """The prompts of each stage that the backend cuts (``Backend.prompt_capacity``)."""
 
-    def __init__(self, backend: Any):
-        self.backend = backend
+    def __init__(self, backend: Backend, registry: Registry):
+        self.backend, self.registry = backend, registry
         self.counts: dict[str, int] = {}  # stage -> prompts cut, since the last pop()
 
     def capacity(self, spec: GenSpec) -> int | None:
-        """The backend's prompt capacity for ``spec``, or None when it does not say."""
-        capacity = getattr(self.backend, "prompt_capacity", None)
-        if capacity is None:
+        """The backend's prompt capacity for ``spec``, or None when it does not say (``api.CapsPrompts``)."""
+        if not isinstance(self.backend, CapsPrompts):
             return None
-        cap = capacity(spec)
+        with self.registry.calling(self.backend, "prompt_capacity"):
+            cap = self.backend.prompt_capacity(spec)
         if not is_int(cap) or cap < 0:
             raise PluginError(f"model: backend prompt_capacity returned {cap!r} (expected an integer >= 0)", key='model')
         return cap
 
-    def flags(self, prompts: Sequence[str], spec: GenSpec, stage: str, iteration: int) -> list[bool | None]:
+    def flags(self, prompts: Sequence[str], spec: GenSpec, stage: str, iteration: int) -> Sequence[bool | None]:
         """One flag per prompt: cut (True) or whole (False); all None when the backend does not
         say. A stage that cuts any logs one warning (the count, the capacity, the longest)."""
         cap = self.capacity(spec)
         if cap is None or not prompts:
             return [None] * len(prompts)
-        lengths = count_tokens(self.backend, prompts)
+        lengths = count_tokens(self.backend, prompts, self.registry)
         cut = [n > cap for n in lengths]
         self.counts[stage] = self.counts.get(stage, 0) + sum(cut)
         if any(cut):

@@ -20,9 +20,10 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime, UTC
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 from collections.abc import Callable, Iterator, Sequence
 
 import structlog
@@ -36,28 +37,46 @@ from .errors import UserError
 
 console = Console()  # stdout (looked up at each write): the narrative
 err_console = Console(stderr=True)  # warnings and errors
-_event_file: list[Any] = [None]
-_quiet: list[bool] = [False]
 INTERVAL_ENV = "STAR_ENGINE_PROGRESS_INTERVAL"
-_interval: list[float | None] = [None]  # seconds between progress lines (None: adaptive)
+
+
+@dataclass
+class Output:
+    """Where this process's command sends its output: the console settings and the run's event
+    log. One per process (``OUTPUT``): ``configure_logging`` sets it (a command's start, a run
+    directory's opening), ``close_run_log`` ends the log (the boundary, when the command ends)."""
+
+    quiet: bool = False
+    """``--quiet``: nothing on the console but errors."""
+    interval: float | None = None
+    """Seconds between progress lines off a terminal (None: adaptive, ``LineProgress``)."""
+    events: TextIO | None = None
+    """The run directory's ``events.jsonl``, once this run checked and locked it."""
+
+    def close_events(self) -> None:
+        f, self.events = self.events, None
+        if f is not None:
+            with contextlib.suppress(OSError):
+                f.close()
+
+
+OUTPUT = Output()
 
 
 def _tee_json(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
-    f = _event_file[0]
+    f = OUTPUT.events
     if f is not None:
         try:
             f.write(json.dumps(event, default=str, sort_keys=True) + "\n")
             f.flush()
         except OSError as e:  # e.g. a full disk: one line naming the file, not a traceback
-            _event_file[0] = None
-            with contextlib.suppress(OSError):
-                f.close()
+            OUTPUT.close_events()
             raise UserError(f"{f.name}: cannot write the event log ({e.strerror or e}); free some space and "
                             f"rerun to resume") from None
     return event
 
 
-def _open_event_log(path: Path) -> Any:
+def _open_event_log(path: Path) -> TextIO:
     """Append to the event log, first dropping a torn last line (a write cut short by a
     kill or a full disk), so that every line stays one JSON event."""
     if path.exists():
@@ -134,15 +153,15 @@ def configure_logging(run_dir: Path | None = None, quiet: bool | None = None) ->
     directory is opened). Given ``quiet`` (a command's start), it also reads
     ``STAR_ENGINE_PROGRESS_INTERVAL`` (a bad value is a ``UserError``)."""
     if quiet is not None:
-        _interval[0] = progress_interval()
-    quiet = _quiet[0] if quiet is None else quiet
-    _quiet[0] = quiet
-    if _event_file[0] is not None:
-        _event_file[0].close()
-        _event_file[0] = None
+        OUTPUT.interval = progress_interval()
+    quiet = OUTPUT.quiet if quiet is None else quiet
+    OUTPUT.quiet = quiet
+    if OUTPUT.events is not None:
+        OUTPUT.events.close()
+        OUTPUT.events = None
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
-        _event_file[0] = _open_event_log(run_dir / "events.jsonl")
+        OUTPUT.events = _open_event_log(run_dir / "events.jsonl")
     renderer: Callable[..., Any] = structlog.dev.ConsoleRenderer(colors=console.is_terminal and
                                                                  err_console.is_terminal)
     processors: list[Any] = [structlog.processors.add_log_level,
@@ -158,14 +177,14 @@ def configure_logging(run_dir: Path | None = None, quiet: bool | None = None) ->
 
 def is_quiet() -> bool:
     """``--quiet``: nothing on the console but errors (the run directory records everything)."""
-    return _quiet[0]
+    return OUTPUT.quiet
 
 
 def log_fatal(**fields: Any) -> None:
     """The failure that ends the command, as a ``fatal`` event in the run's event log: only
     when a run directory's log is open (this run checked and locked it), never elsewhere.
     Written directly (not through structlog) so that the console shows the error once."""
-    f = _event_file[0]
+    f = OUTPUT.events
     if f is None:
         return
     event = {"event": "fatal", "level": "error", "timestamp": datetime.now(UTC).isoformat(),
@@ -179,10 +198,7 @@ def log_fatal(**fields: Any) -> None:
 
 def close_run_log() -> None:
     """Stop writing to the run's event log (the command ended)."""
-    f, _event_file[0] = _event_file[0], None
-    if f is not None:
-        with contextlib.suppress(OSError):
-            f.close()
+    OUTPUT.close_events()
 
 
 def _clock(seconds: float) -> str:
@@ -244,21 +260,28 @@ def _print_line(line: str) -> None:
     _out(lambda: print(line, file=sys.stdout, flush=True))
 
 
+def _nothing(n: int = 1) -> None:
+    """A progress that shows nothing."""
+
+
 @contextlib.contextmanager
 def progress(description: str, total: int, unit: str = "prompt") -> Iterator[Callable[[int], None]]:
     """A stage's progress, ``total`` ``unit``s; yields ``advance(n)``. A live bar on a terminal,
     lines elsewhere (``LineProgress``), nothing with ``--quiet`` or nothing to do."""
-    if _quiet[0] or total <= 0:
-        yield lambda n=1: None
+    if OUTPUT.quiet or total <= 0:
+        yield _nothing
     elif console.is_terminal:
         bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                        TextColumn(f"{unit}s"), TimeElapsedColumn(), TimeRemainingColumn(), console=console,
                        transient=False)
         with bar:
             task_id = bar.add_task(description, total=total)
-            yield lambda n=1: bar.advance(task_id, n)
+
+            def advance(n: int = 1) -> None:
+                bar.advance(task_id, n)
+            yield advance
     else:
-        lines = LineProgress(description, total, unit, _interval[0], _print_line)
+        lines = LineProgress(description, total, unit, OUTPUT.interval, _print_line)
         yield lines.advance
         lines.finish()  # (not when the stage failed)
 

@@ -8,8 +8,7 @@ import pytest
 
 from star_testkit import TOY_TOML
 from star_engine.cli import main
-from star_engine.config import load_experiment
-from star_engine.settings import Config
+from star_engine.config import Config, load_experiment
 
 
 def _file(tmp_path, section: str, table: str):

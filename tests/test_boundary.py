@@ -79,11 +79,12 @@ def test_a_plugin_command_bug_names_the_plugin_module(tmp_path):
 
 
 def test_a_refusal_mid_run_is_recorded_in_the_event_log(scripted, toy_toml, capsys, monkeypatch):
-    """The backend refuses at its first generation (its validate_run is switched off to let the
-    run start): the one-line error also lands in events.jsonl, as the run's last event."""
+    """The backend refuses at its first generation (its validate_run is switched off, accepting
+    anything, to let the run start): the one-line error also lands in events.jsonl, as the run's
+    last event."""
     from star_testkit.scripted import ScriptedBackend
 
-    monkeypatch.delattr(ScriptedBackend, "validate_run")
+    monkeypatch.setattr(ScriptedBackend, "validate_run", lambda self, generation, training: None)
     path = toy_toml(extra="max_tokens = 8\n")
     assert main(["run", str(path), "--quiet"]) == 2
     err = one_line_error(capsys.readouterr().err)

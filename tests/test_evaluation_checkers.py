@@ -170,7 +170,7 @@ def test_skipped_gold_answers_are_left_out_or_unjudged_and_counted(judges, toy_t
     reg = registry.Registry()
     exp = experiment.build(load_experiment(path, registry=reg), reg)
     assert exp.panel.entries[0].is_task_checker and exp.panel.entries[0].checker is exp.checker
-    assert sorted(exp.checker._obj.calls) == sorted(["3", "7", "eleven", "15", "4", "2", "5", "eight", "7"])
+    assert sorted(exp.checker.calls) == sorted(["3", "7", "eleven", "15", "4", "2", "5", "eight", "7"])
     assert [e.id for e in exp.splits["train"]] == ["train-1", "train-2", "train-4", "train-5"]
     assert [e.id for e in exp.splits["dev"]] == ["dev-1", "dev-2", "dev-4"]  # the task's checker skips dev-3 too
 

@@ -12,7 +12,7 @@ import time
 import pyarrow.parquet as pq
 
 from star_testkit import cli, scripted_env
-from star_engine import rundir
+from star_engine import runlock
 from star_engine.cli import main
 
 
@@ -76,7 +76,7 @@ def test_kill_9_releases_the_lock_and_the_rerun_resumes(toy_toml):
     res = cli("run", str(path), "--quiet", env=scripted_env(SCRIPTED_KILL="generate:30"))
     assert res.returncode == -9
     run = path.parent / "run"
-    assert (run / rundir.LOCK).exists()  # the file stays; the lock went with the process
+    assert (run / runlock.LOCK).exists()  # the file stays; the lock went with the process
     res = cli("run", str(path), "--quiet")
     assert res.returncode == 0, res.stderr
     names = [json.loads(line)["event"] for line in (run / "events.jsonl").read_text().splitlines()]
@@ -86,12 +86,12 @@ def test_kill_9_releases_the_lock_and_the_rerun_resumes(toy_toml):
 def test_lock_is_taken_before_the_first_write_and_released_at_the_end(scripted, toy_toml, capsys):
     path = toy_toml()
     run = path.parent / "run"
-    rundir.lock(run)  # as another run would hold it (a second open of the file: flock refuses it)
+    runlock.lock(run)  # as another run would hold it (a second open of the file: flock refuses it)
     try:
         assert main(["run", str(path), "--quiet"]) == 2
         assert "another star-engine run is using this run directory" in capsys.readouterr().err
-        assert sorted(p.name for p in run.iterdir()) == [rundir.LOCK]  # nothing written
+        assert sorted(p.name for p in run.iterdir()) == [runlock.LOCK]  # nothing written
     finally:
-        rundir.release_locks()
+        runlock.release_locks()
     assert main(["run", str(path), "--quiet"]) == 0  # the lock was this process's and is free again
     assert main(["run", str(path), "--quiet"]) == 0  # and released by the run that just ended

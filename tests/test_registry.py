@@ -10,7 +10,7 @@ import types
 import pytest
 
 from star_engine import hookimpl
-from star_engine.errors import PluginError
+from star_engine.errors import PluginError, UserError
 from star_engine.registry import Registry
 
 
@@ -135,8 +135,9 @@ def test_component_method_failure_names_plugin(monkeypatch):
             return 1 // 0
     mod = plugin(register_schedules=lambda register: register("broken", Broken))
     use(monkeypatch, FakeEP("brk", mod, "star-brk", "3.3"))
-    sched = Registry().create("schedule", "broken", {}, "training.schedule")
-    with pytest.raises(PluginError) as e:
+    reg = Registry()
+    sched = reg.create("schedule", "broken", {}, "training.schedule")
+    with pytest.raises(PluginError) as e, reg.calling(sched, "steps"):
         sched.steps(1, 1, 1, 1)
     assert "star-brk 3.3" in str(e.value) and "'broken'.steps" in str(e.value) and "ZeroDivisionError" in str(e.value)
 
@@ -205,10 +206,10 @@ def test_command_cannot_shadow_builtin(monkeypatch, capsys):
     assert "star-engine==" in capsys.readouterr().out
 
 
-def test_guarded_wraps_methods_and_passes_other_attributes_through():
-    """A component's methods name its plugin when they raise; its other attributes, callable
-    objects among them (a backend's jax Mesh is a context decorator), are the objects."""
-    from star_engine.registry import Component, Guarded, PluginInfo
+def test_create_returns_the_component_itself_and_calling_names_its_plugin(monkeypatch):
+    """``create`` returns what the factory made, its attributes as they are (a backend's jax Mesh
+    is a context decorator); where the core calls a method, ``Registry.calling`` names the plugin
+    when it raises, and lets the core's own errors and other objects' failures through."""
 
     class Decorator:
         def __call__(self, fn):
@@ -218,10 +219,21 @@ def test_guarded_wraps_methods_and_passes_other_attributes_through():
         mesh = Decorator()
         table = dict
 
+        def __init__(self):
+            pass
+
         def boom(self):
             raise ValueError("bad")
 
-    guarded = Guarded(Backend(), Component("backend", "b", Backend, PluginInfo("p", "<test>", "0")))
-    assert guarded.mesh is Backend.mesh and guarded.table is dict
-    with pytest.raises(PluginError, match=r"backend 'b'\.boom raised ValueError: bad"):
-        guarded.boom()
+    mod = plugin(register_backends=lambda register: register("b", Backend))
+    use(monkeypatch, FakeEP("p", mod, "star-p", "0.2"))
+    reg = Registry()
+    backend = reg.create("backend", "b", {}, "model")
+    assert type(backend) is Backend and backend.mesh is Backend.mesh and backend.table is dict
+    with pytest.raises(PluginError, match=r"plugin 'p' \(star-p 0.2\): backend 'b'\.boom raised ValueError: bad at "):
+        with reg.calling(backend, "boom"):
+            backend.boom()
+    with pytest.raises(UserError, match="mine"), reg.calling(backend, "boom"):
+        raise UserError("mine")  # the core's own errors pass as they are
+    with pytest.raises(ValueError, match="bad"), reg.calling(Backend(), "boom"):
+        Backend().boom()  # not made by this registry: nobody to name

@@ -1,5 +1,5 @@
-"""The typed configuration (``star_engine.settings``): the schema is derived from its
-sections, the objects are frozen and read by attribute, and turning the resolved
+"""The typed configuration (``star_engine.config.Config``; its sections: ``star_engine.settings``):
+the schema is derived from its sections, the objects are frozen and read by attribute, and turning the resolved
 configuration into them and back is exact, so ``config.json`` is what it was."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from star_testkit import REPO
-from star_engine.config import SCHEMA, load_experiment
+from star_engine.api import GenSpec
+from star_engine.config import SCHEMA, Config, load_experiment
 from star_engine.errors import UserError
 from star_engine.experiment import build
 from star_engine.registry import Registry
-from star_engine.settings import Config
 from star_testkit.scripted import ToyOptimizer
 
 
@@ -44,14 +44,21 @@ def test_build_makes_the_typed_config_once(scripted, toy_toml):
     cfg = load_experiment(toy_toml(), ["training.optimizer.lr=3e-4"])
     exp = build(cfg, Registry(), load_data=False)
     assert exp.config.experiment.seed == 7 and exp.config.generation.chunk_size == 5
-    assert exp.config.task.checker == {"name": "toy_exact"} == exp.cfg["task"]["checker"]  # the task's default
+    assert exp.config.task.checker == {"name": "toy_exact"} == exp.config.as_dict()["task"]["checker"]  # the task's default
     spec = exp.config.training.train_spec(3, 11)
     assert (spec.steps, spec.seed, spec.batch_size, spec.packing) == (3, 11, 8, "segments")
     assert spec.optimizer == {**{k: f.default for k, f in ToyOptimizer.schema().items()}, "lr": 3e-4}
     with pytest.raises(dataclasses.FrozenInstanceError):
         exp.config.training.batch_size = 2  # type: ignore[misc]
-    exp.cfg["experiment"]["seed"] = 0  # a copy: the configuration is not changed through it
-    assert exp.config.experiment.seed == 7 and exp.cfg["experiment"]["seed"] == 7
+    plain = exp.config.as_dict()
+    plain["experiment"]["seed"] = 0  # a copy: the configuration is not changed through it
+    assert exp.config.experiment.seed == 7 and exp.config.as_dict()["experiment"]["seed"] == 7
+    stop = ("\n\n",)  # the specs the sections make for the backend
+    g, ev = exp.config.generation, exp.config.evaluation
+    assert g.gen_spec(stop) == GenSpec(32, 0.0, 1.0, stop, 4) == ev.gen_spec(g, stop)  # [evaluation] 0: [generation]'s
+    ev = dataclasses.replace(ev, max_new_tokens=20, temperature=0.5, sample_temperature=0.9, top_p=0.8)
+    assert ev.gen_spec(g, stop) == GenSpec(20, 0.5, 0.8, stop, 4)
+    assert ev.sampled_spec(g, stop) == GenSpec(20, 0.9, 1.0, stop, 4)
 
 
 def test_the_optimizer_tables_are_the_backends(scripted, toy_toml, monkeypatch):
