@@ -6,7 +6,8 @@ Reads every package of the repository (the core, the backend, the plugins) as te
 ``ast`` (nothing is imported) and prints:
 
 - the import graph's cycles: strongly connected groups of two or more modules, counting an
-  import wherever it stands (a function-level import hides a cycle, it does not remove it);
+  import wherever it stands (a function-level import hides a cycle, it does not remove it)
+  but under ``if TYPE_CHECKING:`` (read by type checkers only);
 - function-level imports per package (``import`` statements inside a function body);
 - the longest functions (lines) and the widest signatures (parameters), ``--top`` of each.
 
@@ -83,18 +84,33 @@ def read_modules(root: Path) -> dict[str, Module]:
         mod.local_imports = sum(
             isinstance(n, (ast.Import, ast.ImportFrom)) for f in functions for n in ast.walk(f)
         )
-        for node in ast.walk(tree):
+        for node in _runtime_nodes(tree):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
                 base = _resolve(mod.name, is_package, node)
-                targets = [f"{base}.{a.name}" for a in node.names] + [base]
+                names = [f"{base}.{a.name}" for a in node.names]
+                # ``from pkg import sub`` imports the submodule; the package only for its own names
+                targets = names + ([base] if any(n not in modules for n in names) else [])
             for target in targets:
                 hit = _owner(target, modules)
                 if hit and hit != mod.name:
                     mod.imports.add(hit)
     return modules
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node but those under ``if TYPE_CHECKING:`` (imports for type checkers only)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                stack.extend(child.orelse)
+                continue
+            stack.append(child)
 
 
 def _owner(target: str, modules: dict[str, Module]) -> str | None:

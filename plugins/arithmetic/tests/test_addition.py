@@ -248,8 +248,8 @@ def test_heldout_split():
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"heldout_digits": [3]}, "task.options: heldout_digits: 3 is inside the training range"),
-    ({"n_shots": 5, "n_seed": 2}, "task.options: n_shots: .* must be <= n_seed"),
+    ({"heldout_digits": [3]}, "task.options.heldout_digits: 3 is inside the training range"),
+    ({"n_shots": 5, "n_seed": 2}, "task.options.n_shots: .* must be <= n_seed"),
     ({"max_digits": 1, "seed_max_digits": 1, "n_dev": 10, "n_train": 200},
      "task.options.n_train: 200 is too many: only 90 distinct problems"),
     ({"max_digits": 1, "seed_max_digits": 1, "n_dev": 60},
@@ -257,33 +257,33 @@ def test_heldout_split():
     ({"n_dev": 0}, "task.options.n_dev: must be >= 1, got 0"),
     ({"seed": True}, "task.options.seed: expected an integer, got boolean True"),
     ({"max_digits": 0}, "task.options.max_digits: must be >= 1, got 0"),
-    ({"min_digits": 3, "max_digits": 2}, r"task.options: max_digits: must be >= min_digits \(3\), got 2"),
-    ({"seed_max_digits": 6}, r"task.options: seed_max_digits: must be in 1..5 \(min_digits..max_digits\), got 6"),
-    ({"seed_max_digits": 2, "min_digits": 3}, r"task.options: seed_max_digits: must be in 3..5"),
+    ({"min_digits": 3, "max_digits": 2}, r"task.options.max_digits: must be >= min_digits \(3\), got 2"),
+    ({"seed_max_digits": 6}, r"task.options.seed_max_digits: must be in 1..5 \(min_digits..max_digits\), got 6"),
+    ({"seed_max_digits": 2, "min_digits": 3}, r"task.options.seed_max_digits: must be in 3..5"),
     ({"n_heldout": 0, "heldout_digits": [6]}, "task.options.n_heldout: must be >= 1, got 0"),
-    ({"seed_hint_fraction": 1.5}, r"task.options: seed_hint_fraction: must be a number in \[0, 1\]"),
+    ({"seed_hint_fraction": 1.5}, r"task.options.seed_hint_fraction: must be a number in \[0, 1\]"),
     ({"seed_hint_fraction": [0.5, "x"]},
      r"task.options.seed_hint_fraction: expected a number or a list of numbers, got array \[0.5, 'x'\]"),
-    ({"seed_hint_fraction": [0.5, 1.5]}, r"task.options: seed_hint_fraction: must be a number in \[0, 1\] or a list"),
-    ({"seed_hint_fraction": [0.1] * 6}, r"task.options: seed_hint_fraction: must be a list of 1 to 5 shares"),
-    ({"seed_hint_fraction": []}, r"task.options: seed_hint_fraction: must be a list of 1 to 5 shares"),
+    ({"seed_hint_fraction": [0.5, 1.5]}, r"task.options.seed_hint_fraction: must be a number in \[0, 1\] or a list"),
+    ({"seed_hint_fraction": [0.1] * 6}, r"task.options.seed_hint_fraction: must be a list of 1 to 5 shares"),
+    ({"seed_hint_fraction": []}, r"task.options.seed_hint_fraction: must be a list of 1 to 5 shares"),
     ({"heldout_digits": "6"}, "task.options.heldout_digits: expected a list of integers, got string '6'"),
-    ({"heldout_digits": [0]}, "task.options: heldout_digits: every count must be >= 1, got 0"),
-    ({"seed_counts": [1, 2, 3, 4, 5, 6]}, r"task.options: seed_counts: must be a list of 1 to 5 counts \(digit counts "
+    ({"heldout_digits": [0]}, "task.options.heldout_digits: every count must be >= 1, got 0"),
+    ({"seed_counts": [1, 2, 3, 4, 5, 6]}, r"task.options.seed_counts: must be a list of 1 to 5 counts \(digit counts "
                                           r"1..5\)"),
-    ({"seed_counts": [1, -2]}, "task.options: seed_counts: every count must be >= 0, got -2"),
+    ({"seed_counts": [1, -2]}, "task.options.seed_counts: every count must be >= 0, got -2"),
     ({"seed_counts": [99, 10], "n_dev": 10}, "task.options.seed_counts: 99 problems of 1 digits is too many"),
     ({"scratchpad": "detailed"}, "task.options.scratchpad: must be one of nye, columns, got 'detailed'"),
-    ({"seed_repeats": [1, 1, 1, 1, 1, 1]}, "task.options: seed_repeats: must be a list of 1 to 5 repeat counts"),
-    ({"seed_repeats": [0]}, "task.options: seed_repeats: every count must be >= 1, got 0"),
+    ({"seed_repeats": [1, 1, 1, 1, 1, 1]}, "task.options.seed_repeats: must be a list of 1 to 5 repeat counts"),
+    ({"seed_repeats": [0]}, "task.options.seed_repeats: every count must be >= 1, got 0"),
     ({"seed_repeats": 3}, "task.options.seed_repeats: expected a list of integers, got integer 3"),
-    ({"seed_repeats": [5000]}, "task.options: seed_repeats: at most 1000 repeats"),
+    ({"seed_repeats": [5000]}, "task.options.seed_repeats: at most 1000 repeats"),
     # An option another makes pointless is an error naming both (not silently ignored).
-    ({"seed_counts": [10, 20], "n_seed": 100}, "task.options: n_seed: has no effect when seed_counts is set .* "
+    ({"seed_counts": [10, 20], "n_seed": 100}, "task.options.n_seed: has no effect when seed_counts is set .* "
                                                "remove n_seed or seed_counts"),
     ({"seed_counts": [10, 20], "seed_max_digits": 2},
-     "task.options: seed_max_digits: has no effect when seed_counts is set"),
-    ({"n_heldout": 40}, "task.options: n_heldout: has no effect without heldout_digits"),
+     "task.options.seed_max_digits: has no effect when seed_counts is set"),
+    ({"n_heldout": 40}, "task.options.n_heldout: has no effect without heldout_digits"),
 ])
 def test_bad_options(options, message):
     # the real path: the registry checks the declared options, builds the task, the core loads it

@@ -88,7 +88,7 @@ def test_options_are_checked():
             ({"stored_completion": "first"}, "task.options.stored_completion: must be one of"),
             ({"verbatim": "yes"}, "task.options.verbatim: expected true or false, got string 'yes'"),
             ({"stop": "\n"}, "task.options.stop: expected a list of strings, got string '\\n'"),
-            ({"stop": ["\n", ""]}, "task.options: stop: must be a list of non-empty strings"),
+            ({"stop": ["\n", ""]}, "task.options.stop: must be a list of non-empty strings"),
             ({"direct_hint_prompts_file": 3},
              "task.options.direct_hint_prompts_file: expected a string, got integer 3")]:
         with pytest.raises(UserError, match="^" + re.escape(message)):

@@ -143,7 +143,7 @@ def test_options_are_checked():
                              ({"stored_completion": "all"}, "task.options.stored_completion: must be one of"),
                              ({"stop": ["\nQ:", 3]},
                               "task.options.stop: expected a list of strings, got array ['\\nQ:', 3]"),
-                             ({"stop": ["\nQ:", ""]}, "task.options: stop: must be a list of non-empty strings"),
+                             ({"stop": ["\nQ:", ""]}, "task.options.stop: must be a list of non-empty strings"),
                              ({"verbatim": 1}, "task.options.verbatim: expected true or false, got integer 1")]:
         with pytest.raises(UserError, match="^" + re.escape(message)):
             create("task", "gsm8k", options, "task.options")

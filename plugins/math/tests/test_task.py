@@ -167,7 +167,7 @@ def test_caps_are_checked_before_parsing(tmp_path, monkeypatch):
     ({"extraction": "last"}, "task.options.extraction: must be one of lenient, minerva, boxed"),
     ({"stored_completion": "all"}, "task.options.stored_completion: must be one of final_answer, until_stop"),
     ({"stop": "Problem:"}, "task.options.stop: expected a list of strings, got string 'Problem:'"),
-    ({"stop": ["\nProblem:", ""]}, "task.options: stop: must be a list of non-empty strings"),
+    ({"stop": ["\nProblem:", ""]}, "task.options.stop: must be a list of non-empty strings"),
     ({"prompts_file": ""}, "task.options.prompts_file: must not be empty"),
     ({"level": 3}, "task.options.level: unknown option for task 'math'; accepted: classes, math500_file"),
 ])

@@ -60,7 +60,7 @@ def test_a_worker_that_cannot_import_it_says_so(monkeypatch, tmp_path):
     ("timeout_seconds = 0", "evaluation.checkers[0].timeout_seconds: must be > 0, got 0"),
     ("numeric_precision = 0", "evaluation.checkers[0].numeric_precision: must be >= 1, got 0"),
     ('gold_format = "tex"', "evaluation.checkers[0].gold_format: must be one of auto, latex, expr, got 'tex'"),
-    ("memory_mb = 100", "evaluation.checkers[0]: memory_mb: must be 0 (no cap) or at least 512"),
+    ("memory_mb = 100", "evaluation.checkers[0].memory_mb: must be 0 (no cap) or at least 512"),
 ])
 def test_a_bad_option_is_one_line_naming_its_key(plugins, tmp_path, capsys, options, message):
     """Options are checked as the checker declares them (before math-verify is looked for)."""

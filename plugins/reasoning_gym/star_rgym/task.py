@@ -129,11 +129,11 @@ class ReasoningGymTask:
         except UserError:
             raise
         except Exception as e:  # noqa: BLE001  (a generator that fails on this configuration)
-            raise UserError(f"task.options: config: reasoning-gym dataset {self.name!r} failed to draw item {index} "
+            raise UserError(f"task.options.config: reasoning-gym dataset {self.name!r} failed to draw item {index} "
                             f"of its {stream} stream: {short(e)}", key="task.options.config") from None
         if item.get("answer") is None:
             source = item.get("metadata", {}).get("source_dataset", self.name)
-            raise UserError(f"task.options: name: reasoning-gym dataset {source!r} gives questions without an answer "
+            raise UserError(f"task.options.name: reasoning-gym dataset {source!r} gives questions without an answer "
                             f"(answer is None; its score_answer does not score its own solution 1.0): there is no "
                             f"gold to check or hint; choose another dataset", key="task.options.name")
         return item
@@ -157,7 +157,7 @@ class ReasoningGymTask:
                 out.append((i, item))
                 if len(out) == n:
                     return out
-        raise UserError(f"task.options: {SIZE_KEYS[stream]}: only {len(out)} of the first {size} questions of the "
+        raise UserError(f"task.options.{SIZE_KEYS[stream]}: only {len(out)} of the first {size} questions of the "
                         f"{stream} stream are not dev or test questions: the configuration allows too few distinct "
                         f"questions (widen task.options.config, or ask for fewer)",
                         key=f"task.options.{SIZE_KEYS[stream]}")
@@ -184,7 +184,7 @@ class ReasoningGymTask:
             raise UserError(f"task.data.{split}: the reasoning_gym task has the splits {', '.join(SPLITS)}, "
                             f"not {split!r}", key=f"task.data.{split}")
         if not self.sizes[split]:
-            raise UserError(f"task.options: size_{split}: is 0, so there is no {split} split; set it",
+            raise UserError(f"task.options.size_{split}: is 0, so there is no {split} split; set it",
                             key=f"task.options.size_{split}")
         if split not in self._splits:
             self._splits[split] = self._examples(split)
@@ -202,7 +202,7 @@ class ReasoningGymTask:
         found, value = metadata_field(item, self.class_field)
         if not found:
             keys = ", ".join(sorted(item.get("metadata", {}))) or "none"
-            raise UserError(f"task.options: class_field: {qid} of reasoning-gym dataset {self.name!r} has no "
+            raise UserError(f"task.options.class_field: {qid} of reasoning-gym dataset {self.name!r} has no "
                             f"metadata field {self.class_field!r} (its fields: {keys})", key="task.options.class_field")
         if isinstance(value, (str, int, float, bool)):
             return str(value)
@@ -211,10 +211,10 @@ class ReasoningGymTask:
     def _rationale(self, item: dict[str, Any], qid: str) -> str:
         found, value = metadata_field(item, self.rationale_field)
         if not found or not isinstance(value, str) or not value.strip():
-            raise UserError(f"task.options: rationale_field: {qid} of reasoning-gym dataset {self.name!r} has no "
+            raise UserError(f"task.options.rationale_field: {qid} of reasoning-gym dataset {self.name!r} has no "
                             f"text in metadata field {self.rationale_field!r}", key="task.options.rationale_field")
         if any(s in worked_completion("", value) for s in self.stop):
-            raise UserError(f"task.options: rationale_field: the rationale of {qid} holds a stop string "
+            raise UserError(f"task.options.rationale_field: the rationale of {qid} holds a stop string "
                             f"({', '.join(map(repr, self.stop))})", key="task.options.rationale_field")
         return value
 
@@ -259,7 +259,7 @@ class ReasoningGymTask:
 
     def gold_completion(self, example: Example, direct: bool) -> str:
         if not direct and "rationale" not in example.fields:
-            raise UserError(f"task.options: rationale_field: reasoning-gym dataset {self.name!r} has no gold "
+            raise UserError(f"task.options.rationale_field: reasoning-gym dataset {self.name!r} has no gold "
                             f"rationales to train on; name the metadata field that holds one (gsm_symbolic: "
                             f"\"answer_cot\"), or set task.direct = true", key="task.options.rationale_field")
         return self.completion(example, direct)

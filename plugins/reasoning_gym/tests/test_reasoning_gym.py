@@ -13,7 +13,7 @@ import pytest
 rg = pytest.importorskip("reasoning_gym")  # installed by requirements.txt: these tests run
 
 from star_engine.api import Example, Task, Verdict  # noqa: E402
-from star_engine.errors import PluginError, UserError  # noqa: E402
+from star_engine.errors import UserError  # noqa: E402
 from star_engine.registry import Registry  # noqa: E402
 from star_rgym import gold, library, plugin  # noqa: E402
 from star_rgym.task import STREAMS, STRIDE, MAX_SEED, MAX_SIZE, stream_seed, stream_size  # noqa: E402
@@ -179,7 +179,7 @@ def test_gold_carries_the_entry(reg):
 
 def test_unknown_dataset_names_the_close_ones(reg):
     msg = error(reg, name="chain_sums")
-    assert msg.startswith("task.options: name: unknown reasoning-gym dataset 'chain_sums'")
+    assert msg.startswith("task.options.name: unknown reasoning-gym dataset 'chain_sums'")
     assert "close names: chain_sum, decimal_chain_sum" in msg
     assert "no close name" in error(reg, name="xyzzy")
     sub = error(reg, name="composite", config={"datasets": [{"name": "gcdd", "weight": 1}]})
@@ -203,7 +203,7 @@ def test_bad_configuration_names_the_key(reg):
     assert error(reg, name="chain_sum", seed_hint_fraction=1.5) == \
         "task.options.seed_hint_fraction: must be in [0, 1], got 1.5"
     assert error(reg, name="chain_sum", class_field=3) == "task.options.class_field: expected a string, got integer 3"
-    assert error(reg, name="chain_sum", instruction="defualt").startswith("task.options: instruction:")
+    assert error(reg, name="chain_sum", instruction="defualt").startswith("task.options.instruction:")
     # what TOML cannot say directly is converted: a string to an enum, an ISO date, lists to tuples
     task = make(reg, name="word_sorting", config={"transformation": "uppercase"}, size_train=2, size_dev=2)
     assert all(e.fields["answer"].isupper() for e in task.load("dev", None))
@@ -213,7 +213,7 @@ def test_bad_configuration_names_the_key(reg):
 def test_datasets_without_answers_are_refused(reg):
     for name in ("boxnet", "graph_color"):
         msg = error(reg, name=name)
-        assert msg.startswith(f"task.options: name: reasoning-gym dataset {name!r} gives questions without an "
+        assert msg.startswith(f"task.options.name: reasoning-gym dataset {name!r} gives questions without an "
                               f"answer")
 
 
@@ -261,7 +261,7 @@ def test_prompts_and_formats(reg):
     assert f"Hint: {shots[0].fields['answer']}\nAnswer:" in task.prompt("hint")
     zero = make(reg, name="chain_sum", size_train=4, size_dev=4, n_shots=0, instruction="none")
     assert zero.prompt("rationale") == zero.prompt("direct_hint") == ""
-    with pytest.raises(PluginError, match="unknown prompt kind 'other'"):
+    with pytest.raises(ValueError, match="unknown prompt kind .other."):
         task.prompt("other")  # a bug of the caller's: the core asks only for the four kinds
     with pytest.raises(UserError, match="rationale_field"):
         task.gold_completion(ex, direct=False)  # chain_sum has no worked solutions
@@ -293,7 +293,7 @@ def test_classes(reg):
     assert {e.cls for e in make(reg, name="gsm_symbolic", size_train=2, size_dev=3).load("dev", None)} == {"1.0"}
     assert make(reg, name="chain_sum", class_field="", size_train=2, size_dev=2).load("dev", None)[0].cls == "all"
     msg = error(reg, "dev", name="chain_sum", class_field="terms")
-    assert msg.startswith("task.options: class_field: dev-0 of reasoning-gym dataset 'chain_sum' has no metadata "
+    assert msg.startswith("task.options.class_field: dev-0 of reasoning-gym dataset 'chain_sum' has no metadata "
                           "field 'terms'") and "num_terms" in msg
 
 
@@ -323,4 +323,4 @@ def test_seed_examples_and_splits(reg):
     assert error(reg, name="chain_sum", size_train=0) == "task.options.size_train: must be in [1, 1000000], got 0"
     msg = error(reg, "train", name="chain_sum", config={"min_terms": 2, "max_terms": 2, "min_digits": 1,
                                                         "max_digits": 1}, size_train=400, size_dev=200)
-    assert msg.startswith("task.options: size_train: only ")  # 200 questions, most of them in dev
+    assert msg.startswith("task.options.size_train: only ")  # 200 questions, most of them in dev

@@ -144,7 +144,7 @@ def test_curriculum_order_option():
     ("adaptive", {"power": -1}, "generation.sampler.power: must be >= 0, got -1"),
     ("curriculum", {"threshold": 1.5}, "generation.sampler.threshold: must be in [0, 1], got 1.5"),
     ("curriculum", {"order": "123"}, "generation.sampler.order: expected a list of strings, got string '123'"),
-    ("curriculum", {"order": ["1", ""]}, "generation.sampler: order: must be a list of non-empty strings"),
+    ("curriculum", {"order": ["1", ""]}, "generation.sampler.order: must be a list of non-empty strings"),
     ("curriculum", {"ordr": []}, "generation.sampler.ordr: unknown option for sampler 'curriculum'"),
 ])
 def test_bad_options_name_the_key(name, options, says):

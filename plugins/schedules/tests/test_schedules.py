@@ -137,8 +137,8 @@ def test_a_rule_across_options_names_the_option_after_the_table():
     registry.add(plugin)
     with pytest.raises(UserError) as e:
         registry.create("schedule", "epochs", {"min_steps": 20, "max_steps": 10}, "training.schedule")
-    assert str(e.value) == "training.schedule: min_steps: must not exceed max_steps (10), got 20"
-    assert e.value.key == "training.schedule"
+    assert str(e.value) == "training.schedule.min_steps: must not exceed max_steps (10), got 20"
+    assert e.value.key == "training.schedule.min_steps"
 
 
 def test_float_options_accept_integers():
