@@ -51,5 +51,5 @@ def test_unknown_dataset_name_on_the_command_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith("error: --set task.options.name=\"chain_sums\": task.options.name: "
-                          f"unknown reasoning-gym dataset 'chain_sums'; close names: chain_sum, decimal_chain_sum")
+                          "unknown reasoning-gym dataset 'chain_sums'; close names: chain_sum, decimal_chain_sum")
     assert not run.exists()
