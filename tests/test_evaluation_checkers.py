@@ -113,7 +113,7 @@ CONFIG_ERRORS = [
     ('\ncheckers = [{ name = "toy_gives_up", rul = "last_digit" }]',
      "evaluation.checkers[0].rul: unknown option for checker 'toy_gives_up'; accepted: rule (did you mean 'rule'?)"),
     ('\ncheckers = [{ name = "toy_gives_up", rule = "first" }]',
-     "evaluation.checkers[0]: rule: must be one of"),
+     "evaluation.checkers[0].rule: must be one of"),
     ('\ncheckers = "toy_exact"', "evaluation.checkers: expected a list of names or tables with 'name'"),
     ('\ncheckers = [{ rule = "x" }]', "evaluation.checkers: expected a list of names or tables with 'name'"),
 ]

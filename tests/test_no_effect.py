@@ -109,7 +109,7 @@ def test_an_option_of_a_task_without_effect(tmp_path):
                           "--smoke", "--set", "task.options.n_seed=50"], capture_output=True, text=True, env=env,
                          cwd=tmp_path, timeout=300)
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
-    assert "(with --set task.options.n_seed=50): task.options: n_seed: has no effect when seed_counts is set" in \
+    assert "error: --set task.options.n_seed=50: task.options.n_seed: has no effect when seed_counts is set" in \
         res.stderr and "remove n_seed or seed_counts" in res.stderr
     assert not Path(tmp_path / "runs").exists()
 
