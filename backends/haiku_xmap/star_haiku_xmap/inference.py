@@ -28,7 +28,7 @@ def load_model(checkpoint_dir: str | os.PathLike, *, dtype: str = "float32", sha
     ``manifest.msgpack``, fully verified) or an HF safetensors folder (GPT-J, Llama, Qwen2, Mistral)
     (converted to ``dtype``; its tokenizer is the folder's ``tokenizer.json``,
     or None when it has none). ``shardings`` applies to native checkpoints."""
-    from .convert.checkpoint import MANIFEST, load_checkpoint
+    from .checkpoint.format import MANIFEST, load_checkpoint
     from .tokenizer import tokenizer_from_dict
 
     path = Path(checkpoint_dir).expanduser()

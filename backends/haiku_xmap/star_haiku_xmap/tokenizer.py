@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 
 from star_engine.errors import IntegrityError, UserError
 
-from .convert.safeio import read_bounded
+from .checkpoint.safeio import read_bounded
 
 INLINE_JSON_MAX = 4 << 20  # tokenizer.json files up to this size are stored in the description
 TOKENIZER_FILE_MAX = 64 << 20

@@ -80,7 +80,7 @@ class ConvertCommand:
                                  "default gptj-6b")
 
     def run(self, args: argparse.Namespace) -> int:
-        from .checkpoint_write import write_checkpoint
+        from ..checkpoint.write import write_checkpoint
 
         mp = args.mp
         if mp is not None and not 1 <= mp <= MAX_MP:
@@ -116,7 +116,7 @@ class ConvertCommand:
             extra = {"source": "mtj_slim", "mtj_step": step}
         else:
             from ..config import config_from_dict
-            from .checkpoint import native_leaves
+            from ..checkpoint.format import native_leaves
 
             if src.resolve() == dest.resolve():
                 raise UserError(f"{dest}: the destination must differ from the source")
@@ -166,11 +166,11 @@ class PlanCommand:
             "with abstract params and print XLA's per-device memory analysis")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        from .plan import add_arguments
+        from ..plan.command import add_arguments
 
         add_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
-        from .plan import run
+        from ..plan.command import run
 
         return run(args)

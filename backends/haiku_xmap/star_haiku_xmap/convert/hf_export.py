@@ -55,9 +55,9 @@ from star_engine.fsio import fsync_dir, temporary_sibling
 from ..config import GPTJConfig, LlamaConfig, ModelConfig, architecture, config_from_dict
 from . import hf_llama
 from ..lora import LoraSpec
-from .checkpoint import MANIFEST, checked_manifest, manifest_sha256, param_specs, read_leaf, read_manifest
+from ..checkpoint.format import MANIFEST, checked_manifest, manifest_sha256, param_specs, read_leaf, read_manifest
 from .hf_import import _hf_name as gptj_hf_name
-from .safeio import make_parents, np_dtype, read_bounded, remove_created
+from ..checkpoint.safeio import make_parents, np_dtype, read_bounded, remove_created
 
 KNOWN = ("gptj", "llama")
 DEFAULT_MAX_SHARD = 5 * 10**9  # transformers' save_pretrained default, "5GB"

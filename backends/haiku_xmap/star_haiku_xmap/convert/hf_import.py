@@ -41,9 +41,9 @@ from star_engine.errors import IntegrityError, UserError
 
 from ..config import GPTJConfig, ModelConfig, architecture
 from . import hf_llama
-from .checkpoint import param_specs
-from .checkpoint_write import write_checkpoint
-from .safeio import TensorInfo, check_alloc, np_dtype, read_bounded, read_json, read_safetensors_header
+from ..checkpoint.format import param_specs
+from ..checkpoint.write import write_checkpoint
+from ..checkpoint.safeio import TensorInfo, check_alloc, np_dtype, read_bounded, read_json, read_safetensors_header
 
 CONFIG_MAX = 1 << 20
 INDEX_MAX = 16 << 20

@@ -18,7 +18,7 @@ import numpy as np
 from star_engine.errors import IntegrityError, UserError
 from star_engine.fsio import fsync_dir, temporary_sibling
 
-from .checkpoint import (DTYPES, FORMAT, MANIFEST, MANIFEST_MAX, VERSION, VERSION_SPLIT, flatten, param_specs,
+from .format import (DTYPES, FORMAT, MANIFEST, MANIFEST_MAX, VERSION, VERSION_SPLIT, flatten, param_specs,
                          part_files)
 from .safeio import make_parents, read_bounded, remove_created, unpack_msgpack, write_zstd_part
 

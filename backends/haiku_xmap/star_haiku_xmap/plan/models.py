@@ -24,7 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from .plan import GIB, _setup_devices, plan_one
+from star_engine import UserError
+
+from ..config import preset
+from ..lora import check_table
+from .memory import GIB, _setup_devices, _short, _yes, plan_one
 
 FULL = ("qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b")
 LORA = ("llama-3.1-8b+lora", "mistral-7b+lora", "gptj-6b+lora")  # LoRA r = 32 on every projection, frozen bf16 base
@@ -63,9 +67,7 @@ def _one(config, layers: tuple[int, int] | None, **kw) -> dict:
 def plan_model(name: str, target: tuple, args: argparse.Namespace, layers: tuple[int, int] | None) -> list[dict]:
     """The sampler's row and the first training settings that fit (else the smallest peak) for one model and
     target."""
-    from ..config import preset
 
-    from ..lora import check_table
 
     label, dp, mp, gib = target
     config = preset(name.removesuffix("+lora"), dtype="bfloat16")
@@ -95,8 +97,6 @@ HEADER = ("| model | target (mesh) | program | master | moments | grad accum | r
 
 
 def _row(r: dict) -> str:
-    from .plan import _short, _yes
-
     g = lambda b: f"{b / GIB:.2f}"
     return (f"| {r['model']} | {r['target']} ({r['mesh']}) | {r['program'].split(' (')[0]} | "
             f"{_short(r['master_dtype'])} | {_short(r['opt_state_dtype'])} | {_short(r['accum_dtype'])} | "
@@ -105,7 +105,6 @@ def _row(r: dict) -> str:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    from star_engine.errors import UserError
 
     models = args.models.split(",") if args.models != "all" else list(MODELS)
     lora_targets = [t for t in TARGETS if t[1] * t[2] == 1]  # LoRA rows: the one-GPU target
