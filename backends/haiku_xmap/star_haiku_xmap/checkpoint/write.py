@@ -15,8 +15,7 @@ from collections.abc import Iterable, Mapping
 import msgpack
 import numpy as np
 
-from star_engine.errors import IntegrityError, UserError
-from star_engine.fsio import fsync_dir, temporary_sibling
+from star_engine import IntegrityError, UserError, fsync_dir, temporary_sibling
 
 from .format import (DTYPES, FORMAT, MANIFEST, MANIFEST_MAX, VERSION, VERSION_SPLIT, flatten, param_specs,
                          part_files)
@@ -78,7 +77,7 @@ def split_axis_for(key_path: tuple[str, ...], shape: tuple[int, ...], mp_split: 
     sharding rules put on "mp", when ``mp_split`` > 1 divides it; else None."""
     if mp_split <= 1 or len(key_path) < 2:
         return None
-    from ..sharding import spec_for
+    from ..sharding import spec_for  # jax: the format is written without it unless split for a mesh
 
     try:  # {module: {name: leaf}} ends every params-like tree (moments too, resume.py)
         spec = spec_for(f"{key_path[-2]}/{key_path[-1]}", shape)
@@ -100,7 +99,7 @@ def write_checkpoint(path: str | os.PathLike, leaves: Iterable[tuple[tuple[str, 
     stored as ``mp_split`` parts (see ``checkpoint.py``). ``specs``: the leaves
     expected, {key path: (shape, dtype name)} (default: the model's parameters,
     ``param_specs``; a training snapshot passes its state's, ``resume.py``)."""
-    import jax
+    import jax  # the format is written without jax (import, export); device arrays are fetched with it
 
     if isinstance(mp_split, bool) or not isinstance(mp_split, int) or mp_split < 1:
         raise UserError(f"mp_split must be an int >= 1, got {mp_split!r}")

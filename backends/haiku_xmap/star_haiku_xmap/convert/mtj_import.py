@@ -25,7 +25,7 @@ import tokenize
 import numpy as np
 from numpy.lib import format as npy_format
 
-from star_engine.errors import IntegrityError, UserError
+from star_engine import IntegrityError, UserError
 
 from ..config import GPTJConfig
 from ..checkpoint.format import param_specs

@@ -43,7 +43,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from star_engine.errors import UserError
+from star_engine import UserError
 
 from ..config import PRESETS, GPTJConfig
 from ..checkpoint.safeio import read_json

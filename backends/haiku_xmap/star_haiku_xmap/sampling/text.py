@@ -8,7 +8,7 @@ import functools
 from typing import Any
 from collections.abc import Sequence
 
-from star_engine.api import GenRequest, GenSpec, Progress
+from star_engine import GenRequest, GenSpec, Progress
 
 
 def cut_at_stop(text: str, stops: Sequence[str]) -> str:
@@ -29,7 +29,7 @@ def generate_text(params: Any, requests: Sequence[GenRequest], spec: GenSpec, *,
     path (``generation = "static"``: length-sorted batches, each until its last row ends)
     or continuous batching (a slot whose row ended, by end-of-text, a stop string or its
     budget, takes the next prompt; ``chunk`` decode steps between refills)."""
-    from . import continuous, static
+    from . import continuous, static  # jax: this module loads with the plugin, which must not import jax
 
     tok = tokenizer
     max_prompt = config.n_ctx - spec.max_new_tokens
