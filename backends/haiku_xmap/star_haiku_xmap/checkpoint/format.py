@@ -27,7 +27,7 @@ file size or zstd-declared content size is wrong; decompression streams into an
 exactly-sized buffer; sha256 mismatches raise ``IntegrityError`` naming the file.
 
 This module reads (and defines the format's constants and parameter specs);
-``checkpoint_write.py`` writes.
+``write.py`` writes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Writing native checkpoints (the format and its reader: ``checkpoint.py``):
+"""Writing native checkpoints (the format and its reader: ``format.py``):
 ``save_checkpoint`` for a params tree, ``write_checkpoint`` for a stream of leaves,
 both published atomically (``_publish``)."""
 
@@ -96,7 +96,7 @@ def write_checkpoint(path: str | os.PathLike, leaves: Iterable[tuple[tuple[str, 
     at a time (a converter can yield leaves without holding the whole model).
 
     ``mp_split`` > 1 writes a version-2 checkpoint whose mp-sharded leaves are
-    stored as ``mp_split`` parts (see ``checkpoint.py``). ``specs``: the leaves
+    stored as ``mp_split`` parts (see ``format.py``). ``specs``: the leaves
     expected, {key path: (shape, dtype name)} (default: the model's parameters,
     ``param_specs``; a training snapshot passes its state's, ``resume.py``)."""
     import jax  # the format is written without jax (import, export); device arrays are fetched with it

@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_experiment(args: argparse.Namespace) -> int:
-    """``plan EXPERIMENT``: the experiment's train step and sampler (``plan_experiment``)."""
+    """``plan EXPERIMENT``: the experiment's train step and sampler (``experiment.py``)."""
     config, kw, line = job(args)
     what = tuple(w.strip() for w in args.what.split(",") if w.strip())
     if not what or set(what) - {"train", "sample"}:
