@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import star_haiku_xmap
 
 PACKAGE = Path(star_haiku_xmap.__file__).parent
 CONVERT = {"hf_import", "hf_llama", "mtj_layout", "mtj_import", "mtj_export", "hf_export", "commands"}
-SUBPACKAGES = {"checkpoint": {"format", "write", "safeio"}, "plan": {"command", "memory", "models", "experiment"},
+SUBPACKAGES = {"checkpoint": {"format", "write", "safeio"}, "plan": {"command", "memory", "models", "experiment", "table"},
                "sampling": {"static", "continuous", "text"}}
 # The top-level modules that import from the subpackage, and why they must.
 USES_CONVERT = {
@@ -80,3 +81,14 @@ def test_the_package_has_no_import_cycle():
     ours = [m for name, m in modules.items() if name.split(".")[0] == "star_haiku_xmap"]
     assert len(ours) > 30 and any(m.imports for m in ours)  # the graph is read, not empty
     assert [group for group in house.cycles(modules) if group[0].startswith("star_haiku_xmap")] == []
+
+
+def test_discovery_and_the_cli_import_no_jax():
+    # The plugin, the commands and the plan's options load when the CLI starts; jax (and
+    # haiku) load when a backend is built or a command runs.
+    code = ("import sys\n"
+            "import star_haiku_xmap.plugin, star_haiku_xmap.convert.commands, star_haiku_xmap.plan.command\n"
+            "print(sorted(m for m in ('jax', 'haiku', 'optax') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

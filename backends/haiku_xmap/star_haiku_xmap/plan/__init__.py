@@ -5,4 +5,5 @@ name; nothing is re-exported.
 - ``command``: the command's options, the standard table and a single plan.
 - ``models``: ``plan --models``, the table of docs/models.md.
 - ``experiment``: ``plan EXPERIMENT.toml``, the shapes an experiment file decides.
+- ``table``: the tables' units and spellings (jax-free, as ``command`` and ``models``).
 """

@@ -25,14 +25,11 @@ import argparse
 import json
 from pathlib import Path
 
-import jax
-
 from star_engine import UserError, run_command
 
 from ..config import PRESETS, preset
-from .experiment import job
-from .memory import GIB, _parse_mesh, _setup_devices, _short, _yes, plan_one
 from .models import add_arguments as add_model_arguments, run_models
+from .table import GIB, short, yes
 
 STANDARD = (  # (mesh, zero, master, moments, grad accumulator, remat, device GiB, micro-batch, grad accum)
     ("1x8", 0, "float32", "mixed", "bfloat16", False, 16.0, 1, 8),  # the paper files: mixed moments, bf16 accum
@@ -127,8 +124,8 @@ def _check_args(args: argparse.Namespace):
 def _row(r: dict, device_gib: float) -> str:
     g = lambda b: f"{b / GIB:.2f}"
     fits = "yes" if r["peak"] <= device_gib * GIB else "NO"
-    return (f"| {r['mesh']} | {r['program']} | {r['zero']} | {_short(r['master_dtype'])} | "
-            f"{_short(r['opt_state_dtype'])} | {_short(r['accum_dtype'])} | {_yes(r['remat'])} | {r['shape']} | "
+    return (f"| {r['mesh']} | {r['program']} | {r['zero']} | {short(r['master_dtype'])} | "
+            f"{short(r['opt_state_dtype'])} | {short(r['accum_dtype'])} | {yes(r['remat'])} | {r['shape']} | "
             f"{g(r['argument'])} | {g(r['output'] - r['alias'])} | {g(r['temp'])} | {g(r['peak'])} | "
             f"{device_gib:g} | {fits} | {r['compile_s']} |")
 
@@ -139,6 +136,11 @@ HEADER = ("| mesh dp x mp | program | ZeRO | master | moments | grad accum | rem
 
 
 def run(args: argparse.Namespace) -> int:
+    # jax: this module loads with the CLI (the plan's options); jax when a plan runs
+    import jax
+
+    from .memory import _parse_mesh, _setup_devices, plan_one
+
     if getattr(args, "experiment", None) is not None:
         return _run_experiment(args)
     if getattr(args, "overrides", None):
@@ -177,6 +179,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_experiment(args: argparse.Namespace) -> int:
     """``plan EXPERIMENT``: the experiment's train step and sampler (``experiment.py``)."""
+    from .experiment import job  # jax (haiku, via lora), as run
+    from .memory import _setup_devices, plan_one
+
     config, kw, line = job(args)
     what = tuple(w.strip() for w in args.what.split(",") if w.strip())
     if not what or set(what) - {"train", "sample"}:

@@ -22,7 +22,6 @@ from .. import train as tr
 from ..config import architecture as arch
 from ..sampling import static
 
-GIB = 1 << 30
 MAX_DEVICES = 4096  # simulated CPU devices a plan may ask for
 
 
@@ -128,11 +127,3 @@ def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch
                         "shape": f"{rows} x ({prompt_len} + {new_tokens})", "lower_s": round(t1 - t0, 1),
                         "compile_s": round(t2 - t1, 1), **_stats(compiled)})
     return results
-
-
-def _short(dtype: str) -> str:
-    return {"float32": "fp32", "bfloat16": "bf16"}.get(dtype, dtype)
-
-
-def _yes(flag: Any) -> str:
-    return flag if isinstance(flag, str) else ("yes" if flag else "no")
