@@ -102,7 +102,8 @@ def jax_workloads(a) -> tuple[dict, object, object]:
     import jax.numpy as jnp
     import numpy as np
 
-    from star_haiku_xmap import model, packing, sample, sharding, train
+    from star_haiku_xmap import model, packing, sharding, train
+    from star_haiku_xmap.sampling import static as sample
     from star_haiku_xmap.config import GPTJConfig, LlamaConfig
     from star_haiku_xmap.machine import set_cpu_devices
 

@@ -44,7 +44,7 @@ def main(argv=None) -> int:
 
     from star_engine.api import GenRequest, GenSpec, TrainExample, TrainSpec
     from star_haiku_xmap import lora
-    from star_haiku_xmap.convert.checkpoint import load_checkpoint, read_manifest
+    from star_haiku_xmap.checkpoint.format import load_checkpoint, read_manifest
     from star_haiku_xmap.plugin import HaikuXmapBackend
 
     root = Path(tempfile.mkdtemp(prefix="lora-gen-"))

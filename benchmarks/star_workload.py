@@ -173,7 +173,8 @@ def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
     import jax.numpy as jnp
     import numpy as np
 
-    from star_haiku_xmap import continuous, model, packing, sample, sharding, train
+    from star_haiku_xmap import model, packing, sharding, train
+    from star_haiku_xmap.sampling import continuous, static as sample
     from star_haiku_xmap.config import GPTJConfig
     mesh = sharding.make_mesh({"dp": -1, "mp": 1})
     info = {"mesh": dict(mesh.shape), "jax": jax.__version__, "cpu_devices": n}

@@ -130,8 +130,8 @@ def measure(args: argparse.Namespace) -> None:
     import jax
 
     from star_haiku_xmap import sharding, train
-    from star_haiku_xmap.convert import checkpoint as ckpt
-    from star_haiku_xmap.convert import checkpoint_write as ckpt_write
+    from star_haiku_xmap.checkpoint import format as ckpt
+    from star_haiku_xmap.checkpoint import write as ckpt_write
 
     registry = Registry()
     exp = build(load_experiment(Path(args.experiment), args.set, registry=registry), registry)

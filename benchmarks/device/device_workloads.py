@@ -183,7 +183,8 @@ def generate(s: dict, a, pk: dict) -> dict:
     """Continuous batching: ``prompts`` random prompts of prompt +- 5 % tokens, k
     sampled continuations of each (one prefill per prompt), ``new`` tokens each."""
 
-    from star_haiku_xmap import continuous, model
+    from star_haiku_xmap import model
+    from star_haiku_xmap.sampling import continuous
 
     cfg = s["config"]
     params = model.init_params(cfg, 0)

@@ -32,7 +32,7 @@ GPT-J, 200 base-training steps — with the real ``haiku_xmap`` backend:
    re-opened the run directory, and a finished run has none;
 6. when a chain's run has finished, its Parquet rows (``wall_seconds`` aside), its
    ``train.json`` files (``seconds`` aside) and the parameters of every checkpoint
-   (loaded with ``star_haiku_xmap.convert.checkpoint.load_checkpoint``, compared bit for
+   (loaded with ``star_haiku_xmap.checkpoint.format.load_checkpoint``, compared bit for
    bit) must equal the reference's: 0 rows lost, 0 duplicated, 0 changed; and the
    source files must not have changed since the reference ran.
 
@@ -234,7 +234,7 @@ def snapshot(run_dir: Path) -> Snapshot:
     import numpy as np
     import pyarrow.parquet as pq
 
-    from star_haiku_xmap.convert.checkpoint import load_checkpoint
+    from star_haiku_xmap.checkpoint.format import load_checkpoint
 
     parquet, train, checkpoints = {}, {}, {}
     for p in sorted(run_dir.rglob("*.parquet")):

@@ -1,5 +1,9 @@
-"""Model configurations (GPT-J; the Llama family: Llama 3.x, Qwen2.5, Mistral)
-and named presets.
+"""Model configurations (GPT-J; the Llama family: Llama 3.x, Qwen2.5, Mistral) on
+one base, the architecture names they are stored under, and named presets.
+
+The configs live here, apart from their networks (``gptj.py``, ``llama.py``, named
+by ``architectures.py``), because this module is imported when the plugin is
+discovered, which must not import jax (``machine.set_cpu_devices`` runs first).
 
 Shape glossary: B batch, T time, D d_model, H heads, G key/value heads, K head
 dim, V vocabulary, F d_ff, L layers.
@@ -9,14 +13,64 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 from collections.abc import Mapping
 
 DTYPES = ("float32", "bfloat16")
 
+C = TypeVar("C", bound="ModelConfig")
+
+
+class ModelConfig:
+    """What every architecture's config (a frozen dataclass) shares: its ``NAME`` (the
+    registry key), a stored dict (``to_dict``/``from_dict``: unknown keys refused),
+    ``replace`` and the checks of its positive ints and dtype. Each subclass declares
+    its own fields, in its own order (the stored dict's); the ones annotated here
+    every architecture has (not dataclass fields of this class, which has none)."""
+
+    NAME: ClassVar[str]
+    n_layer: int
+    d_model: int
+    n_head: int
+    d_head: int
+    d_ff: int
+    n_ctx: int
+    vocab: int
+    dtype: str  # parameter/activation dtype; softmax and loss stay fp32
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads (the KV cache's second axis): ``n_head`` unless grouped."""
+        return self.n_head
+
+    def _positive_ints(self, names: tuple[str, ...]) -> None:
+        for name in names:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{type(self).__name__}.{name} must be a positive int, got {value!r}")
+
+    def _check_dtype(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"{type(self).__name__}.dtype must be one of {DTYPES}, got {self.dtype!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls: type[C], d: Mapping[str, Any]) -> C:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} keys: {unknown}")
+        return cls(**dict(d))
+
+    def replace(self: C, **changes: Any) -> C:
+        return dataclasses.replace(self, **changes)
+
 
 @dataclass(frozen=True)
-class GPTJConfig:
+class GPTJConfig(ModelConfig):
+    NAME: ClassVar[str] = "gptj"
     n_layer: int
     d_model: int
     n_head: int
@@ -29,46 +83,20 @@ class GPTJConfig:
     dtype: str = "float32"  # parameter/activation dtype; softmax and loss stay fp32
 
     def __post_init__(self) -> None:
-        for name in ("n_layer", "d_model", "n_head", "d_head", "d_ff", "rotary_dim", "n_ctx", "vocab"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"GPTJConfig.{name} must be a positive int, got {value!r}")
+        self._positive_ints(("n_layer", "d_model", "n_head", "d_head", "d_ff", "rotary_dim", "n_ctx", "vocab"))
         if self.rotary_dim > self.d_head or self.rotary_dim % 2:
             raise ValueError(
                 f"GPTJConfig.rotary_dim must be even and <= d_head ({self.d_head}), got {self.rotary_dim}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"GPTJConfig.dtype must be one of {DTYPES}, got {self.dtype!r}")
+        self._check_dtype()
         if not self.ln_eps > 0:
             raise ValueError(f"GPTJConfig.ln_eps must be > 0, got {self.ln_eps!r}")
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> GPTJConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown GPTJConfig keys: {unknown}")
-        return cls(**dict(d))
-
-    def replace(self, **changes: Any) -> GPTJConfig:
-        return dataclasses.replace(self, **changes)
-
-
-ARCHITECTURES = ("gptj", "llama")
 ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
-def _positive_ints(cls: str, obj: Any, names: tuple[str, ...]) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{cls}.{name} must be a positive int, got {value!r}")
-
-
 @dataclass(frozen=True)
-class LlamaConfig:
+class LlamaConfig(ModelConfig):
     """A Llama-style decoder (``llama.py``): RMSNorm, SwiGLU MLP, grouped-query
     attention (``n_head`` query heads share ``n_kv_head`` key/value heads),
     rotary embeddings in the "rotate half" layout over the whole head with base
@@ -77,6 +105,7 @@ class LlamaConfig:
     untied embeddings, optional sliding-window attention (Mistral: a token sees
     itself and the ``sliding_window - 1`` tokens before it)."""
 
+    NAME: ClassVar[str] = "llama"
     n_layer: int
     d_model: int
     n_head: int
@@ -95,16 +124,14 @@ class LlamaConfig:
     architecture: str = "llama"
 
     def __post_init__(self) -> None:
-        _positive_ints("LlamaConfig", self, ("n_layer", "d_model", "n_head", "n_kv_head", "d_head", "d_ff",
-                                             "n_ctx", "vocab"))
+        self._positive_ints(("n_layer", "d_model", "n_head", "n_kv_head", "d_head", "d_ff", "n_ctx", "vocab"))
         if self.n_head % self.n_kv_head:
             raise ValueError(f"LlamaConfig.n_kv_head must divide n_head ({self.n_head}), got {self.n_kv_head}")
         if self.d_head % 2:
             raise ValueError(f"LlamaConfig.d_head must be even (rotary pairs), got {self.d_head}")
         if self.architecture != "llama":
             raise ValueError(f"LlamaConfig.architecture must be 'llama', got {self.architecture!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"LlamaConfig.dtype must be one of {DTYPES}, got {self.dtype!r}")
+        self._check_dtype()
         for name in ("rms_eps", "rope_theta"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -129,39 +156,34 @@ class LlamaConfig:
     def rotary_dim(self) -> int:  # rotary embeddings span the whole head
         return self.d_head
 
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["rope_scaling"] = None if self.rope_scaling is None else list(self.rope_scaling)
         return d
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> LlamaConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown LlamaConfig keys: {unknown}")
-        return cls(**dict(d))
 
-    def replace(self, **changes: Any) -> LlamaConfig:
-        return dataclasses.replace(self, **changes)
-
-
-ModelConfig = GPTJConfig | LlamaConfig
+CONFIGS: dict[str, type[ModelConfig]] = {cls.NAME: cls for cls in (GPTJConfig, LlamaConfig)}
+ARCHITECTURES = tuple(CONFIGS)
 
 
 def config_from_dict(d: Mapping[str, Any]) -> ModelConfig:
     """The config a stored ``to_dict()`` describes: its ``architecture`` key picks the
-    family (GPT-J's dict has none, as before this key existed)."""
+    family; a config class without an ``architecture`` field (GPT-J, whose dict
+    predates the key) is the one a dict without the key stands for."""
     arch = d.get("architecture", "gptj")
-    if arch == "llama":
-        return LlamaConfig.from_dict(d)
-    if arch != "gptj" or "architecture" in d:
+    cls = CONFIGS.get(arch)
+    if cls is None or ("architecture" in d) != ("architecture" in {f.name for f in dataclasses.fields(cls)}):
         raise ValueError(f"unknown architecture {arch!r}; known: {list(ARCHITECTURES)}")
-    return GPTJConfig.from_dict(d)
+    return cls.from_dict(d)
 
 
 def architecture(config: ModelConfig) -> str:
-    return getattr(config, "architecture", "gptj")
+    """The registry name of ``config``'s architecture ("gptj", "llama")."""
+    return config.NAME
 
 
 _LLAMA3_ROPE = (32.0, 1.0, 4.0, 8192)
@@ -204,31 +226,3 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
     return PRESETS[name].replace(**{k: v for k, v in overrides.items() if v is not None})
-
-
-def param_count(config: ModelConfig, mtj_shards: int | None = None) -> int:
-    """Number of parameters, counted from the model's abstract shapes (no memory used).
-
-    ``mtj_shards=None``: unique parameters (what HF counts). ``mtj_shards=n``: the
-    figure mesh-transformer-jax reports for an n-way model-parallel checkpoint, which
-    stores per shard a copy of every replicated vector (each block's LayerNorm
-    scale/offset and fc_out bias, the final LayerNorm) plus an embedding bias of
-    size D that our model (like HF) folds into ``wte``. For GPT-J-6B with 8 shards:
-    6,050,882,784 + 7 x (28 x 3 x 4096 + 2 x 4096) + 8 x 4096 = 6,053,381,344.
-    """
-    import jax
-    import numpy as np
-
-    from . import model
-
-    shapes = jax.eval_shape(lambda key: model.init_params(config, key), jax.random.key(0))
-    total = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(shapes))
-    if mtj_shards is None:
-        return total
-    if architecture(config) != "gptj":
-        raise ValueError("mtj_shards: mesh-transformer-jax checkpoints hold GPT-J only")
-    if mtj_shards < 1:
-        raise ValueError(f"mtj_shards must be >= 1, got {mtj_shards}")
-    D = config.d_model
-    replicated = config.n_layer * (2 * D + D) + 2 * D  # per-block ln + fc_out bias, ln_f
-    return total + (mtj_shards - 1) * replicated + mtj_shards * D  # + embedding bias per shard

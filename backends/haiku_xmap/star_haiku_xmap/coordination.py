@@ -37,7 +37,10 @@ import threading
 import time
 from typing import Any
 
-from star_engine.errors import ProcessLost
+import jax
+from jax._src import distributed
+
+from star_engine import ProcessLost
 
 PREFIX = "star-engine"
 HEARTBEAT_S = 2.0
@@ -54,8 +57,6 @@ def peer_timeout() -> float:
 
 
 def _client() -> Any:
-    from jax._src import distributed
-
     client = distributed.global_state.client
     if client is None:
         raise RuntimeError("jax.distributed is not initialised, but there are several processes")
@@ -70,8 +71,6 @@ def _first_line(exc: BaseException) -> str:
 def start_heartbeat() -> None:
     """Write this process's heartbeat every ``HEARTBEAT_S`` seconds from a daemon thread
     (idempotent; nothing with one process)."""
-    import jax
-
     if _heartbeat or jax.process_count() == 1:
         return
     client, me = _client(), jax.process_index()
@@ -91,8 +90,6 @@ def start_heartbeat() -> None:
 
 def abort(message: str) -> None:
     """Tell the other processes that this one stops (best effort), with ``message``."""
-    import jax
-
     if jax.process_count() > 1:
         try:
             _client().key_value_set(f"{PREFIX}/abort", message, allow_overwrite=True)
@@ -119,8 +116,6 @@ class _Peers:
 
 def barrier(name: str, timeout_s: float | None = None) -> None:
     """Wait until every process has called ``barrier`` with ``name`` (see the module docstring)."""
-    import jax
-
     count = jax.process_count()
     if count == 1:
         return

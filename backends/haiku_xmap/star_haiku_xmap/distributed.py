@@ -179,12 +179,12 @@ def barrier(name: str) -> None:
 
 
 def save_checkpoint(path: Any, params: Any, **kw: Any) -> None:
-    """``convert.checkpoint_write.save_checkpoint`` of parameters that may span processes:
+    """``checkpoint.write.save_checkpoint`` of parameters that may span processes:
     every process takes part in the per-leaf gathers, process 0 writes (the path must be
     on a filesystem all of them see), then all wait."""
     import jax
 
-    from .convert.checkpoint_write import save_checkpoint as save, write_checkpoint
+    from .checkpoint.write import save_checkpoint as save, write_checkpoint
 
     if jax.process_count() == 1:
         return save(path, params, **kw)
@@ -201,7 +201,7 @@ def host_leaves(params: Any) -> Any:
     """Yield ``(key path, host numpy array)`` of a params tree one leaf at a time;
     a leaf spread over several processes is gathered (every process must iterate,
     the gather is collective)."""
-    from .convert.checkpoint import flatten
+    from .checkpoint.format import flatten
 
     for key_path, value in flatten(params):
         yield key_path, to_host(value)

@@ -14,11 +14,16 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Sequence
 
+import jax
 import numpy as np
 
-from star_engine.errors import UserError
+from star_engine import UserError
 
+from .checkpoint.format import MANIFEST, load_checkpoint
 from .config import ModelConfig, config_from_dict
+from .convert.hf_import import folder_tokenizer, import_hf
+from .model import forward
+from .tokenizer import tokenizer_from_dict
 
 Loaded = tuple[ModelConfig, dict, Any]
 
@@ -28,16 +33,11 @@ def load_model(checkpoint_dir: str | os.PathLike, *, dtype: str = "float32", sha
     ``manifest.msgpack``, fully verified) or an HF safetensors folder (GPT-J, Llama, Qwen2, Mistral)
     (converted to ``dtype``; its tokenizer is the folder's ``tokenizer.json``,
     or None when it has none). ``shardings`` applies to native checkpoints."""
-    from .convert.checkpoint import MANIFEST, load_checkpoint
-    from .tokenizer import tokenizer_from_dict
-
     path = Path(checkpoint_dir).expanduser()
     if (path / MANIFEST).is_file():
         params, manifest = load_checkpoint(path, shardings)
         return config_from_dict(manifest["model_config"]), params, tokenizer_from_dict(manifest["tokenizer"])
     if (path / "config.json").is_file() or path.is_file():
-        from .convert.hf_import import folder_tokenizer, import_hf
-
         config, params = import_hf(path, dtype=dtype)
         folder = path if path.is_dir() else path.parent
         tok = folder_tokenizer(folder) if (folder / "tokenizer.json").is_file() else None
@@ -47,10 +47,6 @@ def load_model(checkpoint_dir: str | os.PathLike, *, dtype: str = "float32", sha
 
 @functools.lru_cache(maxsize=8)
 def _jitted_forward(config: ModelConfig):
-    import jax
-
-    from .model import forward
-
     return jax.jit(lambda params, tokens: forward(params, tokens, config))
 
 

@@ -1,10 +1,15 @@
-"""Haiku modules and attention pieces shared by the GPT-J (``model.py``) and the
-Llama-style (``llama.py``) decoders.
+"""The layers every architecture shares (GPT-J: ``gptj.py``; the Llama family:
+``llama.py``): Haiku modules, the KV cache, the attention prologue (causal mask,
+packed segments, sliding window, left padding), grouped-query attention (GPT-J is
+the case of one query head per key/value head) with its fused path, and the layer
+loop.
 
 Each module creates its parameters (``hk.get_parameter``) where it uses them,
 with the names, dtypes and initialisers of the hk.Embed / hk.LayerNorm /
 hk.Linear model these replace, so a seed gives the same weights. Activations are
-2-D, (N, D) with N = B*T tokens (see ``model._gptj``).
+2-D, (N, D) with N = B*T tokens: every matmul and its gradients are then plain
+2-D dots, which XLA:CPU runs without transposed copies of the cotangents (3-D
+operands made it transpose whole gradient chains).
 
 Shape suffixes: B batch, T query time, S key/cache slots, N tokens, D features,
 H heads, K head dim, V vocabulary.
@@ -14,17 +19,46 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
+
+from .config import ModelConfig
 
 # Finite "minus infinity": a fully masked row (a left-padding query) softmaxes to
 # uniform over the keys it is given, not NaN; its output is never used.
 _NEG = -1e30
 CAUSAL_BLOCK = 128  # query block of causal self-attention (64 and 128 measured alike at T=256)
+LAYER_INPUT = "layer_input"  # checkpoint name of each block's input (the residual stream)
+
+
+class KVCache(NamedTuple):
+    """Post-rotary keys and values, one (B, G, S, K) buffer per layer, ``S`` slots
+    (G: the key/value heads, fewer than the query heads under grouped-query attention).
+
+    Per-layer buffers in head-major order let a decode step write its slot in
+    place and feed attention without slicing or transposing a stacked cache."""
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+
+    @property
+    def k_LBSHK(self) -> jax.Array:  # stacked view, for inspection only (copies)
+        return jnp.stack([x.transpose(0, 2, 1, 3) for x in self.k])
+
+    @property
+    def v_LBSHK(self) -> jax.Array:
+        return jnp.stack([x.transpose(0, 2, 1, 3) for x in self.v])
+
+
+def dtype_of(config: ModelConfig):
+    """The parameter/activation dtype of ``config``."""
+    return jnp.bfloat16 if config.dtype == "bfloat16" else jnp.float32
 
 
 class Shared(NamedTuple):
@@ -196,3 +230,110 @@ def fused_attention(q_BHTK: jax.Array, k_BGSK: jax.Array, v_BGSK: jax.Array, all
         out = jax.nn.dot_product_attention(q_BTHK, k_BSGK.astype(q_BTHK.dtype), v_BSGK.astype(q_BTHK.dtype),
                                            mask=mask_B1TS, implementation="xla")
     return out.transpose(0, 2, 1, 3).astype(v_BGSK.dtype)
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def attention_prologue(B: int, T: int, sin: jax.Array, cos: jax.Array, key_mask_BS: jax.Array,
+                       cache: KVCache | None, start, segments_BT: jax.Array | None = None,
+                       sliding_window: int | None = None) -> Shared:
+    """What every layer's attention reads (``Shared``) for ``B`` rows of ``T`` new tokens.
+
+    Without a cache the keys are the T new tokens (S == T). With one, the new tokens sit
+    at slots [start, start + T) of its S slots (``start``: one slot, or (B,) slots, one a
+    row). A query reads the keys at or before its slot that are real (``key_mask_BS``;
+    left padding is False), of its own packed segment (``segments_BT``) and, under a
+    ``sliding_window``, less than that many real tokens behind it: a key's position is
+    the count of real keys before it in its row, which is what positions are everywhere
+    in this backend (left padding, a shared prefix, decode slots), so the window is right
+    wherever a row's slots have gaps. Long self-attention (training, long prompts) runs
+    in causal query blocks."""
+    per_row = cache is not None and jnp.ndim(start) == 1
+    if cache is None:
+        q_slot_T, S = jnp.arange(T), T
+    else:
+        q_slot_T, S = jnp.asarray(start)[..., None] + jnp.arange(T), cache.k[0].shape[2]
+    causal_TS = jnp.arange(S) <= q_slot_T[..., None]  # (T, S), or (B, T, S) with a slot per row
+    key_mask_BS = key_mask_BS.astype(bool)
+    allowed_BTS = (causal_TS if per_row else causal_TS[None]) & key_mask_BS[:, None, :]
+    if segments_BT is not None:
+        allowed_BTS = allowed_BTS & (segments_BT[:, :, None] == segments_BT[:, None, :])
+    if sliding_window is not None:
+        kpos_BS = jnp.cumsum(key_mask_BS.astype(jnp.int32), axis=1)  # real keys up to each slot
+        q_slot_BT = jnp.broadcast_to(q_slot_T, (B, T))
+        qpos_BT = jnp.take_along_axis(kpos_BS, q_slot_BT, axis=1)
+        allowed_BTS = allowed_BTS & (qpos_BT[:, :, None] - kpos_BS[:, None, :] < sliding_window)
+    block = CAUSAL_BLOCK if cache is None and T >= 2 * CAUSAL_BLOCK else 0
+    return Shared(B, T, sin, cos, allowed_BTS, start, per_row, block)
+
+
+def gqa_attention(q_xTK, k_BGSK, v_BGSK, allowed_BTS, d_head: int, block: int = 0) -> jax.Array:
+    """Softmax attention with fp32 scores and softmax (as HF does even in half precision)
+    of the queries over G key/value heads: ``q_BGRTK``, R query heads per key/value head
+    (grouped-query attention), or ``q_BHTK`` with H == G (GPT-J: one query head per
+    key/value head, computed head by head, the order its golden figures were made in).
+
+    ``block`` > 0 (causal self-attention, S == T): the queries in [a, a + block)
+    attend keys [0, a + block) only. The keys skipped are all masked, so this is
+    the same attention with up to half the score work and memory."""
+    T = q_xTK.shape[-2]
+    if 0 < block < T:
+        ctx = [gqa_attention(q_xTK[..., a:a + block, :], k_BGSK[:, :, :a + block], v_BGSK[:, :, :a + block],
+                             allowed_BTS[:, a:a + block, :a + block], d_head) for a in range(0, T, block)]
+        return jnp.concatenate(ctx, axis=-2)
+    grouped = q_xTK.ndim == 5
+    scale = np.sqrt(d_head).astype(np.float32)
+    spec = "bgrtk,bgsk->bgrts" if grouped else "bhtk,bhsk->bhts"
+    scores = jnp.einsum(spec, q_xTK.astype(jnp.float32), k_BGSK.astype(jnp.float32))
+    allowed = allowed_BTS[:, None, None] if grouped else allowed_BTS[:, None, :, :]
+    probs = masked_softmax(scores, allowed, scale).astype(v_BGSK.dtype)
+    return jnp.einsum("bgrts,bgsk->bgrtk" if grouped else "bhts,bhsk->bhtk", probs, v_BGSK)
+
+
+def attend(q_BHTK: jax.Array, k_BGTK: jax.Array, v_BGTK: jax.Array, sh: Shared,
+           kv: tuple[jax.Array, jax.Array] | None, d_model: int, dtype) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The attention of a layer after its q/k/v projections (H query heads, G key/value
+    heads, H a multiple of G): the new keys/values written into the layer's cache ``kv``
+    (or, without one, the keys are the T new ones), attention over them and the output
+    projection ``out`` (a module of the caller's). Returns (output (N, D), keys, values
+    (B, G, S, K))."""
+    B, H, T, K = q_BHTK.shape
+    G = k_BGTK.shape[1]
+    if kv is None:
+        k_BGSK, v_BGSK = k_BGTK, v_BGTK
+    else:
+        # Only the T new slots are written; inside a decode loop XLA updates the buffer in place.
+        k_BGSK = write_slots(kv[0], k_BGTK, sh.start, sh.per_row)
+        v_BGSK = write_slots(kv[1], v_BGTK, sh.start, sh.per_row)
+    kind = attention_kind() if T > 1 else "reference"  # decoding (one query a row) stays on the reference
+    if kind == "reference":
+        q_xTK = q_BHTK if G == H else q_BHTK.reshape(B, G, H // G, T, K)
+        ctx_BHTK = gqa_attention(q_xTK, k_BGSK, v_BGSK, sh.allowed_BTS, K, sh.block).reshape(B, H, T, K)
+    else:
+        ctx_BHTK = fused_attention(q_BHTK, k_BGSK, v_BGSK, sh.allowed_BTS, kind)
+    ctx_ND = ctx_BHTK.transpose(0, 2, 1, 3).reshape(B * T, H * K).astype(dtype)
+    return Linear(d_model, name="out")(ctx_ND), k_BGSK, v_BGSK
+
+
+# ----------------------------------------------------------------------------- layer loop
+
+BlockFn = Callable[[jax.Array, Shared, "tuple[jax.Array, jax.Array] | None"], tuple[jax.Array, jax.Array, jax.Array]]
+
+
+def layer_loop(x_ND: jax.Array, sh: Shared, cache: KVCache | None, n_layer: int,
+               make_block: Callable[[int], BlockFn], last_only: bool = False) -> tuple[jax.Array, KVCache]:
+    """The residual stream (N, D) through ``n_layer`` blocks (``make_block(i)``: layer i's
+    module, named ``h_{i}``), each reading its layer of ``cache``; each block's input is
+    named ``LAYER_INPUT`` (what per-layer rematerialisation keeps, ``train.py``).
+    Returns (the stream, (B, D) of each row's last slot with ``last_only``; the new
+    per-layer keys/values)."""
+    new_k, new_v = [], []
+    for i in range(n_layer):
+        x_ND = checkpoint_name(x_ND, LAYER_INPUT)
+        x_ND, k_BGSK, v_BGSK = make_block(i)(x_ND, sh, None if cache is None else (cache.k[i], cache.v[i]))
+        new_k.append(k_BGSK)
+        new_v.append(v_BGSK)
+    if last_only:
+        x_ND = x_ND.reshape(sh.B, sh.T, x_ND.shape[-1])[:, -1]
+    return x_ND, KVCache(tuple(new_k), tuple(new_v))

@@ -1,6 +1,6 @@
 """Llama-style decoders in dm-haiku (HF ``LlamaForCausalLM``, ``Qwen2ForCausalLM``,
-``MistralForCausalLM``), behind the same public API as GPT-J (``model.py``
-dispatches here on ``config.architecture``).
+``MistralForCausalLM``), behind the same public API as GPT-J (``model.py``, through the architecture
+registry ``architectures.py``).
 
 Parameter tree (haiku names; ``convert/hf_llama.py`` maps the HF tensors onto them)::
 
@@ -21,10 +21,7 @@ the G key/value heads only, (B, G, S, K) per layer. Rotary embeddings rotate the
 two halves of each head (HF's ``rotate_half``), with HF's inverse frequencies:
 ``rope_theta`` as base and, with ``rope_scaling``, Llama 3's smoothed scaling.
 
-The sliding window (Mistral) is measured in real tokens: a key's position is the
-count of real keys before it in its row, which is what positions are everywhere
-in this backend (left padding, a shared prefix, decode slots), so the window is
-right wherever a row's slots have gaps.
+The sliding window (Mistral) is measured in real tokens (``layers.attention_prologue``).
 """
 
 from __future__ import annotations
@@ -33,12 +30,9 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.ad_checkpoint import checkpoint_name
 
 from .config import LlamaConfig
-from .layers import (CAUSAL_BLOCK, Embed, Linear, RMSNorm, Shared, attention_kind, fused_attention, masked_softmax,
-                     write_slots)
-from .model import LAYER_INPUT, KVCache, dtype_of
+from .layers import Embed, KVCache, Linear, RMSNorm, Shared, attend, attention_prologue, dtype_of, layer_loop
 
 
 def inv_freq(config: LlamaConfig) -> np.ndarray:
@@ -67,20 +61,6 @@ def _rotary(x_BHTK: jax.Array, sin_B1TK: jax.Array, cos_B1TK: jax.Array) -> jax.
     return x_BHTK * cos_B1TK.astype(x_BHTK.dtype) + rotated * sin_B1TK.astype(x_BHTK.dtype)
 
 
-def _gqa_attention(q_BGRTK, k_BGSK, v_BGSK, allowed_BTS, d_head: int, block: int = 0) -> jax.Array:
-    """Attention of R = H / G query heads per key/value head, fp32 scores and softmax;
-    ``block`` > 0: causal query blocks as ``model._attention``."""
-    T = q_BGRTK.shape[3]
-    if 0 < block < T:
-        ctx = [_gqa_attention(q_BGRTK[:, :, :, a:a + block], k_BGSK[:, :, :a + block], v_BGSK[:, :, :a + block],
-                              allowed_BTS[:, a:a + block, :a + block], d_head) for a in range(0, T, block)]
-        return jnp.concatenate(ctx, axis=3)
-    scale = np.sqrt(d_head).astype(np.float32)
-    scores = jnp.einsum("bgrtk,bgsk->bgrts", q_BGRTK.astype(jnp.float32), k_BGSK.astype(jnp.float32))
-    probs = masked_softmax(scores, allowed_BTS[:, None, None], scale).astype(v_BGSK.dtype)
-    return jnp.einsum("bgrts,bgsk->bgrtk", probs, v_BGSK)
-
-
 class Attention(hk.Module):
     """Grouped-query self-attention of the (N, D) normalised stream: q (H heads) and
     k, v (G heads) projections (with biases under ``qkv_bias``), half-split rotary
@@ -103,19 +83,7 @@ class Attention(hk.Module):
         q_BHTK = _rotary(proj("q", H), sh.sin, sh.cos)
         k_BGTK = _rotary(proj("k", G), sh.sin, sh.cos)
         v_BGTK = proj("v", G)
-        if kv is None:
-            k_BGSK, v_BGSK = k_BGTK, v_BGTK
-        else:
-            k_BGSK = write_slots(kv[0], k_BGTK, sh.start, sh.per_row)
-            v_BGSK = write_slots(kv[1], v_BGTK, sh.start, sh.per_row)
-        kind = attention_kind() if T > 1 else "reference"  # decoding (one query a row) stays on the reference
-        if kind == "reference":
-            ctx_BHTK = _gqa_attention(q_BHTK.reshape(B, G, H // G, T, K), k_BGSK, v_BGSK, sh.allowed_BTS, K,
-                                      sh.block).reshape(B, H, T, K)
-        else:
-            ctx_BHTK = fused_attention(q_BHTK, k_BGSK, v_BGSK, sh.allowed_BTS, kind)
-        ctx_ND = ctx_BHTK.transpose(0, 2, 1, 3).reshape(B * T, H * K).astype(dtype_of(c))
-        return Linear(c.d_model, name="out")(ctx_ND), k_BGSK, v_BGSK
+        return attend(q_BHTK, k_BGTK, v_BGTK, sh, kv, c.d_model, dtype_of(c))
 
 
 class MLP(hk.Module):
@@ -150,45 +118,18 @@ class Block(hk.Module):
 
 def network(config: LlamaConfig, tokens_BT, positions_BT, key_mask_BS, cache: KVCache | None, start,
             last_only: bool = False, segments_BT=None):
-    """``model._gptj``'s contract (same arguments, same results, top-level module
+    """``gptj.network``'s contract (same arguments, same results, top-level module
     names) for a Llama-style model."""
     c = config
     B, T = tokens_BT.shape
     dtype = dtype_of(c)
-    N = B * T
     wte = Embed(c.vocab, c.d_model)
-    x_ND = wte(tokens_BT.reshape(N), dtype)
+    x_ND = wte(tokens_BT.reshape(B * T), dtype)
     angle_BTR = positions_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq(c))
     angle_B1TK = jnp.concatenate([angle_BTR, angle_BTR], axis=-1)[:, None]
     sin, cos = jnp.sin(angle_B1TK), jnp.cos(angle_B1TK)
-
-    per_row = cache is not None and jnp.ndim(start) == 1
-    if cache is None:
-        q_slot_T, S = jnp.arange(T), T
-    else:
-        q_slot_T, S = jnp.asarray(start)[..., None] + jnp.arange(T), cache.k[0].shape[2]
-    causal_TS = jnp.arange(S) <= q_slot_T[..., None]
-    key_mask_BS = key_mask_BS.astype(bool)
-    allowed_BTS = (causal_TS if per_row else causal_TS[None]) & key_mask_BS[:, None, :]
-    if segments_BT is not None:
-        allowed_BTS = allowed_BTS & (segments_BT[:, :, None] == segments_BT[:, None, :])
-    if c.sliding_window is not None:
-        kpos_BS = jnp.cumsum(key_mask_BS.astype(jnp.int32), axis=1)  # real keys up to each slot
-        q_slot_BT = jnp.broadcast_to(q_slot_T, (B, T))
-        qpos_BT = jnp.take_along_axis(kpos_BS, q_slot_BT, axis=1)
-        allowed_BTS = allowed_BTS & (qpos_BT[:, :, None] - kpos_BS[:, None, :] < c.sliding_window)
-
-    block = CAUSAL_BLOCK if cache is None and T >= 2 * CAUSAL_BLOCK else 0
-    sh = Shared(B, T, sin, cos, allowed_BTS, start, per_row, block)
-    new_k, new_v = [], []
-    for i in range(c.n_layer):
-        x_ND = checkpoint_name(x_ND, LAYER_INPUT)
-        x_ND, k_BGSK, v_BGSK = Block(c, name=f"h_{i}")(x_ND, sh, None if cache is None else (cache.k[i], cache.v[i]))
-        new_k.append(k_BGSK)
-        new_v.append(v_BGSK)
-
-    if last_only:
-        x_ND = x_ND.reshape(B, T, c.d_model)[:, -1]
+    sh = attention_prologue(B, T, sin, cos, key_mask_BS, cache, start, segments_BT, c.sliding_window)
+    x_ND, kv = layer_loop(x_ND, sh, cache, c.n_layer, lambda i: Block(c, name=f"h_{i}"), last_only)
     x_ND = RMSNorm(c.rms_eps, name="ln_f")(x_ND)
     logits_NV = wte.attend(x_ND, dtype) if c.tie_embeddings else Linear(c.vocab, name="lm_head")(x_ND)
-    return logits_NV.astype(jnp.float32).reshape(B, -1, c.vocab), KVCache(tuple(new_k), tuple(new_v))
+    return logits_NV.astype(jnp.float32).reshape(B, -1, c.vocab), kv

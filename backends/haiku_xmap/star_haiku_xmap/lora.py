@@ -33,11 +33,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from star_engine.errors import UserError
-from star_engine.options import is_int, is_number
+from star_engine import UserError, is_int, is_number
 
 from . import model
-from .config import ModelConfig, architecture
+from .config import ModelConfig, architecture, config_from_dict
 from .layers import Linear
 
 # peft's target names -> this backend's module path inside block h_{i}.
@@ -142,8 +141,6 @@ def checkpoint_specs(model_config: Mapping[str, Any], extra: Mapping[str, Any]) 
     """The leaves a LoRA checkpoint must hold (``adapter_specs``) by its manifest: the model
     config and ``extra`` (its ``lora`` spec, the base's id ``base`` and ``base_path``);
     ValueError / UserError when these are not a LoRA checkpoint's."""
-    from .config import config_from_dict
-
     if not (isinstance(extra.get("base"), str) and isinstance(extra.get("base_path"), str)):
         raise ValueError("extra.base and extra.base_path must name the base checkpoint")
     config = config_from_dict(model_config)

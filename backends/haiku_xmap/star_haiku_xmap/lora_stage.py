@@ -30,7 +30,7 @@ def load_adapters(backend: Any, checkpoint: str, manifest: dict) -> tuple[str, l
 
     from . import sharding
     from .config import config_from_dict
-    from .convert.checkpoint import load_checkpoint
+    from .checkpoint.format import load_checkpoint
 
     extra = manifest["extra"]
     stored = config_from_dict(manifest["model_config"])
@@ -61,7 +61,7 @@ def train_adapters(backend: Any, init: str, out: Path, encoded: Sequence[Any], s
     """The LoRA stage writing ``out`` from ``init`` (see the module docstring)."""
     from . import packing as pk
     from . import train as tr
-    from .convert.checkpoint import read_manifest
+    from .checkpoint.format import read_manifest
     from .resume import stage_snapshots
 
     want = lora.check_table(spec.adapter, backend.config, "training.adapter")

@@ -8,8 +8,7 @@ import os
 from typing import Any
 from collections.abc import Mapping
 
-from star_engine.errors import UserError
-from star_engine.options import is_int
+from star_engine import UserError, is_int
 
 
 def set_cpu_devices(n: Any) -> None:
@@ -21,7 +20,7 @@ def set_cpu_devices(n: Any) -> None:
     starts its backends; later, the process must already have ``n`` CPU devices."""
     if not is_int(n) or n < 1:
         raise UserError(f"model.cpu_devices: must be an int >= 1, got {n!r}")
-    import jax
+    import jax  # this module loads with the plugin, which must not import jax (discovery stays fast)
 
     try:
         jax.config.update("jax_num_cpu_devices", n)
@@ -45,7 +44,7 @@ def use_every_core(mesh: Mapping[str, Any] | None = None) -> None:
     ``JAX_NUM_CPU_DEVICES``). A mesh with both sizes given (``{dp = 1, mp = 1}``)
     asks for exactly dp x mp devices instead. The same machine and setting give the
     same mesh."""
-    import jax
+    import jax  # as set_cpu_devices
     from jax._src import xla_bridge
 
     from star_engine.launch import accelerator_present
@@ -69,7 +68,7 @@ def use_compile_cache() -> None:
     ``$XDG_CACHE_HOME/star-engine/jax``, i.e. ``~/.cache/star-engine/jax``); ``0`` or
     an empty value turns it off. A loaded executable is the one that was compiled,
     so results do not change. A cache folder already configured is kept."""
-    import jax
+    import jax  # as set_cpu_devices
 
     folder = os.environ.get("STAR_HAIKU_XMAP_COMPILE_CACHE")
     if folder is None:

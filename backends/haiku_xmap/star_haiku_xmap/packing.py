@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from star_engine.api import LOSSES, PACKINGS  # noqa: F401  (the TrainSpec's values)
+from star_engine import LOSSES, PACKINGS  # noqa: F401  (the TrainSpec's values)
 
 from . import packplan
 from .packplan import plan_steps

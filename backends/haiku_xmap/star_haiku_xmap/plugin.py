@@ -20,7 +20,7 @@ from star_engine.options import is_int
 from .config import PRESETS, architecture as arch_of, config_from_dict
 from .machine import set_cpu_devices, use_compile_cache, use_every_core
 from .options import AdamW, check_run_options
-from .text import generate_text
+from .sampling.text import generate_text
 
 BACKEND = "haiku_xmap"
 BASE_DIR = "base_init"
@@ -99,7 +99,7 @@ class HaikuXmapBackend:
         self.remat = remat
 
         from . import sharding
-        from .convert.checkpoint import read_manifest
+        from .checkpoint.format import read_manifest
         from .tokenizer import ByteTokenizer, HFTokenizer, tokenizer_from_dict
 
         overrides = dict(n_layer=n_layer, d_model=d_model, n_head=n_head, d_head=d_head, d_ff=d_ff,
@@ -183,7 +183,7 @@ class HaikuXmapBackend:
                         extra=extra, mp_split=int(self.mesh.shape["mp"]), specs=specs)
 
     def checkpoint_id(self, checkpoint: str) -> str:
-        from .convert.checkpoint import manifest_sha256
+        from .checkpoint.format import manifest_sha256
 
         return manifest_sha256(checkpoint)
 
@@ -195,7 +195,7 @@ class HaikuXmapBackend:
         import jax.numpy as jnp
 
         from . import model, sharding
-        from .convert.checkpoint import load_checkpoint, read_manifest
+        from .checkpoint.format import load_checkpoint, read_manifest
         from .resume import release
 
         release(checkpoint)  # loaded: the run has recorded the stage that wrote it
@@ -228,8 +228,8 @@ class HaikuXmapBackend:
 
     def base(self, workdir: Path, seed: int) -> str:
         from . import model
-        from .convert.checkpoint import read_manifest
-        from .sample import keys_from_seeds
+        from .checkpoint.format import read_manifest
+        from .sampling.static import keys_from_seeds
 
         if self._checkpoint_path:
             return self._checkpoint_path
@@ -390,7 +390,7 @@ class HaikuXmapBackend:
         return max(0, self.config.n_ctx - spec.max_new_tokens)
 
     def describe(self) -> Mapping[str, Any]:
-        from .config import param_count
+        from .model import param_count
 
         return {"backend": BACKEND, "model": self.config.to_dict(), "param_count": param_count(self.config),
                 "tokenizer": {k: v for k, v in self.tokenizer.to_dict().items() if k != "json"},

@@ -21,8 +21,8 @@ from star_engine.api import GenSpec, TrainSpec
 from star_engine.errors import IntegrityError, UserError
 from star_engine.options import is_int
 
-from .convert.checkpoint import MANIFEST, checked_manifest
-from .convert.safeio import check_alloc, np_dtype
+from .checkpoint.format import MANIFEST, checked_manifest
+from .checkpoint.safeio import check_alloc, np_dtype
 
 
 def _int(value: Any, minimum: int) -> bool:

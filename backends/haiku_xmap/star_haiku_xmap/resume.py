@@ -105,7 +105,7 @@ def stage_snapshots(backend: Any, init: str, out: str | Path, spec: Any, encoded
     ``minutes`` None: ``default_minutes`` for the backend's model."""
     import jax
 
-    from .config import param_count
+    from .model import param_count
 
     mesh = [int(backend.mesh.shape["dp"]), int(backend.mesh.shape["mp"])]
     key = {"init": backend.checkpoint_id(init), "steps": spec.steps, "batch_size": spec.batch_size,
@@ -146,7 +146,7 @@ class Snapshots:
     def restore(self, abstract_state: Any, shardings: Any = None) -> Restored | None:
         """The state saved for this stage, on the devices with ``shardings`` (None: the
         default device), or None (no snapshot, or one that does not match: deleted)."""
-        from .convert.checkpoint import MANIFEST, read_manifest
+        from .checkpoint.format import MANIFEST, read_manifest
 
         self._last = time.monotonic()
         if not (self.path / MANIFEST).is_file():
@@ -164,8 +164,8 @@ class Snapshots:
     def _load(self, m: dict, abstract_state: Any, shardings: Any) -> Restored | None:
         import jax
 
-        from .convert.checkpoint import load_leaf_sharded, read_leaf
-        from .convert.checkpoint_write import manifest_bytes
+        from .checkpoint.format import load_leaf_sharded, read_leaf
+        from .checkpoint.write import manifest_bytes
 
         extra = m["extra"]
         if extra.get("format") != FORMAT or manifest_bytes(extra.get("key")) != manifest_bytes(self.key):
@@ -224,7 +224,7 @@ class Snapshots:
         import jax
 
         from . import distributed as dist
-        from .convert.checkpoint_write import write_checkpoint
+        from .checkpoint.write import write_checkpoint
 
         flat = jax.tree_util.tree_leaves(state)
         paths = leaf_paths(state)

@@ -56,7 +56,8 @@ def test_ceiling_decode_starts_from_the_real_prefill_and_runs_every_step():
     import numpy as np
 
     ceiling = _ceiling_module()
-    from star_haiku_xmap import model, sample, sharding
+    from star_haiku_xmap import model, sharding
+    from star_haiku_xmap.sampling import static as sample
     from star_haiku_xmap.config import GPTJConfig
 
     cfg = GPTJConfig(n_layer=2, d_model=32, n_head=2, d_head=16, d_ff=64, rotary_dim=8, n_ctx=32, vocab=64)

@@ -12,7 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from star_haiku_xmap import continuous, model, sample
+from star_haiku_xmap import model
+from star_haiku_xmap.sampling import continuous, static as sample
 from star_haiku_xmap.config import GPTJConfig
 
 CFG = GPTJConfig(n_layer=2, d_model=64, n_head=4, d_head=16, d_ff=128, rotary_dim=8, n_ctx=96, vocab=72)
@@ -200,7 +201,8 @@ import json, sys
 import jax, numpy as np
 sys.path.insert(0, sys.argv[1])
 import test_continuous as t
-from star_haiku_xmap import continuous, sharding
+from star_haiku_xmap import sharding
+from star_haiku_xmap.sampling import continuous
 assert jax.device_count() == 8
 params = t.model.init_params(t.CFG, 0)
 params["lm_head"]["w"] = params["lm_head"]["w"] * 4

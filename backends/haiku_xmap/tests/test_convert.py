@@ -23,8 +23,8 @@ from star_engine.cli import main
 from star_engine.errors import UserError
 from star_haiku_xmap import model
 from star_haiku_xmap.config import GPTJConfig
-from star_haiku_xmap.convert import checkpoint as C
-from star_haiku_xmap.convert import checkpoint_write as CW
+from star_haiku_xmap.checkpoint import format as C
+from star_haiku_xmap.checkpoint import write as CW
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gptj_tiny"
 
@@ -128,7 +128,7 @@ _LOAD_SCRIPT = textwrap.dedent("""
     import json, resource, sys, tracemalloc
     import jax, numpy as np
     from star_haiku_xmap import model, sharding
-    from star_haiku_xmap.convert import checkpoint as C
+    from star_haiku_xmap.checkpoint import format as C
     from star_haiku_xmap.config import GPTJConfig
 
     path, mesh_dp, mesh_mp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -279,7 +279,7 @@ def test_gptj_tokenizer_padding_eos_and_loss_boundary(tmp_path, gptj_tokenizer):
     out = backend.generate(str(tmp_path / "ck"), [GenRequest(prompt="Q: what? A:", seed=1)],
                            GenSpec(max_new_tokens=6, temperature=0.0, top_p=1.0, batch_size=1, stop=()))
     assert isinstance(out[0], str)
-    import star_haiku_xmap.sample as sample_mod
+    import star_haiku_xmap.sampling.static as sample_mod
 
     # the same greedy step without the vocabulary limit would emit a padding id
     logits = model.forward(params, np.asarray([tok.encode("Q: what? A:")], np.int32), cfg)[0, -1]

@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 from star_testkit.fuzzing import budget, json_values, memory_cap, mutated
 from star_engine.errors import UserError
 from star_haiku_xmap.config import GPTJConfig
-from star_haiku_xmap.convert import checkpoint as C
-from star_haiku_xmap.convert import checkpoint_write as CW
+from star_haiku_xmap.checkpoint import format as C
+from star_haiku_xmap.checkpoint import write as CW
 from star_haiku_xmap.convert import hf_import, mtj_export, mtj_import, mtj_layout
-from star_haiku_xmap.convert.safeio import read_zstd_part, unpack_msgpack
+from star_haiku_xmap.checkpoint.safeio import read_zstd_part, unpack_msgpack
 from star_haiku_xmap.model import init_params
 from star_haiku_xmap.tokenizer import HFTokenizer, tokenizer_from_dict
 

@@ -26,10 +26,10 @@ from star_engine.api import GenRequest, GenSpec, TrainExample, TrainSpec
 from star_engine.cli import main
 from star_haiku_xmap import inference, model
 from star_haiku_xmap.config import PRESETS, GPTJConfig, config_from_dict
-from star_haiku_xmap.convert import checkpoint as C
-from star_haiku_xmap.convert import checkpoint_write as CW
+from star_haiku_xmap.checkpoint import format as C
+from star_haiku_xmap.checkpoint import write as CW
 from star_haiku_xmap.convert import hf_export, hf_import, hf_llama
-from star_haiku_xmap.convert.safeio import CHUNK, read_safetensors_header
+from star_haiku_xmap.checkpoint.safeio import CHUNK, read_safetensors_header
 from star_haiku_xmap.tokenizer import ByteTokenizer, HFTokenizer
 
 FIXTURES = Path(__file__).parent / "fixtures"

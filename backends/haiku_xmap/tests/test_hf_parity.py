@@ -16,9 +16,10 @@ import pytest
 from safetensors.numpy import save_file
 
 from star_engine.errors import IntegrityError, UserError
-from star_haiku_xmap import inference, model, sample
+from star_haiku_xmap import inference, model
+from star_haiku_xmap.sampling import static as sample
 from star_haiku_xmap.convert import hf_import
-from star_haiku_xmap.convert.safeio import read_safetensors_header
+from star_haiku_xmap.checkpoint.safeio import read_safetensors_header
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gptj_tiny"
 TOL = 1e-4
@@ -99,7 +100,7 @@ def test_sharded_safetensors_import(tmp_path, imported):
 
 
 def test_convert_to_native_and_user_helpers(tmp_path, golden):
-    from star_haiku_xmap.convert.checkpoint import manifest_sha256
+    from star_haiku_xmap.checkpoint.format import manifest_sha256
 
     tok = {"kind": "byte", "vocab_size": 257, "eos_id": 256}
     m = hf_import.convert_hf_gptj(FIXTURE, tmp_path / "native", tokenizer=tok)

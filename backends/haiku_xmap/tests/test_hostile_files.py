@@ -37,10 +37,10 @@ from star_testkit import REPO
 from star_engine.errors import IntegrityError
 from star_haiku_xmap import inference
 from star_haiku_xmap.config import GPTJConfig
-from star_haiku_xmap.convert import checkpoint as C
-from star_haiku_xmap.convert import checkpoint_write as CW
+from star_haiku_xmap.checkpoint import format as C
+from star_haiku_xmap.checkpoint import write as CW
 from star_haiku_xmap.convert import hf_import
-from star_haiku_xmap.convert.safeio import SAFETENSORS_DTYPES, read_safetensors_header, unpack_msgpack
+from star_haiku_xmap.checkpoint.safeio import SAFETENSORS_DTYPES, read_safetensors_header, unpack_msgpack
 
 LINUX = sys.platform.startswith("linux")
 FIXTURE = REPO / "backends" / "haiku_xmap" / "tests" / "fixtures" / "gptj_tiny"
@@ -309,7 +309,7 @@ def test_zstd_part_that_streams_or_declares_too_much(tmp_path, name, blocks, win
         data = zstd_frame(RAW, blocks, window_log)
     part = tmp_path / "00000.zst"
     part.write_bytes(data)
-    out = bounded("from star_haiku_xmap.convert.safeio import read_zstd_part",
+    out = bounded("from star_haiku_xmap.checkpoint.safeio import read_zstd_part",
                   f"read_zstd_part({str(part)!r}, compressed_bytes={len(data)}, raw_bytes={RAW}, "
                   f"sha256={hashlib.sha256(bytes(RAW)).hexdigest()!r})")
     if message is None:  # a legal frame: read in bounded memory, not refused
@@ -340,7 +340,7 @@ def test_zstd_part_that_streams_or_declares_too_much(tmp_path, name, blocks, win
 def test_hostile_msgpack_refused_in_bounded_memory(data, message, tmp_path):
     blob = tmp_path / "manifest.msgpack"
     blob.write_bytes(data)
-    out = bounded(f"from star_haiku_xmap.convert.safeio import unpack_msgpack\ndata = open({str(blob)!r}, 'rb').read()",
+    out = bounded(f"from star_haiku_xmap.checkpoint.safeio import unpack_msgpack\ndata = open({str(blob)!r}, 'rb').read()",
                   f"unpack_msgpack(data, what={str(blob)!r})")
     assert out.startswith(f"REFUSED {blob}: ") and message in out, out
 
@@ -446,7 +446,7 @@ def test_safetensors_forged_size_refused_before_allocation(tmp_path):
     setup = f"""
         import json
         from star_haiku_xmap.convert import hf_import
-        from star_haiku_xmap.convert.checkpoint import param_specs
+        from star_haiku_xmap.checkpoint.format import param_specs
         # jax is imported and initialised before the limit (importing it maps 100s of MB)
         param_specs(hf_import.hf_config_to_gptj(json.load(open({str(src / 'config.json')!r}))).to_dict())
     """
@@ -493,8 +493,8 @@ def test_forged_leaf_size_consistent_everywhere_refused_before_allocation(tmp_pa
                  f"m, leaves = C.native_leaves({str(ck)!r})\nfor _ in leaves: pass",
                  f"preflight.check_checkpoint({str(ck)!r})"):
         out = bounded("from star_haiku_xmap import preflight\n"
-                      "from star_haiku_xmap.convert import checkpoint as C\n"
-                      "from star_haiku_xmap.convert.checkpoint import param_specs\n"
+                      "from star_haiku_xmap.checkpoint import format as C\n"
+                      "from star_haiku_xmap.checkpoint.format import param_specs\n"
                       f"param_specs(C.read_manifest({str(ck)!r})['model_config'])", call)
         assert out.startswith(f"REFUSED {ck}/"), (call, out)
         refusals = r"(declares|needs) \d+ bytes, more than the|needs a window of|zstd stream ended"

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from star_engine.errors import UserError
-from star_haiku_xmap import continuous, model, sample, sharding
+from star_haiku_xmap import model, sharding
+from star_haiku_xmap.sampling import continuous, static as sample
 from star_haiku_xmap.config import LlamaConfig, config_from_dict
 from star_haiku_xmap.convert import hf_import
 
@@ -222,7 +223,8 @@ def test_llama_config_validation():
 _MESH_SCRIPT = r"""
 import json, sys
 import jax, jax.numpy as jnp, numpy as np
-from star_haiku_xmap import continuous, model, sample, sharding, train
+from star_haiku_xmap import model, sharding, train
+from star_haiku_xmap.sampling import continuous, static as sample
 from star_haiku_xmap.convert import hf_import
 assert jax.device_count() == 8, jax.device_count()
 out = {}
@@ -288,7 +290,7 @@ def test_cli_convert_detects_the_architecture_and_the_eos_token(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     from star_engine.cli import main
-    from star_haiku_xmap.convert import checkpoint
+    from star_haiku_xmap.checkpoint import format as checkpoint
     from star_haiku_xmap.plugin import HaikuXmapBackend
 
     src = tmp_path / "hf"

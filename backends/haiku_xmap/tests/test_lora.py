@@ -21,7 +21,7 @@ from star_engine.api import GenRequest, GenSpec, TrainExample, TrainSpec
 from star_engine.errors import UserError
 from star_haiku_xmap import lora, model, plugin, resume, train
 from star_haiku_xmap.config import preset
-from star_haiku_xmap.convert.checkpoint import read_manifest
+from star_haiku_xmap.checkpoint.format import read_manifest
 from star_haiku_xmap.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
@@ -171,7 +171,7 @@ def test_killed_lora_stage_resumes_bit_identical(stage, tmp_path):
     res = b.train(base, out, EXAMPLES, SPEC, progress=calls.append)
     assert calls[0] == 4 and sum(calls) == SPEC.steps
     assert res.losses == ref.losses and res.tokens == ref.tokens
-    from star_haiku_xmap.convert.checkpoint import load_checkpoint
+    from star_haiku_xmap.checkpoint.format import load_checkpoint
 
     got, _ = load_checkpoint(res.checkpoint)
     want, _ = load_checkpoint(ref.checkpoint)

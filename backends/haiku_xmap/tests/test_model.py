@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from star_haiku_xmap import layers, llama, model
-from star_haiku_xmap.config import PRESETS, GPTJConfig, LlamaConfig, param_count
+from star_haiku_xmap import gptj, layers, llama, model
+from star_haiku_xmap.config import PRESETS, GPTJConfig, LlamaConfig
+from star_haiku_xmap.model import param_count
 
 CFG = GPTJConfig(n_layer=2, d_model=64, n_head=4, d_head=16, d_ff=128, rotary_dim=8, n_ctx=64, vocab=72)
 
@@ -66,16 +67,16 @@ def test_llama_param_names_and_shapes(qkv_bias, tie):
 
 
 def _shared(B: int, T: int, rotary_dim: int) -> layers.Shared:
-    sin, cos = model._rotary_sin_cos(jnp.zeros((B, T), jnp.int32), rotary_dim)
+    sin, cos = gptj._rotary_sin_cos(jnp.zeros((B, T), jnp.int32), rotary_dim)
     allowed_BTS = jnp.ones((B, T, T), bool)
     return layers.Shared(B, T, sin.transpose(0, 2, 1, 3), cos.transpose(0, 2, 1, 3), allowed_BTS, 0, False, 0)
 
 
-@pytest.mark.parametrize("arch", [model, llama])
+@pytest.mark.parametrize("arch", [gptj, llama])
 def test_modules_create_their_own_parameters(arch):
     # The network is Haiku modules that create the parameters they use: a layer
     # transformed on its own makes exactly its part of the model's tree.
-    c = CFG if arch is model else LLAMA
+    c = CFG if arch is gptj else LLAMA
     for cls in (arch.Attention, arch.MLP, arch.Block, layers.Linear, layers.Embed, layers.LayerNorm, layers.RMSNorm):
         assert issubclass(cls, hk.Module)
     full = jax.tree.map(jnp.shape, model.init_params(c, 0))
@@ -172,9 +173,9 @@ def test_forward_matches_numpy_reference(params):
 def test_rotary_is_interleaved_not_half_split(params):
     # Swapping to the GPT-NeoX half-split layout changes the logits: the test above
     # would catch a layout mix-up, and here we check the rotation itself on one pair.
-    sin, cos = model._rotary_sin_cos(jnp.array([[3]]), 4)
+    sin, cos = gptj._rotary_sin_cos(jnp.array([[3]]), 4)
     x = jnp.arange(1.0, 9.0).reshape(1, 1, 1, 8)
-    y = model._apply_rotary(x, sin, cos, 4)[0, 0, 0]
+    y = gptj._apply_rotary(x, sin, cos, 4)[0, 0, 0]
     a0, a1 = 3.0, 3.0 / 100.0  # angles of pairs (0,1) and (2,3): inv_freq = 1, 1/10000^(2/4)
     want = [1 * math.cos(a0) - 2 * math.sin(a0), 2 * math.cos(a0) + 1 * math.sin(a0),
             3 * math.cos(a1) - 4 * math.sin(a1), 4 * math.cos(a1) + 3 * math.sin(a1), 5, 6, 7, 8]

@@ -25,8 +25,8 @@ import pytest
 from star_engine.errors import IntegrityError, UserError
 from star_haiku_xmap import model
 from star_haiku_xmap.config import GPTJConfig
-from star_haiku_xmap.convert import checkpoint as C
-from star_haiku_xmap.convert import checkpoint_write as CW
+from star_haiku_xmap.checkpoint import format as C
+from star_haiku_xmap.checkpoint import write as CW
 from star_haiku_xmap.convert import mtj_export, mtj_import, mtj_layout
 
 CFG = GPTJConfig(n_layer=3, d_model=32, n_head=8, d_head=4, d_ff=128, rotary_dim=4, n_ctx=32, vocab=264)
@@ -376,7 +376,7 @@ def test_corrupt_member_data_names_the_file_and_the_member(tmp_path, slim, capsy
 def test_huge_member_with_consistent_config_refused_before_allocation(tmp_path, monkeypatch):
     """A member whose header, zip sizes and config all agree on a size larger than the memory this
     process may use: refused (naming file and member) before the array is allocated."""
-    from star_haiku_xmap.convert import safeio
+    from star_haiku_xmap.checkpoint import safeio
 
     config = GPTJConfig(n_layer=1, d_model=64, n_head=4, d_head=16, d_ff=256, rotary_dim=4, n_ctx=8, vocab=4096)
     CW.save_checkpoint(tmp_path / "native", jax.tree.map(np.asarray, model.init_params(config, 0)),

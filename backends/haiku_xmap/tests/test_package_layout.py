@@ -1,26 +1,27 @@
-"""The package's shape: file formats, conversion and the subcommands live in
-``star_haiku_xmap.convert``; the model, training and sampling modules use none of it, and
-the few top-level modules that must (loading, saving or checking files) are listed here."""
+"""The package's shape: import and export live in ``star_haiku_xmap.convert`` (the native
+checkpoint format in ``star_haiku_xmap.checkpoint``, the plan command in
+``star_haiku_xmap.plan``, sampling in ``star_haiku_xmap.sampling``); the model, training and
+sampling modules use none of convert, and the few top-level modules that must are listed
+here; the package has no import cycle, counting imports inside functions."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import star_haiku_xmap
 
 PACKAGE = Path(star_haiku_xmap.__file__).parent
-CONVERT = {"safeio", "checkpoint", "checkpoint_write", "hf_import", "hf_llama", "mtj_layout", "mtj_import",
-           "mtj_export", "hf_export", "commands", "plan", "plan_models", "plan_experiment"}
+CONVERT = {"hf_import", "hf_llama", "mtj_layout", "mtj_import", "mtj_export", "hf_export", "commands"}
+SUBPACKAGES = {"checkpoint": {"format", "write", "safeio"}, "plan": {"command", "memory", "models", "experiment", "table"},
+               "sampling": {"static", "continuous", "text"}}
 # The top-level modules that import from the subpackage, and why they must.
 USES_CONVERT = {
-    "plugin": {"checkpoint", "commands"},  # loads checkpoints; registers the commands
-    "inference": {"checkpoint", "hf_import"},  # load_model: a native checkpoint or an HF folder
-    "preflight": {"checkpoint", "safeio"},  # a run's checkpoint files checked before the run starts
-    "resume": {"checkpoint", "checkpoint_write"},  # a training snapshot is a checkpoint folder
-    "distributed": {"checkpoint", "checkpoint_write"},  # save_checkpoint / host_leaves: a save across processes
-    "tokenizer": {"safeio"},  # a tokenizer.json read with a size bound
-    "lora_stage": {"checkpoint"},  # a LoRA stage reads its init's manifest and loads adapter checkpoints
+    "plugin": {"commands"},  # registers the commands
+    "inference": {"hf_import"},  # load_model: a native checkpoint or an HF folder
 }
 MAX_LINES = 400
 
@@ -47,6 +48,10 @@ def convert_imports(path: Path) -> set[str]:
 def test_conversion_modules_live_in_the_subpackage():
     assert {p.stem for p in (PACKAGE / "convert").glob("*.py")} - {"__init__"} == CONVERT
     assert not CONVERT & {p.stem for p in PACKAGE.glob("*.py")}  # no module left (or shimmed) at the old path
+    for package, modules in SUBPACKAGES.items():
+        assert {p.stem for p in (PACKAGE / package).glob("*.py")} - {"__init__", "__main__"} == modules
+    old = {"checkpoint_write", "safeio", "plan_models", "plan_experiment", "sample", "continuous", "text"}
+    assert not old & ({p.stem for p in PACKAGE.glob("*.py")} | {p.stem for p in (PACKAGE / "convert").glob("*.py")})
 
 
 def test_only_the_listed_modules_import_the_subpackage():
@@ -54,6 +59,36 @@ def test_only_the_listed_modules_import_the_subpackage():
     assert {name: modules for name, modules in used.items() if modules} == USES_CONVERT
 
 
-def test_conversion_modules_are_short():
-    lines = {p.name: len(p.read_text().splitlines()) for p in (PACKAGE / "convert").glob("*.py")}
+def test_subpackage_modules_are_short():
+    lines = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines())
+             for folder in ("convert", "checkpoint", "plan") for p in (PACKAGE / folder).glob("*.py")}
     assert {name: n for name, n in lines.items() if n > MAX_LINES} == {}
+
+
+def _house_report():
+    spec = importlib.util.spec_from_file_location("house_report", PACKAGE.parents[2] / "scripts" / "house_report.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)  # its dataclasses look their module up
+    spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules[spec.name]
+
+
+def test_the_package_has_no_import_cycle():
+    # house_report counts every import, those inside functions too (a deferred import
+    # hides a cycle, it does not remove it).
+    house = _house_report()
+    modules = house.read_modules(PACKAGE.parents[2])
+    ours = [m for name, m in modules.items() if name.split(".")[0] == "star_haiku_xmap"]
+    assert len(ours) > 30 and any(m.imports for m in ours)  # the graph is read, not empty
+    assert [group for group in house.cycles(modules) if group[0].startswith("star_haiku_xmap")] == []
+
+
+def test_discovery_and_the_cli_import_no_jax():
+    # The plugin, the commands and the plan's options load when the CLI starts; jax (and
+    # haiku) load when a backend is built or a command runs.
+    code = ("import sys\n"
+            "import star_haiku_xmap.plugin, star_haiku_xmap.convert.commands, star_haiku_xmap.plan.command\n"
+            "print(sorted(m for m in ('jax', 'haiku', 'optax') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

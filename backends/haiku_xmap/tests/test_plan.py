@@ -25,7 +25,7 @@ TINY = ["--set", 'model={backend = "haiku_xmap"}']  # the whole [model] table: t
 def _plan(*args: str) -> list[dict]:
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env.pop("XLA_FLAGS", None)
-    out = subprocess.run([sys.executable, "-m", "star_haiku_xmap.convert.plan", "--json", *args], env=env,
+    out = subprocess.run([sys.executable, "-m", "star_haiku_xmap.plan", "--json", *args], env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
@@ -96,7 +96,7 @@ def test_plan_reads_the_experiments_settings(name, layers, mesh, batch, seq_len,
     import argparse
     import tomllib
 
-    from star_haiku_xmap.convert.plan_experiment import DECIDED, job
+    from star_haiku_xmap.plan.experiment import DECIDED, job
 
     args = argparse.Namespace(experiment=ROOT / "experiments" / name, overrides=[],
                               **{attr: None for _, attr in DECIDED})

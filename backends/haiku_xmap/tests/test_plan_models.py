@@ -11,8 +11,9 @@ import sys
 import pytest
 
 from star_engine.cli import main
-from star_haiku_xmap.config import PRESETS, param_count
-from star_haiku_xmap.convert.plan_models import FULL, LORA, MODELS, extrapolate
+from star_haiku_xmap.config import PRESETS
+from star_haiku_xmap.model import param_count
+from star_haiku_xmap.plan.models import FULL, LORA, MODELS, extrapolate
 
 
 def test_extrapolation_is_linear_in_layers():
@@ -42,7 +43,7 @@ def test_plan_models_compiles_shallow_and_extrapolates():
     env.pop("XLA_FLAGS", None)
     args = ["--models", "qwen2.5-0.5b", "--targets", "TPU v3-8", "--fit-layers", "1,2", "--seq-len", "64",
             "--grad-accum", "1", "--gen-batch", "8", "--prompt-len", "32", "--new-tokens", "8"]
-    out = subprocess.run([sys.executable, "-m", "star_haiku_xmap.convert.plan", "--json", *args], env=env,
+    out = subprocess.run([sys.executable, "-m", "star_haiku_xmap.plan", "--json", *args], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
@@ -64,7 +65,7 @@ def test_plan_models_lora_row_compiles_the_adapter_step():
     env.pop("XLA_FLAGS", None)
     args = ["--models", "gptj-6b+lora", "--fit-layers", "1,2", "--seq-len", "32", "--grad-accum", "1",
             "--gen-batch", "1", "--prompt-len", "16", "--new-tokens", "4"]
-    out = subprocess.run([sys.executable, "-m", "star_haiku_xmap.convert.plan", "--json", *args], env=env,
+    out = subprocess.run([sys.executable, "-m", "star_haiku_xmap.plan", "--json", *args], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]

@@ -19,7 +19,7 @@ import pytest
 from star_engine.api import GenRequest, GenSpec, TrainExample, TrainSpec
 from star_engine.errors import UserError
 from star_haiku_xmap import plugin, resume
-from star_haiku_xmap.convert.checkpoint import load_checkpoint, read_manifest
+from star_haiku_xmap.checkpoint.format import load_checkpoint, read_manifest
 
 SMALL = dict(preset="tiny", n_layer=1, d_model=64, n_head=4, d_head=16, d_ff=128, rotary_dim=8, n_ctx=64,
              seq_len=48)
@@ -158,7 +158,7 @@ from pathlib import Path
 import numpy as np
 from star_engine.api import GenRequest, GenSpec, TrainExample, TrainSpec
 from star_haiku_xmap import plugin, resume
-from star_haiku_xmap.convert.checkpoint import load_checkpoint, read_manifest
+from star_haiku_xmap.checkpoint.format import load_checkpoint, read_manifest
 
 small = dict(preset="tiny", n_layer=1, d_model=64, n_head=4, d_head=16, d_ff=128, rotary_dim=8, n_ctx=64,
              seq_len=48, mesh={"dp": 2, "mp": 2}, zero=1, dtype="bfloat16")

@@ -69,7 +69,8 @@ def test_unmatched_parameter_raises():
 _SCRIPT = r"""
 import json, sys
 import jax, jax.numpy as jnp, numpy as np
-from star_haiku_xmap import model, sample, sharding, train
+from star_haiku_xmap import model, sharding, train
+from star_haiku_xmap.sampling import static as sample
 from star_haiku_xmap.config import GPTJConfig
 cfg = GPTJConfig(**json.loads(sys.argv[1]))
 assert jax.device_count() == 8, jax.device_count()

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from star_engine.errors import UserError
-from star_haiku_xmap import model, packing, sample, train
+from star_haiku_xmap import model, packing, train
+from star_haiku_xmap.sampling import static as sample
 from star_haiku_xmap.config import PRESETS, GPTJConfig
 from star_haiku_xmap.tokenizer import ByteTokenizer
 

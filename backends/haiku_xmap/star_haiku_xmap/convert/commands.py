@@ -6,10 +6,11 @@
   mesh-transformer-jax layout for another number of shards, or a native checkpoint
   out as a Hugging Face folder (``--to hf``: ``hf_export.py``).
 - ``star-engine plan [EXPERIMENT]``: compile the train and decode steps of an experiment
-  (``plan_experiment.py``), or of a model and mesh given by options, with abstract
+  (``plan/experiment.py``), or of a model and mesh given by options, with abstract
   parameters and print XLA's per-device memory analysis.
 
-jax is imported inside ``run``, never when the plugin is discovered.
+Each command's modules (jax among them) are imported when it runs, never when the
+plugin is discovered or the CLI lists its commands.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from star_engine.errors import UserError
+from star_engine import UserError
 
 DTYPE_CHOICES = ("bfloat16", "float32")
 MAX_MP = 1024
 
 
 def _tokenizer_dict(args: argparse.Namespace, default_file: Path | None, stored: dict | None = None) -> dict:
-    from ..tokenizer import ByteTokenizer, HFTokenizer
+    from ..tokenizer import ByteTokenizer, HFTokenizer  # deferred: the CLI lists the commands without loading them
 
     if args.byte_tokenizer:
         return ByteTokenizer().to_dict()
@@ -80,7 +81,7 @@ class ConvertCommand:
                                  "default gptj-6b")
 
     def run(self, args: argparse.Namespace) -> int:
-        from .checkpoint_write import write_checkpoint
+        from ..checkpoint.write import write_checkpoint  # deferred: the CLI lists the commands without loading them
 
         mp = args.mp
         if mp is not None and not 1 <= mp <= MAX_MP:
@@ -116,7 +117,7 @@ class ConvertCommand:
             extra = {"source": "mtj_slim", "mtj_step": step}
         else:
             from ..config import config_from_dict
-            from .checkpoint import native_leaves
+            from ..checkpoint.format import native_leaves
 
             if src.resolve() == dest.resolve():
                 raise UserError(f"{dest}: the destination must differ from the source")
@@ -139,7 +140,7 @@ class ConvertCommand:
             raise UserError(f"the tokenizer has {tok['vocab_size']} tokens, more than the model's vocab {config.vocab}")
 
     def _to_mtj(self, args: argparse.Namespace, shards: int) -> int:
-        from .mtj_export import export_mtj
+        from .mtj_export import export_mtj  # deferred: the CLI lists the commands without loading them
 
         if args.tokenizer_file or args.byte_tokenizer:
             raise UserError("--to mtj: a slim checkpoint stores no tokenizer")
@@ -148,7 +149,7 @@ class ConvertCommand:
         return 0
 
     def _to_hf(self, args: argparse.Namespace) -> int:
-        from .hf_export import DEFAULT_MAX_SHARD, export_hf, parse_size
+        from .hf_export import DEFAULT_MAX_SHARD, export_hf, parse_size  # deferred, as above
 
         if args.mp is not None:
             raise UserError("--to hf: --mp does not apply (a Hugging Face folder is not split for a mesh)")
@@ -166,11 +167,11 @@ class PlanCommand:
             "with abstract params and print XLA's per-device memory analysis")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        from .plan import add_arguments
+        from ..plan.command import add_arguments  # deferred: the CLI lists the commands without loading them
 
         add_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
-        from .plan import run
+        from ..plan.command import run  # deferred: the CLI lists the commands without loading them
 
         return run(args)

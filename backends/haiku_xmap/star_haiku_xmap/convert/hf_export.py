@@ -45,21 +45,22 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from star_engine.errors import IntegrityError, UserError
-from star_engine.fsio import fsync_dir, temporary_sibling
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from ..config import GPTJConfig, LlamaConfig, ModelConfig, architecture, config_from_dict
+from star_engine import IntegrityError, UserError, fsync_dir, temporary_sibling
+
+from ..config import GPTJConfig, ModelConfig, architecture, config_from_dict
 from . import hf_llama
 from ..lora import LoraSpec
-from .checkpoint import MANIFEST, checked_manifest, manifest_sha256, param_specs, read_leaf, read_manifest
+from ..tokenizer import TOKENIZER_FILE_MAX
+from ..checkpoint.format import MANIFEST, checked_manifest, manifest_sha256, param_specs, read_leaf, read_manifest
 from .hf_import import _hf_name as gptj_hf_name
-from .safeio import make_parents, np_dtype, read_bounded, remove_created
+from ..checkpoint.safeio import make_parents, np_dtype, read_bounded, remove_created
 
-KNOWN = ("gptj", "llama")
 DEFAULT_MAX_SHARD = 5 * 10**9  # transformers' save_pretrained default, "5GB"
 _BLOCK = 1 << 20  # bytes (as fp32) of one block of rows converted at a time
 _ST_DTYPE = {"float32": "F32", "bfloat16": "BF16"}
@@ -86,10 +87,36 @@ def parse_size(text: str) -> int:
 # ----------------------------------------------------------------------------- config.json
 
 
+def _gptj_config_json(config: GPTJConfig, head: dict[str, Any], tail: dict[str, Any], where: str) -> dict[str, Any]:
+    if config.n_head * config.d_head != config.d_model:
+        raise UserError(f"{where}: GPT-J with n_head x d_head = {config.n_head * config.d_head} != d_model "
+                        f"{config.d_model} has no Hugging Face equivalent (HF derives the head size)")
+    return {**head, "n_positions": config.n_ctx, "n_embd": config.d_model, "n_layer": config.n_layer,
+            "n_head": config.n_head, "rotary_dim": config.rotary_dim, "n_inner": config.d_ff,
+            "activation_function": "gelu_new", "layer_norm_epsilon": config.ln_eps, "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0, "attn_pdrop": 0.0, "tie_word_embeddings": False, **tail}
+
+
+@dataclass(frozen=True)
+class _Family:
+    """What the export knows of an architecture (by its registry name): the HF
+    ``model_type`` of a config, its ``config.json`` (head and tail fields given), the
+    HF name of each native tensor, and whether its beginning-of-text token is the
+    end-of-text one (GPT-2's convention, HF's GPT-J config)."""
+
+    model_type: Callable[[Any], str]
+    config_json: Callable[[Any, dict[str, Any], dict[str, Any], str], dict[str, Any]]
+    hf_name: Callable[[tuple[str, ...]], tuple[str, bool]]
+    bos_is_eos: bool
+
+
+_FAMILIES = {"gptj": _Family(lambda config: "gptj", _gptj_config_json, gptj_hf_name, True),
+             "llama": _Family(hf_llama.model_type, hf_llama.config_json, hf_llama.hf_name, False)}
+KNOWN = tuple(_FAMILIES)
+
+
 def hf_model_type(config: ModelConfig) -> str:
-    if architecture(config) == "gptj":
-        return "gptj"
-    return "qwen2" if config.qkv_bias else "mistral" if config.sliding_window else "llama"
+    return _FAMILIES[architecture(config)].model_type(config)
 
 
 def hf_config(config: ModelConfig, dtype: str, ids: Mapping[str, int | None], where: str) -> dict[str, Any]:
@@ -98,36 +125,7 @@ def hf_config(config: ModelConfig, dtype: str, ids: Mapping[str, int | None], wh
     head = {"architectures": [_CLASSES[kind]], "model_type": kind, "vocab_size": config.vocab}
     tail = {"initializer_range": 0.02, "use_cache": True, "bos_token_id": ids["bos"], "eos_token_id": ids["eos"],
             "pad_token_id": ids["pad"], "torch_dtype": dtype, "dtype": dtype}
-    if isinstance(config, GPTJConfig):
-        if config.n_head * config.d_head != config.d_model:
-            raise UserError(f"{where}: GPT-J with n_head x d_head = {config.n_head * config.d_head} != d_model "
-                            f"{config.d_model} has no Hugging Face equivalent (HF derives the head size)")
-        return {**head, "n_positions": config.n_ctx, "n_embd": config.d_model, "n_layer": config.n_layer,
-                "n_head": config.n_head, "rotary_dim": config.rotary_dim, "n_inner": config.d_ff,
-                "activation_function": "gelu_new", "layer_norm_epsilon": config.ln_eps, "resid_pdrop": 0.0,
-                "embd_pdrop": 0.0, "attn_pdrop": 0.0, "tie_word_embeddings": False, **tail}
-    assert isinstance(config, LlamaConfig)
-    scaling = None
-    if config.rope_scaling is not None:
-        factor, low, high, original = config.rope_scaling
-        scaling = {"rope_type": "llama3", "factor": float(factor), "low_freq_factor": float(low),
-                   "high_freq_factor": float(high), "original_max_position_embeddings": int(original)}
-    out = {**head, "hidden_size": config.d_model, "intermediate_size": config.d_ff,
-           "num_hidden_layers": config.n_layer, "num_attention_heads": config.n_head,
-           "num_key_value_heads": config.n_kv_head, "head_dim": config.d_head, "hidden_act": "silu",
-           "max_position_embeddings": config.n_ctx, "rms_norm_eps": config.rms_eps,
-           "rope_theta": float(config.rope_theta), "rope_scaling": scaling,
-           "tie_word_embeddings": config.tie_embeddings, "attention_dropout": 0.0}
-    window = config.sliding_window
-    if kind == "llama":
-        out.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
-    elif kind == "mistral":
-        out.update(sliding_window=window)
-    else:  # Qwen2: the window (if any) on every layer; layer_types says so to transformers 5
-        out.update(use_sliding_window=window is not None, sliding_window=window,
-                   max_window_layers=0 if window else config.n_layer,
-                   layer_types=["sliding_attention" if window else "full_attention"] * config.n_layer)
-    return {**out, **tail}
+    return _FAMILIES[architecture(config)].config_json(config, head, tail, where)
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -147,8 +145,6 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 def byte_tokenizer_json() -> str:
     """``tokenizer.json`` equivalent to ``ByteTokenizer``: byte ``b`` is token ``b``, ``<|endoftext|>`` 256."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
     table = _bytes_to_unicode()
     tok = Tokenizer(models.BPE(vocab={table[b]: b for b in range(256)}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -161,10 +157,6 @@ def tokenizer_files(tok: Mapping[str, Any], config: ModelConfig, where: str) -> 
     """(tokenizer.json text, tokenizer_config.json, {bos, eos, pad ids, vocab size}) for a stored
     tokenizer description. The beginning-of-text token is the end-of-text one for GPT-J and the
     byte tokenizer (GPT-2's convention, HF's GPT-J config), else Llama's when the vocabulary has it."""
-    from tokenizers import Tokenizer
-
-    from ..tokenizer import TOKENIZER_FILE_MAX
-
     if tok.get("kind") == "byte":
         text, eos_token = byte_tokenizer_json(), EOT
     elif tok.get("kind") == "hf":
@@ -186,7 +178,7 @@ def tokenizer_files(tok: Mapping[str, Any], config: ModelConfig, where: str) -> 
     eos = hf.token_to_id(eos_token)
     if eos is None:
         raise IntegrityError(f"{where}: the tokenizer has no end-of-text token {eos_token!r}")
-    bos_token = eos_token if tok.get("kind") == "byte" or architecture(config) == "gptj" else next(
+    bos_token = eos_token if tok.get("kind") == "byte" or _FAMILIES[architecture(config)].bos_is_eos else next(
         (t for t in _BOS_NAMES if hf.token_to_id(t) is not None), None)
     ids = {"bos": None if bos_token is None else hf.token_to_id(bos_token), "eos": eos, "pad": eos,
            "vocab": hf.get_vocab_size(with_added_tokens=True)}
@@ -213,7 +205,7 @@ def _natural(name: str) -> list:
 
 
 def plan_tensors(manifest: Mapping[str, Any], config: ModelConfig, dtype: str) -> list[_Tensor]:
-    hf_name = gptj_hf_name if architecture(config) == "gptj" else hf_llama.hf_name
+    hf_name = _FAMILIES[architecture(config)].hf_name
     size = np_dtype(dtype).itemsize
     out = []
     for leaf in manifest["leaves"]:

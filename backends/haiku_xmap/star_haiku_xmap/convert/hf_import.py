@@ -37,13 +37,17 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from star_engine.errors import IntegrityError, UserError
+from safetensors import SafetensorError, safe_open
+from tokenizers import Tokenizer
+
+from star_engine import IntegrityError, UserError
 
 from ..config import GPTJConfig, ModelConfig, architecture
 from . import hf_llama
-from .checkpoint import param_specs
-from .checkpoint_write import write_checkpoint
-from .safeio import TensorInfo, check_alloc, np_dtype, read_bounded, read_json, read_safetensors_header
+from ..checkpoint.format import param_specs
+from ..checkpoint.write import write_checkpoint
+from ..checkpoint.safeio import TensorInfo, check_alloc, np_dtype, read_bounded, read_json, read_safetensors_header
+from ..tokenizer import EOT_TOKEN, TOKENIZER_FILE_MAX, HFTokenizer
 
 CONFIG_MAX = 1 << 20
 INDEX_MAX = 16 << 20
@@ -193,8 +197,6 @@ def iter_hf(src: str | os.PathLike, *, dtype: str = "float32"
             ) -> tuple[ModelConfig, Iterator[tuple[tuple[str, ...], np.ndarray]]]:
     """(config, lazy iterator of (haiku key path, array)) in sorted key order;
     everything is validated before the iterator is returned."""
-    from safetensors import SafetensorError, safe_open
-
     config, plan = _plan(Path(src), dtype)
     target = np_dtype(dtype)
 
@@ -237,10 +239,6 @@ def folder_tokenizer(folder: str | os.PathLike, tokenizer_file: str | os.PathLik
     folder's ``tokenizer.json``), its end-of-text token named by ``config.json``'s
     ``eos_token_id`` when it has one (Llama 3: ``<|end_of_text|>``; Qwen2.5:
     ``<|endoftext|>``), else ``<|endoftext|>`` (GPT-J)."""
-    from tokenizers import Tokenizer
-
-    from ..tokenizer import EOT_TOKEN, TOKENIZER_FILE_MAX, HFTokenizer
-
     folder = Path(folder)
     path = Path(tokenizer_file) if tokenizer_file else folder / "tokenizer.json"
     eos_token = EOT_TOKEN

@@ -1,6 +1,6 @@
-"""The Llama family's side of the HF import (``hf_import.py`` reads the files):
-``config.json`` of ``model_type`` llama, qwen2 or mistral to a ``LlamaConfig``,
-and the tensor names.
+"""The Llama family's side of the HF import (``hf_import.py`` reads the files) and export
+(``hf_export.py``): ``config.json`` of ``model_type`` llama, qwen2 or mistral to a ``LlamaConfig``
+and back, and the tensor names.
 
 Name mapping (HF -> haiku; every matrix transposed from (out, in) to (in, out))::
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from star_engine.errors import UserError
+from star_engine import UserError
 
 from ..config import LlamaConfig
 
@@ -130,3 +130,39 @@ def ignored(config: LlamaConfig) -> re.Pattern:
     a copy of the embedding as ``lm_head.weight`` when the two are tied."""
     tied = r"|lm_head\.weight" if config.tie_embeddings else ""
     return re.compile(f"^({_ROTARY_BUFFER}{tied})$")
+
+
+# ----------------------------------------------------------------------------- export (hf_export.py)
+
+
+def model_type(config: LlamaConfig) -> str:
+    """The HF ``model_type`` a config is exported as: qwen2 (q/k/v biases), mistral (a
+    sliding window) or llama."""
+    return "qwen2" if config.qkv_bias else "mistral" if config.sliding_window else "llama"
+
+
+def config_json(config: LlamaConfig, head: dict[str, Any], tail: dict[str, Any], where: str) -> dict[str, Any]:
+    """``config.json`` of ``config`` between ``head`` (architectures, model_type, vocab_size)
+    and ``tail`` (ids, dtype) fields."""
+    kind = head["model_type"]
+    scaling = None
+    if config.rope_scaling is not None:
+        factor, low, high, original = config.rope_scaling
+        scaling = {"rope_type": "llama3", "factor": float(factor), "low_freq_factor": float(low),
+                   "high_freq_factor": float(high), "original_max_position_embeddings": int(original)}
+    out = {**head, "hidden_size": config.d_model, "intermediate_size": config.d_ff,
+           "num_hidden_layers": config.n_layer, "num_attention_heads": config.n_head,
+           "num_key_value_heads": config.n_kv_head, "head_dim": config.d_head, "hidden_act": "silu",
+           "max_position_embeddings": config.n_ctx, "rms_norm_eps": config.rms_eps,
+           "rope_theta": float(config.rope_theta), "rope_scaling": scaling,
+           "tie_word_embeddings": config.tie_embeddings, "attention_dropout": 0.0}
+    window = config.sliding_window
+    if kind == "llama":
+        out.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
+    elif kind == "mistral":
+        out.update(sliding_window=window)
+    else:  # Qwen2: the window (if any) on every layer; layer_types says so to transformers 5
+        out.update(use_sliding_window=window is not None, sliding_window=window,
+                   max_window_layers=0 if window else config.n_layer,
+                   layer_types=["sliding_attention" if window else "full_attention"] * config.n_layer)
+    return {**out, **tail}

@@ -17,13 +17,12 @@ from pathlib import Path
 import numpy as np
 from numpy.lib import format as npy_format
 
-from star_engine.errors import UserError
-from star_engine.fsio import fsync_dir, temporary_sibling
+from star_engine import UserError, fsync_dir, temporary_sibling
 
 from ..config import GPTJConfig
-from .checkpoint import checked_manifest, read_leaf
+from ..checkpoint.format import checked_manifest, read_leaf
 from .mtj_layout import leaf_layout, piece_sizes, shard_slices
-from .safeio import make_parents, np_dtype, remove_created
+from ..checkpoint.safeio import make_parents, np_dtype, remove_created
 
 
 def _write_member(zf: zipfile.ZipFile, index: int, arr: np.ndarray) -> None:

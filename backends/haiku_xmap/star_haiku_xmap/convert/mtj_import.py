@@ -25,13 +25,13 @@ import tokenize
 import numpy as np
 from numpy.lib import format as npy_format
 
-from star_engine.errors import IntegrityError, UserError
+from star_engine import IntegrityError, UserError
 
 from ..config import GPTJConfig
-from .checkpoint import param_specs
-from .checkpoint_write import write_checkpoint
+from ..checkpoint.format import param_specs
+from ..checkpoint.write import write_checkpoint
 from .mtj_layout import MtjLeaf, leaf_layout
-from .safeio import check_alloc, np_dtype
+from ..checkpoint.safeio import check_alloc, np_dtype
 
 _MEMBER_RE = re.compile(r"^arr_([0-9]{1,6})\.npy$")
 _PIECE_RE = re.compile(r"^([0-9]{1,4})\.npz$")

@@ -43,10 +43,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from star_engine.errors import UserError
+from star_engine import UserError
 
 from ..config import PRESETS, GPTJConfig
-from .safeio import read_json
+from ..checkpoint.safeio import read_json
 
 PREFIX = "causal_transformer_shard/~/"
 PIECES = 16  # files per shard mesh-transformer-jax writes

@@ -8,7 +8,7 @@ import functools
 from typing import Any
 from collections.abc import Sequence
 
-from star_engine.api import GenRequest, GenSpec, Progress
+from star_engine import GenRequest, GenSpec, Progress
 
 
 def cut_at_stop(text: str, stops: Sequence[str]) -> str:
@@ -29,7 +29,7 @@ def generate_text(params: Any, requests: Sequence[GenRequest], spec: GenSpec, *,
     path (``generation = "static"``: length-sorted batches, each until its last row ends)
     or continuous batching (a slot whose row ended, by end-of-text, a stop string or its
     budget, takes the next prompt; ``chunk`` decode steps between refills)."""
-    from . import continuous, sample
+    from . import continuous, static  # jax: this module loads with the plugin, which must not import jax
 
     tok = tokenizer
     max_prompt = config.n_ctx - spec.max_new_tokens
@@ -45,7 +45,7 @@ def generate_text(params: Any, requests: Sequence[GenRequest], spec: GenSpec, *,
         run = functools.partial(continuous.generate, chunk=chunk, stop=stop if stops else None,
                                 share_prefix=share_prefix)
     else:  # the static path: length-sorted batches, each until its last row ends
-        run = functools.partial(sample.generate_batches, max_new_tokens=spec.max_new_tokens)
+        run = functools.partial(static.generate_batches, max_new_tokens=spec.max_new_tokens)
     out = run(params, prompts, [r.seed for r in requests], [spec.max_new_tokens] * len(requests),
               config=config, temperature=float(spec.temperature), top_p=float(spec.top_p),
               eos_id=tok.eos_id, pad_id=tok.pad_id, valid_vocab=tok.vocab_size, mesh=mesh,

@@ -12,9 +12,9 @@ for the per-device SPMD program (with its memory-minimising scheduler); a TPU or
 GPU compile fuses and schedules differently, so treat them as an estimate and
 re-run on the target (``--platform default``) to confirm.
 
-    python -m star_haiku_xmap.convert.plan --mesh 1x8              # TPU v3-8 (16 GiB per core), the paper's step
-    python -m star_haiku_xmap.convert.plan --mesh 8x1 --zero 1 --device-gib 80
-    python -m star_haiku_xmap.convert.plan --mesh 1x1 --device-gib 80 --opt-state-dtype bfloat16
+    python -m star_haiku_xmap.plan --mesh 1x8              # TPU v3-8 (16 GiB per core), the paper's step
+    python -m star_haiku_xmap.plan --mesh 8x1 --zero 1 --device-gib 80
+    python -m star_haiku_xmap.plan --mesh 1x1 --device-gib 80 --opt-state-dtype bfloat16
     star-engine plan --standard                                             # the table of docs/gptj6b.md
     star-engine plan --models all                                           # the table of docs/models.md (Llama family)
 """
@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
-import time
 from pathlib import Path
-from typing import Any
 
-from star_engine.errors import UserError
+from star_engine import UserError, run_command
 
-GIB = 1 << 30
+from ..config import PRESETS, preset
+from .models import add_arguments as add_model_arguments, run_models
+from .table import GIB, short, yes
+
 STANDARD = (  # (mesh, zero, master, moments, grad accumulator, remat, device GiB, micro-batch, grad accum)
     ("1x8", 0, "float32", "mixed", "bfloat16", False, 16.0, 1, 8),  # the paper files: mixed moments, bf16 accum
     ("1x8", 0, "float32", "bfloat16", "float32", False, 16.0, 1, 8),  # the paper's step (8 x 1537-token chunks)
@@ -56,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.split("\n\n")[0].replace("\n", " ")
     parser.add_argument("experiment", type=Path, nargs="?", default=None,
                         help="an experiment TOML file: plan what it will run (its model, mesh, dtypes, [training] "
-                             "batch x grad_accum x seq_len and [generation] sizes; plan_experiment.py); the shape "
+                             "batch x grad_accum x seq_len and [generation] sizes; plan/experiment.py); the shape "
                              "options below then come from it")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="with an experiment file: override one of its keys, as run --set does")
@@ -92,33 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the table of docs/gptj6b.md (the paper's step on 1x8 / 16 GiB with master, moment and "
                              "accumulator dtypes and remat varied; 8x1 with ZeRO-1 and 1x1 on 80 GiB)")
     parser.add_argument("--json", action="store_true", help="one JSON object per compiled program")
-    from .plan_models import add_arguments as add_model_arguments
-
     add_model_arguments(parser)
 
-
-MAX_DEVICES = 4096  # simulated CPU devices a plan may ask for
-
-
-def _parse_mesh(text: str) -> tuple[int, int]:
-    from star_engine.errors import UserError
-
-    try:
-        dp, mp = (int(x) for x in text.lower().split("x"))
-    except ValueError:
-        raise UserError(f"--mesh: expected DPxMP like 1x8, got {text!r}") from None
-    if dp < 1 or mp < 1 or dp * mp > MAX_DEVICES:
-        raise UserError(f"--mesh: dp and mp must be >= 1 and dp x mp at most {MAX_DEVICES}, got {text!r}")
-    return dp, mp
 
 
 def _check_args(args: argparse.Namespace):
     """The model config and the jobs' shapes, refused (UserError naming the option) before
     anything is compiled."""
-    from star_engine.errors import UserError
-
-    from ..config import PRESETS, preset
-
     if args.preset not in PRESETS:
         raise UserError(f"--preset: unknown preset {args.preset!r}; known: {', '.join(sorted(PRESETS))}")
     for flag, value, minimum in (("--n-layer", args.n_layer, 1), ("--batch", args.batch, 1),
@@ -142,129 +121,13 @@ def _check_args(args: argparse.Namespace):
                         f"context n_ctx = {config.n_ctx}")
     return config, what
 
-
-def _setup_devices(n: int, platform: str) -> None:
-    """Ask for ``n`` simulated CPU devices before jax starts its backends."""
-    import jax
-
-    from star_engine.errors import UserError
-
-    if platform == "cpu":
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
-        # XLA:CPU's default scheduler trades memory for thread-level concurrency; the
-        # memory-minimising one is closer to what a TPU/GPU compile aims for (about
-        # 25% smaller temporaries for the GPT-J train step). Set the flag yourself to
-        # choose otherwise.
-        flags = os.environ.get("XLA_FLAGS", "")
-        if "xla_cpu_enable_concurrency_optimized_scheduler" not in flags:
-            os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_enable_concurrency_optimized_scheduler=false").strip()
-        try:
-            jax.config.update("jax_platforms", "cpu")
-            jax.config.update("jax_num_cpu_devices", max(n, jax.config.jax_num_cpu_devices or 1))
-        except (AttributeError, RuntimeError):
-            pass  # backends already started: checked below
-    if jax.device_count() < n:
-        raise UserError(f"plan: the mesh needs {n} devices, jax has {jax.device_count()}; run in a fresh process "
-                        f"(or with XLA_FLAGS=--xla_force_host_platform_device_count={n})")
-
-
-def _abstract(tree: Any, shardings: Any) -> Any:
-    import jax
-
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
-
-
-def _stats(compiled) -> dict[str, int]:
-    ma = compiled.memory_analysis()
-    fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
-              "generated_code_size_in_bytes")
-    out = {f.removesuffix("_size_in_bytes"): int(getattr(ma, f, 0) or 0) for f in fields}
-    out["peak"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
-    return out
-
-
-def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch: int, grad_accum: int,
-             seq_len: int, gen_batch: int, prompt_len: int, new_tokens: int, what: tuple[str, ...],
-             master_dtype: str = "float32", accum_dtype: str = "float32", remat: bool = False,
-             adapter: Any = None) -> list[dict]:
-    """Compile the requested programs for one mesh; a list of result dicts. ``adapter``
-    (``lora.LoraSpec``): the train step of LoRA adapters over the frozen base (in the
-    compute dtype), their state fp32 (``master_dtype`` does not apply)."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
-    from .. import model, packing, sample, sharding
-    from .. import train as tr
-    from ..config import architecture as arch
-
-    mesh = sharding.make_mesh({"dp": dp, "mp": mp}, devices=jax.devices()[:dp * mp])
-    params_abs = jax.eval_shape(lambda k: model.init_params(config, k), jax.random.key(0))
-    params_sh = sharding.tree_shardings(params_abs, mesh)
-    results = []
-    base = {"mesh": f"{dp}x{mp}", "layers": config.n_layer, "dtype": config.dtype}
-    if "train" in what:
-        tx = tr.with_state_dtype(tr.make_optimizer({"lr": 1e-6, "clip_norm": 1.0}, 1000), opt_state_dtype)
-        if adapter is None:
-            master_abs = jax.eval_shape(lambda p: tr.master_params(p, master_dtype), params_abs)
-        else:
-            master_abs = jax.eval_shape(lambda: tr.fresh_adapters(config, adapter, 0))
-        state_abs = jax.eval_shape(lambda p: tr.init_state(p, tx), master_abs)
-        state_sh = tr.state_shardings(state_abs, mesh, zero, model.dtype_of(config))
-        update = tr.make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=accum_dtype, remat=remat,
-                                adapter=adapter)
-        frozen = () if adapter is None else (_abstract(params_abs, params_sh),)
-        bsh = sharding.batch_sharding(mesh, batch_axis=1, ndim=3)
-        rows = -(-batch // dp) * dp
-        batch_abs = {k: jax.ShapeDtypeStruct((grad_accum, rows, seq_len), jnp.bool_ if k == "weights" else jnp.int32,
-                                             sharding=bsh) for k in packing.KEYS}
-        t0 = time.perf_counter()
-        lowered = update.lower(_abstract(state_abs, state_sh), batch_abs, *frozen)
-        t1 = time.perf_counter()
-        compiled = lowered.compile()
-        t2 = time.perf_counter()
-        results.append({**base, "program": "train step" if adapter is None else f"LoRA r={adapter.rank} train step",
-                        "zero": zero, "opt_state_dtype": opt_state_dtype,
-                        "master_dtype": master_dtype if adapter is None else "-", "accum_dtype": accum_dtype, "remat": remat,
-                        "shape": f"{grad_accum} x {rows} x {seq_len}", "lower_s": round(t1 - t0, 1),
-                        "compile_s": round(t2 - t1, 1), **_stats(compiled)})
-        del compiled, lowered
-    if "sample" in what:
-        rows = -(-gen_batch // dp) * dp
-        rsh = NamedSharding(mesh, P("dp", None))
-        ksh = NamedSharding(mesh, P("dp"))
-        tokens = jax.ShapeDtypeStruct((rows, prompt_len), jnp.int32, sharding=rsh)
-        mask = jax.ShapeDtypeStruct((rows, prompt_len), jnp.bool_, sharding=rsh)
-        keys = jax.ShapeDtypeStruct((rows,), jax.random.key(0).dtype, sharding=ksh)
-        t0 = time.perf_counter()
-        lowered = sample.generate.lower(_abstract(params_abs, params_sh), tokens, mask, keys, 0.0, 1.0,
-                                        config=config, max_new_tokens=new_tokens, eos_id=50256,
-                                        valid_vocab=min(50257, config.vocab) if arch(config) == "gptj" else None)
-        t1 = time.perf_counter()
-        compiled = lowered.compile()
-        t2 = time.perf_counter()
-        results.append({**base, "program": "sample (prefill + decode loop)", "zero": 0, "opt_state_dtype": "-",
-                        "master_dtype": "-", "accum_dtype": "-", "remat": "-",
-                        "shape": f"{rows} x ({prompt_len} + {new_tokens})", "lower_s": round(t1 - t0, 1),
-                        "compile_s": round(t2 - t1, 1), **_stats(compiled)})
-    return results
-
-
 def _row(r: dict, device_gib: float) -> str:
     g = lambda b: f"{b / GIB:.2f}"
     fits = "yes" if r["peak"] <= device_gib * GIB else "NO"
-    return (f"| {r['mesh']} | {r['program']} | {r['zero']} | {_short(r['master_dtype'])} | "
-            f"{_short(r['opt_state_dtype'])} | {_short(r['accum_dtype'])} | {_yes(r['remat'])} | {r['shape']} | "
+    return (f"| {r['mesh']} | {r['program']} | {r['zero']} | {short(r['master_dtype'])} | "
+            f"{short(r['opt_state_dtype'])} | {short(r['accum_dtype'])} | {yes(r['remat'])} | {r['shape']} | "
             f"{g(r['argument'])} | {g(r['output'] - r['alias'])} | {g(r['temp'])} | {g(r['peak'])} | "
             f"{device_gib:g} | {fits} | {r['compile_s']} |")
-
-
-def _short(dtype: str) -> str:
-    return {"float32": "fp32", "bfloat16": "bf16"}.get(dtype, dtype)
-
-
-def _yes(flag: Any) -> str:
-    return flag if isinstance(flag, str) else ("yes" if flag else "no")
 
 
 HEADER = ("| mesh dp x mp | program | ZeRO | master | moments | grad accum | remat | shape | arguments GiB | "
@@ -273,6 +136,11 @@ HEADER = ("| mesh dp x mp | program | ZeRO | master | moments | grad accum | rem
 
 
 def run(args: argparse.Namespace) -> int:
+    # jax: this module loads with the CLI (the plan's options); jax when a plan runs
+    import jax
+
+    from .memory import _parse_mesh, _setup_devices, plan_one
+
     if getattr(args, "experiment", None) is not None:
         return _run_experiment(args)
     if getattr(args, "overrides", None):
@@ -282,8 +150,6 @@ def run(args: argparse.Namespace) -> int:
             setattr(args, key, value)
     config, what = _check_args(args)
     if getattr(args, "models", None):
-        from .plan_models import run_models
-
         return run_models(args)
     if args.standard:
         jobs = [(_parse_mesh(m), *rest) for m, *rest in STANDARD]
@@ -291,8 +157,6 @@ def run(args: argparse.Namespace) -> int:
         jobs = [(_parse_mesh(args.mesh), args.zero, args.master_dtype, args.opt_state_dtype, args.grad_accum_dtype,
                  args.remat, args.device_gib, args.batch, args.grad_accum)]
     _setup_devices(max(dp * mp for (dp, mp), *_ in jobs), args.platform)
-    import jax
-
     if not args.json:
         print(f"# {args.preset}: {config.n_layer} layers, d_model {config.d_model}, {config.dtype}; "
               f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} devices)")
@@ -314,8 +178,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_experiment(args: argparse.Namespace) -> int:
-    """``plan EXPERIMENT``: the experiment's train step and sampler (``plan_experiment``)."""
-    from .plan_experiment import job
+    """``plan EXPERIMENT``: the experiment's train step and sampler (``experiment.py``)."""
+    from .experiment import job  # jax (haiku, via lora), as run
+    from .memory import _setup_devices, plan_one
 
     config, kw, line = job(args)
     what = tuple(w.strip() for w in args.what.split(",") if w.strip())
@@ -337,13 +202,8 @@ def _run_experiment(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from star_engine.boundary import run_command
-
-    parser = argparse.ArgumentParser(prog="python -m star_haiku_xmap.convert.plan")
+    parser = argparse.ArgumentParser(prog="python -m star_haiku_xmap.plan")
     add_arguments(parser)
     args = parser.parse_args(argv)
     return run_command(lambda: run(args))  # the same failure rules as star-engine plan
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from . import model, sharding
-from .config import GPTJConfig
+from .. import model, sharding
+from ..config import GPTJConfig
 
 
 def keys_from_seeds(seeds: Sequence[int]) -> jax.Array:
@@ -179,8 +179,8 @@ def generate_batches(params, prompts: Sequence[Sequence[int]], seeds: Sequence[i
     ``continuous.generate`` (new tokens, end-of-text not included); stop strings
     are the caller's to apply. ``max_new_tokens`` (default: the largest budget)
     fixes the compiled loop length and the prompt buckets below n_ctx."""
-    from . import distributed as dist
-    from .train import bucket_lengths
+    from .. import distributed as dist
+    from ..train import bucket_lengths
 
     N = max(budgets, default=0) if max_new_tokens is None else max_new_tokens
     results: list[list[int]] = [[] for _ in prompts]

@@ -40,9 +40,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from . import model
-from .config import GPTJConfig
-from .sample import any_shard, keys_from_seeds, left_pad, mask_vocab, sample_logits
+from .. import model
+from ..config import GPTJConfig
+from .static import any_shard, keys_from_seeds, left_pad, mask_vocab, sample_logits
 
 CACHE_GRAIN = 32  # cache lengths are multiples of this (each length compiles one decode loop)
 PREFIX_GRAIN = 32  # a shared prefix is cut to a multiple of this (each length compiles one prefix prefill)
@@ -227,14 +227,14 @@ def _put(x, mesh: Mesh | None, spec: P):
     """A host array on the mesh (a global array from every process's identical copy)."""
     if mesh is None:
         return jnp.asarray(x)
-    from .distributed import global_array
+    from ..distributed import global_array
 
     sharding = NamedSharding(mesh, spec)
     return global_array(x, sharding) if jax.process_count() > 1 else jax.device_put(x, sharding)
 
 
 def _host(x) -> np.ndarray:
-    from .distributed import to_host
+    from ..distributed import to_host
 
     return to_host(x)
 

@@ -4,7 +4,7 @@ meshes, each with the first training settings that fit; and LoRA (r = 32 on ever
 projection, the bf16 base frozen, fp32 adapters and moments) for Llama-3.1-8B,
 Mistral-7B and GPT-J-6B on one 80 GiB GPU.
 
-``star-engine plan --models`` compiles (``plan.plan_one``) each model's train
+``star-engine plan --models`` compiles (``memory.plan_one``) each model's train
 step and sampler at ``--fit-layers`` depths (default 2 and 4 layers) and
 extrapolates XLA's per-device bytes linearly to the model's depth: the blocks
 are identical, so arguments and outputs grow by exactly one block's share per
@@ -24,7 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from .plan import GIB, _setup_devices, plan_one
+from star_engine import UserError
+
+from ..config import preset
+from .table import GIB, short, yes
 
 FULL = ("qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b")
 LORA = ("llama-3.1-8b+lora", "mistral-7b+lora", "gptj-6b+lora")  # LoRA r = 32 on every projection, frozen bf16 base
@@ -54,6 +57,8 @@ def extrapolate(shallow: dict, deep: dict, layers: tuple[int, int], target: int)
 
 
 def _one(config, layers: tuple[int, int] | None, **kw) -> dict:
+    from .memory import plan_one  # jax: this module loads with the CLI (its options), jax when a plan runs
+
     if layers is None:
         return plan_one(config=config, **kw)[0]
     shallow, deep = (plan_one(config=config.replace(n_layer=n), **kw)[0] for n in layers)
@@ -63,9 +68,7 @@ def _one(config, layers: tuple[int, int] | None, **kw) -> dict:
 def plan_model(name: str, target: tuple, args: argparse.Namespace, layers: tuple[int, int] | None) -> list[dict]:
     """The sampler's row and the first training settings that fit (else the smallest peak) for one model and
     target."""
-    from ..config import preset
-
-    from ..lora import check_table
+    from ..lora import check_table  # jax (haiku), as _one
 
     label, dp, mp, gib = target
     config = preset(name.removesuffix("+lora"), dtype="bfloat16")
@@ -95,17 +98,15 @@ HEADER = ("| model | target (mesh) | program | master | moments | grad accum | r
 
 
 def _row(r: dict) -> str:
-    from .plan import _short, _yes
-
     g = lambda b: f"{b / GIB:.2f}"
     return (f"| {r['model']} | {r['target']} ({r['mesh']}) | {r['program'].split(' (')[0]} | "
-            f"{_short(r['master_dtype'])} | {_short(r['opt_state_dtype'])} | {_short(r['accum_dtype'])} | "
-            f"{_yes(r['remat'])} | {r['shape']} | {g(r['argument'])} | {g(r['temp'])} | {g(r['peak'])} | "
+            f"{short(r['master_dtype'])} | {short(r['opt_state_dtype'])} | {short(r['accum_dtype'])} | "
+            f"{yes(r['remat'])} | {r['shape']} | {g(r['argument'])} | {g(r['temp'])} | {g(r['peak'])} | "
             f"{r['device_gib']:g} | {'yes' if r['fits'] else 'NO'} |")
 
 
 def run_models(args: argparse.Namespace) -> int:
-    from star_engine.errors import UserError
+    from .memory import _setup_devices  # jax, as _one
 
     models = args.models.split(",") if args.models != "all" else list(MODELS)
     lora_targets = [t for t in TARGETS if t[1] * t[2] == 1]  # LoRA rows: the one-GPU target

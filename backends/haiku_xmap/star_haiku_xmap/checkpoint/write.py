@@ -1,4 +1,4 @@
-"""Writing native checkpoints (the format and its reader: ``checkpoint.py``):
+"""Writing native checkpoints (the format and its reader: ``format.py``):
 ``save_checkpoint`` for a params tree, ``write_checkpoint`` for a stream of leaves,
 both published atomically (``_publish``)."""
 
@@ -15,10 +15,9 @@ from collections.abc import Iterable, Mapping
 import msgpack
 import numpy as np
 
-from star_engine.errors import IntegrityError, UserError
-from star_engine.fsio import fsync_dir, temporary_sibling
+from star_engine import IntegrityError, UserError, fsync_dir, temporary_sibling
 
-from .checkpoint import (DTYPES, FORMAT, MANIFEST, MANIFEST_MAX, VERSION, VERSION_SPLIT, flatten, param_specs,
+from .format import (DTYPES, FORMAT, MANIFEST, MANIFEST_MAX, VERSION, VERSION_SPLIT, flatten, param_specs,
                          part_files)
 from .safeio import make_parents, read_bounded, remove_created, unpack_msgpack, write_zstd_part
 
@@ -78,7 +77,7 @@ def split_axis_for(key_path: tuple[str, ...], shape: tuple[int, ...], mp_split: 
     sharding rules put on "mp", when ``mp_split`` > 1 divides it; else None."""
     if mp_split <= 1 or len(key_path) < 2:
         return None
-    from ..sharding import spec_for
+    from ..sharding import spec_for  # jax: the format is written without it unless split for a mesh
 
     try:  # {module: {name: leaf}} ends every params-like tree (moments too, resume.py)
         spec = spec_for(f"{key_path[-2]}/{key_path[-1]}", shape)
@@ -97,10 +96,10 @@ def write_checkpoint(path: str | os.PathLike, leaves: Iterable[tuple[tuple[str, 
     at a time (a converter can yield leaves without holding the whole model).
 
     ``mp_split`` > 1 writes a version-2 checkpoint whose mp-sharded leaves are
-    stored as ``mp_split`` parts (see ``checkpoint.py``). ``specs``: the leaves
+    stored as ``mp_split`` parts (see ``format.py``). ``specs``: the leaves
     expected, {key path: (shape, dtype name)} (default: the model's parameters,
     ``param_specs``; a training snapshot passes its state's, ``resume.py``)."""
-    import jax
+    import jax  # the format is written without jax (import, export); device arrays are fetched with it
 
     if isinstance(mp_split, bool) or not isinstance(mp_split, int) or mp_split < 1:
         raise UserError(f"mp_split must be an int >= 1, got {mp_split!r}")

@@ -22,8 +22,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from star_engine.errors import UserError
-from star_engine.options import is_int
+from star_engine import Registry, UserError, is_int, load_experiment
+
+from ..checkpoint.format import read_manifest
+from ..config import PRESETS, config_from_dict, preset
+from ..lora import check_table
 
 # The plan options an experiment decides, as (flag, args attribute).
 DECIDED = (("--preset", "preset"), ("--n-layer", "n_layer"), ("--dtype", "dtype"), ("--mesh", "mesh"),
@@ -36,8 +39,6 @@ DECIDED = (("--preset", "preset"), ("--n-layer", "n_layer"), ("--dtype", "dtype"
 
 def model_config(model: dict[str, Any]) -> tuple[Any, str]:
     """The model ``[model]`` describes and where it came from (the checkpoint, or the preset)."""
-    from ..config import PRESETS, config_from_dict, preset
-    from .checkpoint import read_manifest
 
     fields = ("n_layer", "d_model", "n_head", "d_head", "d_ff", "rotary_dim", "n_ctx", "n_kv_head", "vocab")
     overrides = {k: model.get(k) for k in fields}
@@ -77,8 +78,6 @@ def _mesh(model: dict[str, Any]) -> tuple[int, int, str]:
 def job(args: argparse.Namespace) -> tuple[Any, dict[str, Any], str]:
     """(model config, ``plan_one``'s keyword arguments, a line saying what is planned) for the
     experiment ``args.experiment`` with ``args.overrides``."""
-    from star_engine.config import load_experiment
-    from star_engine.registry import Registry
 
     given = [flag for flag, attr in DECIDED if getattr(args, attr, None) not in (None, False)]
     if given:
@@ -99,7 +98,6 @@ def job(args: argparse.Namespace) -> tuple[Any, dict[str, Any], str]:
         raise UserError(f"generation.max_new_tokens: {new_tokens} leaves no room for a prompt in n_ctx={config.n_ctx}")
     adapter = None
     if tr["adapter"]:
-        from ..lora import check_table
 
         adapter = check_table({k: v for k, v in tr["adapter"].items()}, config, "training.adapter")
     kw = dict(dp=dp, mp=mp, zero=model.get("zero", 0), opt_state_dtype=model.get("opt_state_dtype", "float32"),

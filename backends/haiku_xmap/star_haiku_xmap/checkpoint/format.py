@@ -27,7 +27,7 @@ file size or zstd-declared content size is wrong; decompression streams into an
 exactly-sized buffer; sha256 mismatches raise ``IntegrityError`` naming the file.
 
 This module reads (and defines the format's constants and parameter specs);
-``checkpoint_write.py`` writes.
+``write.py`` writes.
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from star_engine.errors import IntegrityError, UserError
+from star_engine import IntegrityError, UserError
+
+from ..config import config_from_dict
 
 from .safeio import check_alloc, np_dtype, read_bounded, read_zstd_part, unpack_msgpack
 
@@ -95,10 +97,9 @@ def _get_path(tree: Any, path: tuple[str, ...], what: str) -> Any:
 
 @functools.lru_cache(maxsize=16)
 def _param_specs_cached(config_items: tuple) -> dict[tuple[str, ...], tuple[tuple[int, ...], str]]:
-    import jax
+    import jax  # the format is read without jax (export, preflight, ids); only shapes and devices need it
 
-    from ..config import config_from_dict
-    from ..model import init_params
+    from ..model import init_params  # jax, as above
 
     config = config_from_dict(dict(config_items))
     shapes = jax.eval_shape(lambda key: init_params(config, key), jax.random.key(0))
@@ -236,7 +237,7 @@ def _check_against_config(m: dict, where: str) -> None:
         raise IntegrityError(f"{where}: model_config is not a valid GPT-J config ({exc})") from None
     extra = m.get("extra")
     if isinstance(extra, dict) and extra.get("kind") == "lora":  # adapters alone, over a base
-        from ..lora import checkpoint_specs
+        from ..lora import checkpoint_specs  # jax (haiku), as _param_specs_cached
 
         try:
             specs = checkpoint_specs(m["model_config"], extra)
@@ -264,7 +265,7 @@ def load_checkpoint(path: str | os.PathLike, shardings: Any = None) -> tuple[dic
     ``jax.sharding.Sharding`` with the params' structure; each leaf is then built
     with ``jax.make_array_from_callback`` from its host copy, one leaf at a time.
     """
-    import jax
+    import jax  # the format is read without jax (export, preflight, ids); loading puts leaves on devices
 
     root = Path(path)
     m = checked_manifest(root)
@@ -356,7 +357,7 @@ def load_leaf_sharded(root: str | os.PathLike, leaf: Mapping[str, Any], sharding
     overlapping parts only, for a split leaf), put on every local device that holds
     it, and dropped before the next. Peak host memory: one block (split leaf) or
     one whole leaf (unsplit leaf), never the model."""
-    import jax
+    import jax  # as load_checkpoint
 
     shape = tuple(leaf["shape"])
     groups: dict[tuple, list] = {}

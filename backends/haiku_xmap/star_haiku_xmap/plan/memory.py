@@ -1,0 +1,129 @@
+"""The memory plan's measurement: a train step and a sampler compiled for a (dp, mp)
+mesh with abstract parameters (``jax.ShapeDtypeStruct``s carrying their
+``NamedSharding``s, nothing allocated), and XLA's per-device memory analysis of each
+(``command.py`` says what the figures mean). jax is imported here but its backends
+start only after ``_setup_devices`` has asked for the simulated devices.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from star_engine import UserError
+
+from .. import model, packing, sharding
+from .. import train as tr
+from ..config import architecture as arch
+from ..sampling import static
+
+MAX_DEVICES = 4096  # simulated CPU devices a plan may ask for
+
+
+def _parse_mesh(text: str) -> tuple[int, int]:
+    try:
+        dp, mp = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise UserError(f"--mesh: expected DPxMP like 1x8, got {text!r}") from None
+    if dp < 1 or mp < 1 or dp * mp > MAX_DEVICES:
+        raise UserError(f"--mesh: dp and mp must be >= 1 and dp x mp at most {MAX_DEVICES}, got {text!r}")
+    return dp, mp
+
+
+
+def _setup_devices(n: int, platform: str) -> None:
+    """Ask for ``n`` simulated CPU devices before jax starts its backends."""
+    if platform == "cpu":
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        # XLA:CPU's default scheduler trades memory for thread-level concurrency; the
+        # memory-minimising one is closer to what a TPU/GPU compile aims for (about
+        # 25% smaller temporaries for the GPT-J train step). Set the flag yourself to
+        # choose otherwise.
+        flags = os.environ.get("XLA_FLAGS", "")
+        if "xla_cpu_enable_concurrency_optimized_scheduler" not in flags:
+            os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_enable_concurrency_optimized_scheduler=false").strip()
+        try:
+            jax.config.update("jax_platforms", "cpu")
+            jax.config.update("jax_num_cpu_devices", max(n, jax.config.jax_num_cpu_devices or 1))
+        except (AttributeError, RuntimeError):
+            pass  # backends already started: checked below
+    if jax.device_count() < n:
+        raise UserError(f"plan: the mesh needs {n} devices, jax has {jax.device_count()}; run in a fresh process "
+                        f"(or with XLA_FLAGS=--xla_force_host_platform_device_count={n})")
+
+
+def _abstract(tree: Any, shardings: Any) -> Any:
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def _stats(compiled) -> dict[str, int]:
+    ma = compiled.memory_analysis()
+    fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
+              "generated_code_size_in_bytes")
+    out = {f.removesuffix("_size_in_bytes"): int(getattr(ma, f, 0) or 0) for f in fields}
+    out["peak"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
+    return out
+
+
+def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch: int, grad_accum: int,
+             seq_len: int, gen_batch: int, prompt_len: int, new_tokens: int, what: tuple[str, ...],
+             master_dtype: str = "float32", accum_dtype: str = "float32", remat: bool = False,
+             adapter: Any = None) -> list[dict]:
+    """Compile the requested programs for one mesh; a list of result dicts. ``adapter``
+    (``lora.LoraSpec``): the train step of LoRA adapters over the frozen base (in the
+    compute dtype), their state fp32 (``master_dtype`` does not apply)."""
+    mesh = sharding.make_mesh({"dp": dp, "mp": mp}, devices=jax.devices()[:dp * mp])
+    params_abs = jax.eval_shape(lambda k: model.init_params(config, k), jax.random.key(0))
+    params_sh = sharding.tree_shardings(params_abs, mesh)
+    results = []
+    base = {"mesh": f"{dp}x{mp}", "layers": config.n_layer, "dtype": config.dtype}
+    if "train" in what:
+        tx = tr.with_state_dtype(tr.make_optimizer({"lr": 1e-6, "clip_norm": 1.0}, 1000), opt_state_dtype)
+        if adapter is None:
+            master_abs = jax.eval_shape(lambda p: tr.master_params(p, master_dtype), params_abs)
+        else:
+            master_abs = jax.eval_shape(lambda: tr.fresh_adapters(config, adapter, 0))
+        state_abs = jax.eval_shape(lambda p: tr.init_state(p, tx), master_abs)
+        state_sh = tr.state_shardings(state_abs, mesh, zero, model.dtype_of(config))
+        update = tr.make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=accum_dtype, remat=remat,
+                                adapter=adapter)
+        frozen = () if adapter is None else (_abstract(params_abs, params_sh),)
+        bsh = sharding.batch_sharding(mesh, batch_axis=1, ndim=3)
+        rows = -(-batch // dp) * dp
+        batch_abs = {k: jax.ShapeDtypeStruct((grad_accum, rows, seq_len), jnp.bool_ if k == "weights" else jnp.int32,
+                                             sharding=bsh) for k in packing.KEYS}
+        t0 = time.perf_counter()
+        lowered = update.lower(_abstract(state_abs, state_sh), batch_abs, *frozen)
+        t1 = time.perf_counter()
+        compiled = lowered.compile()
+        t2 = time.perf_counter()
+        results.append({**base, "program": "train step" if adapter is None else f"LoRA r={adapter.rank} train step",
+                        "zero": zero, "opt_state_dtype": opt_state_dtype,
+                        "master_dtype": master_dtype if adapter is None else "-", "accum_dtype": accum_dtype, "remat": remat,
+                        "shape": f"{grad_accum} x {rows} x {seq_len}", "lower_s": round(t1 - t0, 1),
+                        "compile_s": round(t2 - t1, 1), **_stats(compiled)})
+        del compiled, lowered
+    if "sample" in what:
+        rows = -(-gen_batch // dp) * dp
+        rsh = NamedSharding(mesh, P("dp", None))
+        ksh = NamedSharding(mesh, P("dp"))
+        tokens = jax.ShapeDtypeStruct((rows, prompt_len), jnp.int32, sharding=rsh)
+        mask = jax.ShapeDtypeStruct((rows, prompt_len), jnp.bool_, sharding=rsh)
+        keys = jax.ShapeDtypeStruct((rows,), jax.random.key(0).dtype, sharding=ksh)
+        t0 = time.perf_counter()
+        lowered = static.generate.lower(_abstract(params_abs, params_sh), tokens, mask, keys, 0.0, 1.0,
+                                        config=config, max_new_tokens=new_tokens, eos_id=50256,
+                                        valid_vocab=min(50257, config.vocab) if arch(config) == "gptj" else None)
+        t1 = time.perf_counter()
+        compiled = lowered.compile()
+        t2 = time.perf_counter()
+        results.append({**base, "program": "sample (prefill + decode loop)", "zero": 0, "opt_state_dtype": "-",
+                        "master_dtype": "-", "accum_dtype": "-", "remat": "-",
+                        "shape": f"{rows} x ({prompt_len} + {new_tokens})", "lower_s": round(t1 - t0, 1),
+                        "compile_s": round(t2 - t1, 1), **_stats(compiled)})
+    return results
