@@ -335,3 +335,22 @@ def test_backend_options_are_documented():
     assert {"architecture", "n_kv_head", "preset"} <= set(names)
     missing = [n for n in names if not any(f"`{n}`" in row for row in rows)]
     assert not missing, f"[model] options without a row in backends/haiku_xmap/README.md: {missing}"
+
+
+def test_the_readme_plugin_example_works_and_its_option_is_checked():
+    """README.md's "Writing a plugin" code, run as written: the declared option is checked
+    by the core before the checker is built."""
+    import types
+
+    from star_engine import Registry, UserError
+
+    readme = (REPO / "README.md").read_text()
+    code = readme[readme.index("# my_star_plugin/plugin.py"):]
+    module = types.ModuleType("my_star_plugin")
+    exec(compile(code[:code.index("```")], "README.md", "exec"), module.__dict__)
+    registry = Registry(autoload=False)
+    registry.add(module)
+    assert registry.create("checker", "within_one", {"slack": 0.5}, "task.checker").check("", "3", "3.4").correct
+    with pytest.raises(UserError) as e:
+        registry.create("checker", "within_one", {"slack": -1}, "task.checker")
+    assert (str(e.value), e.value.key) == ("task.checker.slack: must be >= 0, got -1", "task.checker.slack")
