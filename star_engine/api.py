@@ -324,6 +324,20 @@ class Backend(Protocol):
     kind, or any table when the backend has none; the backend checks the rest against its
     model in ``validate_run``."""
 
+    def start(self) -> None:
+        """Optional. Start the backend's runtime (its devices, processes, threads, caches): the
+        run calls it once, after every check (``runner.preflight``) and before it writes
+        anything; ``star-engine validate`` never does, so building a backend and
+        ``validate_run`` must start nothing. A backend may run its command again here (``exec``,
+        same arguments) to change what only a process start sets (``GLIBC_TUNABLES``)."""
+
+    def checkpoint_recorded(self, checkpoint: str) -> None:
+        """Optional. The run has recorded the fine-tuning stage that wrote ``checkpoint`` (its
+        ``train.json`` is written; a resumed run that finds the stage recorded says so again):
+        whatever the backend kept to redo that stage after a kill (a training snapshot) may go
+        now. Before this call a kill makes the run train the stage again, so such state must
+        stay until then."""
+
     def base(self, workdir: Path, seed: int) -> str:
         """The base checkpoint: the configured weights, or a fresh random
         initialisation written under ``workdir`` (idempotent)."""

@@ -94,6 +94,9 @@ def run(exp: Experiment, toml_path: Path) -> list[dict]:
 
 def _run(exp: Experiment, toml_path: Path) -> list[dict]:
     preflight(exp)
+    start = getattr(exp.backend, "start", None)  # the optional Backend.start: never in validate
+    if start is not None:
+        start()
     store = prepare_run_dir(exp, toml_path)
     log_skipped(exp.panel)  # gold answers the checkers skipped when the data was loaded
     exp.notify("on_run_start", run_dir=store.root, config=exp.cfg)

@@ -283,7 +283,7 @@ class Stages:
         if self.store.done(rel):
             info = self.store.read_json(rel)
             if info["checkpoint"] != model_rel or self.store.checkpoint_done(model_rel, self.backend.checkpoint_id):
-                return info["checkpoint"], info
+                return self._recorded(info, model_rel)
             self.store.forget(rel)
         t0 = time.perf_counter()
         if spec.steps == 0 or not examples:
@@ -302,6 +302,14 @@ class Stages:
         info["trained_on"] = trained_on
         self.store.write_json(rel, info)
         self._timed("train", t0)
+        return self._recorded(info, model_rel)
+
+    def _recorded(self, info: dict[str, Any], model_rel: str) -> tuple[str, dict[str, Any]]:
+        """The stage's ``train.json`` is written: when it trained ``model_rel``, the backend may
+        drop what it kept to redo the stage (``Backend.checkpoint_recorded``)."""
+        recorded = getattr(self.backend, "checkpoint_recorded", None)
+        if recorded is not None and info["checkpoint"] == model_rel:
+            recorded(self.path(model_rel))
         return info["checkpoint"], info
 
     def base_model(self) -> str:
