@@ -183,7 +183,7 @@ def generate(s: dict, a, pk: dict) -> dict:
     """Continuous batching: ``prompts`` random prompts of prompt +- 5 % tokens, k
     sampled continuations of each (one prefill per prompt), ``new`` tokens each."""
 
-    from star_haiku_xmap import continuous, model
+    from star_haiku_xmap import continuous, model, sample
 
     cfg = s["config"]
     params = model.init_params(cfg, 0)
@@ -195,8 +195,9 @@ def generate(s: dict, a, pk: dict) -> dict:
     budgets = [s["new"]] * len(prompts)
 
     def call(stats):
-        return continuous.generate(params, prompts, seeds, budgets, config=cfg, temperature=1.0, top_p=1.0,
-                                   eos_id=-1, pad_id=0, slots=a.slots, chunk=32, stats=stats)
+        return continuous.generate(params, prompts, seeds, budgets, config=cfg, stats=stats,
+                                   decode=sample.DecodeConfig(temperature=1.0, top_p=1.0, eos_id=-1, pad_id=0,
+                                                              slots=a.slots, chunk=32))
 
     t0 = time.perf_counter()
     out = call({})

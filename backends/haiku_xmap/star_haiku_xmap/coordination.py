@@ -37,7 +37,7 @@ import threading
 import time
 from typing import Any
 
-from star_engine.errors import ProcessLost
+from star_engine import ProcessLost
 
 PREFIX = "star-engine"
 HEARTBEAT_S = 2.0

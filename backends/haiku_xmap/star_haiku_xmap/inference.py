@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from star_engine.errors import UserError
+from star_engine import UserError
 
 from .config import ModelConfig, config_from_dict
 
