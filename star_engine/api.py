@@ -285,8 +285,9 @@ class QuestionSampler(Protocol):
 class Backend(Protocol):
     """A model family. Checkpoints are directories the backend writes atomically.
 
-    Its options are the keyword parameters of its factory (the ``[model]`` table less
-    ``backend``, checked against the signature like every component's); their defaults are
+    Its options are the keyword parameters of its factory, or the fields of its ``Options``
+    dataclass (the ``[model]`` table less ``backend``, checked before it is built, like every
+    component's); their defaults are
     recorded in ``config.json``'s ``[model]`` beside the options the file sets
     (``registry.option_defaults``), so that the resolved configuration names every option the
     backend ran with. A default of ``None`` says "the backend decides" (from a preset, its files,

@@ -164,14 +164,14 @@ class ScriptedBackend:
     def _check(self, key: str, spec) -> None:
         if self.max_tokens and spec.max_new_tokens > self.max_tokens:
             raise UserError(f"{key}.max_new_tokens: {spec.max_new_tokens} is more than the scripted model's "
-                            f"{self.max_tokens} tokens")
+                            f"{self.max_tokens} tokens", key=f"{key}.max_new_tokens")
 
     def validate_run(self, generation, training):
         for key, spec in generation.items():
             self._check(key, spec)
         for key, spec in training.items():
             if spec.optimizer.get("b1", 0.0) >= 1:
-                raise UserError(f"{key}.optimizer.b1: must be < 1")
+                raise UserError(f"{key}.optimizer.b1: must be < 1", key=f"{key}.optimizer.b1")
 
     def start(self) -> None:
         LIFECYCLE.append(("start", ""))
