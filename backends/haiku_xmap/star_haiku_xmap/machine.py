@@ -27,6 +27,8 @@ from collections.abc import Mapping
 
 from star_engine import UserError, is_int
 
+from . import distributed as dist
+
 HUGETLB = "glibc.malloc.hugetlb=1"
 OPT_OUT = "STAR_ENGINE_HUGEPAGES"
 # Device files of an NVIDIA GPU, an AMD GPU (ROCm) and a TPU (accel driver).
@@ -46,7 +48,6 @@ def start_runtime(options: Any) -> Runtime:
     """Start what a run needs of this machine, for ``[model]`` ``options`` (``ModelOptions``),
     in this order: XLA:CPU's device count, multi-process JAX, the heartbeat the other
     processes' barriers watch, the compilation cache, then the mesh (which lists the devices)."""
-    from . import distributed as dist
     from . import sharding
 
     if options.cpu_devices is not None:

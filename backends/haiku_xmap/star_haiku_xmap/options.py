@@ -82,8 +82,9 @@ class ModelOptions(Section):
 
     @classmethod
     def from_table(cls, table: dict[str, Any]) -> ModelOptions:
-        """A ``[model]`` table (less ``backend``) checked as the core checks it."""
-        return cls(**check_table(table, cls.schema(), "model"))
+        """A ``[model]`` table (less ``backend``) checked as the core checks it; a None value
+        (no TOML value is) stands for the option's default."""
+        return cls(**check_table({k: v for k, v in table.items() if v is not None}, cls.schema(), "model"))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from star_engine import (GenRequest, GenSpec, Progress, TrainExample, TrainResult, TrainSpec, UserError,
                          hookimpl)
 
-from .options import AdamW, ModelOptions, resolve
+from .options import AdamW, DecodeConfig, ModelOptions, TrainConfig, resolve
 from .text import generate_text
 
 BACKEND = "haiku_xmap"
@@ -151,10 +151,9 @@ class HaikuXmapBackend:
 
     # ------------------------------------------------------------------ train
 
-    def train_config(self, spec: TrainSpec, adapter: Any = None) -> Any:
-        """The ``train.TrainConfig`` of ``spec`` under this backend's options."""
-        from .options import TrainConfig
-
+    def train_config(self, spec: TrainSpec, adapter: Any = None) -> TrainConfig:
+        """The ``options.TrainConfig`` of ``spec`` under this backend's options (``adapter``: a
+        LoRA stage's ``lora.LoraSpec``)."""
         o = self.options
         return TrainConfig(steps=spec.steps, batch_size=spec.batch_size, grad_accum=spec.grad_accum,
                            seed=spec.seed, optimizer=spec.optimizer, seq_len=self.seq_len,
@@ -243,10 +242,8 @@ class HaikuXmapBackend:
                              mesh=self.mesh, decode=self.decode_config(spec),
                              continuous=self.options.generation == "continuous", progress=progress)
 
-    def decode_config(self, spec: GenSpec) -> Any:
-        """The ``sample.DecodeConfig`` of ``spec`` under this backend's options and tokenizer."""
-        from .options import DecodeConfig
-
+    def decode_config(self, spec: GenSpec) -> DecodeConfig:
+        """The ``options.DecodeConfig`` of ``spec`` under this backend's options and tokenizer."""
         o, tok = self.options, self.tokenizer
         return DecodeConfig(temperature=float(spec.temperature), top_p=float(spec.top_p), eos_id=tok.eos_id,
                             pad_id=tok.pad_id, valid_vocab=tok.vocab_size, slots=spec.batch_size,
