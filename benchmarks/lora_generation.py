@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     from star_haiku_xmap.plugin import HaikuXmapBackend
 
     root = Path(tempfile.mkdtemp(prefix="lora-gen-"))
-    b = HaikuXmapBackend(preset=a.preset, n_layer=a.layers, train_checkpoint_minutes=0)
+    b = HaikuXmapBackend.from_table(preset=a.preset, n_layer=a.layers, train_checkpoint_minutes=0)
     base = b.base(root, seed=0)
     examples = [TrainExample(f"Q: {i} + {i}\nA:", f" {2 * i}") for i in range(32)]
     opt = {"lr": 1e-3, "warmup_steps": 0}

@@ -39,6 +39,7 @@ per-round ratios (wall time; ``_cpu``: CPU time). Same thread count everywhere.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -182,17 +183,19 @@ def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
     for name, mix in mixes.items():
         cfg = GPTJConfig(**mix["model"])
         params = sharding.shard_tree(model.init_params(cfg, 0), mesh)
-        common = dict(config=cfg, temperature=0.0, top_p=1.0, eos_id=-1, pad_id=mix["pad"], mesh=mesh,
-                      slots=mix["slots"])
+        decode = sample.DecodeConfig(temperature=0.0, top_p=1.0, eos_id=-1, pad_id=mix["pad"], slots=mix["slots"],
+                                     chunk=a.chunk, max_new_tokens=mix["max_new_tokens"])
+        common = dict(config=cfg, mesh=mesh)
         args = (params, mix["prompts"], list(range(len(mix["prompts"]))), mix["budgets"])
         stats: dict = {}
 
-        def cont(args=args, common=common, stats=stats, share=True):
-            out = continuous.generate(*args, chunk=a.chunk, stats=stats, share_prefix=share, **common)
+        def cont(args=args, common=common, decode=decode, stats=stats, share=True):
+            out = continuous.generate(*args, decode=dataclasses.replace(decode, share_prefix=share), stats=stats,
+                                      **common)
             assert [len(t) for t in out] == args[3]
 
-        def static(args=args, common=common, mix=mix):
-            out = sample.generate_batches(*args, max_new_tokens=mix["max_new_tokens"], **common)
+        def static(args=args, common=common, decode=decode):
+            out = sample.generate_batches(*args, decode=decode, **common)
             assert [len(t) for t in out] == args[3]
 
         fns[name, "engine"], fns[name, "engine_static"] = cont, static

@@ -285,8 +285,9 @@ class QuestionSampler(Protocol):
 class Backend(Protocol):
     """A model family. Checkpoints are directories the backend writes atomically.
 
-    Its options are the keyword parameters of its factory (the ``[model]`` table less
-    ``backend``, checked against the signature like every component's); their defaults are
+    Its options are the keyword parameters of its factory, or the fields of its ``Options``
+    dataclass (the ``[model]`` table less ``backend``, checked before it is built, like every
+    component's); their defaults are
     recorded in ``config.json``'s ``[model]`` beside the options the file sets
     (``registry.option_defaults``), so that the resolved configuration names every option the
     backend ran with. A default of ``None`` says "the backend decides" (from a preset, its files,
@@ -323,6 +324,20 @@ class Backend(Protocol):
     a class attribute of its factory. ``config.load_experiment`` refuses a table of another
     kind, or any table when the backend has none; the backend checks the rest against its
     model in ``validate_run``."""
+
+    def start(self) -> None:
+        """Optional. Start the backend's runtime (its devices, processes, threads, caches): the
+        run calls it once, after every check (``runner.preflight``) and before it writes
+        anything; ``star-engine validate`` never does, so building a backend and
+        ``validate_run`` must start nothing. A backend may run its command again here (``exec``,
+        same arguments) to change what only a process start sets (``GLIBC_TUNABLES``)."""
+
+    def checkpoint_recorded(self, checkpoint: str) -> None:
+        """Optional. The run has recorded the fine-tuning stage that wrote ``checkpoint`` (its
+        ``train.json`` is written; a resumed run that finds the stage recorded says so again):
+        whatever the backend kept to redo that stage after a kill (a training snapshot) may go
+        now. Before this call a kill makes the run train the stage again, so such state must
+        stay until then."""
 
     def base(self, workdir: Path, seed: int) -> str:
         """The base checkpoint: the configured weights, or a fresh random
@@ -407,6 +422,16 @@ class CountsTokens(Protocol):  # a Backend's (``Backend.count_tokens``); without
 @runtime_checkable
 class CapsPrompts(Protocol):  # a Backend's (``Backend.prompt_capacity``); without it no prompt is cut
     def prompt_capacity(self, spec: GenSpec) -> int: ...
+
+
+@runtime_checkable
+class Starts(Protocol):  # a Backend's (``Backend.start``): the run starts its runtime, validate never
+    def start(self) -> None: ...
+
+
+@runtime_checkable
+class RecordsCheckpoints(Protocol):  # a Backend's (``Backend.checkpoint_recorded``)
+    def checkpoint_recorded(self, checkpoint: str) -> None: ...
 
 
 @runtime_checkable

@@ -17,7 +17,7 @@ from pathlib import Path
 import structlog
 
 from . import __version__, rundir, runlock, ui
-from .api import ValidatesRun
+from .api import Starts, ValidatesRun
 from .experiment import Experiment, config_hash
 from .loop import run_star
 from .seeds import derive_seed
@@ -98,6 +98,9 @@ def run(exp: Experiment, toml_path: Path) -> list[dict]:
 
 def _run(exp: Experiment, toml_path: Path) -> list[dict]:
     preflight(exp)
+    if isinstance(exp.backend, Starts):  # the optional Backend.start: never in validate
+        with exp.calling(exp.backend, "start"):
+            exp.backend.start()
     store = prepare_run_dir(exp, toml_path)
     log_skipped(exp.panel)  # gold answers the checkers skipped when the data was loaded
     exp.notify("on_run_start", run_dir=store.root, config=exp.config.as_dict())

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import structlog
 
 from . import ui
-from .api import Example, GenRequest, GenSpec, TrainExample, TrainSpec, Trims, Verdict
+from .api import Example, GenRequest, GenSpec, RecordsCheckpoints, TrainExample, TrainSpec, Trims, Verdict
 from .experiment import Experiment, prompt_kinds
 from .ledger import LEDGER_SCHEMA, ledger_rows
 from .questions import draw
@@ -304,7 +304,7 @@ class Stages:
         if self.store.done(rel):
             info = self.store.read_json(rel)
             if info["checkpoint"] != model_rel or self.store.checkpoint_done(model_rel, self._checkpoint_id):
-                return info["checkpoint"], info
+                return self._recorded(info, model_rel)
             self.store.forget(rel)
         t0 = time.perf_counter()
         if spec.steps == 0 or not examples:
@@ -324,6 +324,14 @@ class Stages:
         info["trained_on"] = trained_on
         self.store.write_json(rel, info)
         self._timed("train", t0)
+        return self._recorded(info, model_rel)
+
+    def _recorded(self, info: dict[str, Any], model_rel: str) -> tuple[str, dict[str, Any]]:
+        """The stage's ``train.json`` is written: when it trained ``model_rel``, the backend may
+        drop what it kept to redo the stage (``Backend.checkpoint_recorded``)."""
+        if isinstance(self.backend, RecordsCheckpoints) and info["checkpoint"] == model_rel:
+            with self.exp.calling(self.backend, "checkpoint_recorded"):
+                self.backend.checkpoint_recorded(self.path(model_rel))
         return info["checkpoint"], info
 
     def base_model(self) -> str:

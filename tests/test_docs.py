@@ -323,15 +323,17 @@ def test_contracts_lists_the_built_in_component_names():
 
 
 def test_backend_options_are_documented():
-    """Every ``[model]`` option of the haiku_xmap backend (its constructor's keyword
-    arguments, ``architecture`` and ``n_kv_head`` included) has a row in the options
-    table of backends/haiku_xmap/README.md."""
+    """Every ``[model]`` option of the haiku_xmap backend (the fields of its ``Options``,
+    ``architecture`` and ``n_kv_head`` included) has a row in the options table of
+    backends/haiku_xmap/README.md."""
+    import dataclasses
+
     from star_haiku_xmap.plugin import HaikuXmapBackend
 
     readme = (REPO / "backends" / "haiku_xmap" / "README.md").read_text()
     table = readme.split("## Options", 1)[1].split("\n## ", 1)[0]
     rows = [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| `")]
-    names = [n for n in inspect.signature(HaikuXmapBackend.__init__).parameters if n != "self"]
+    names = [f.name for f in dataclasses.fields(HaikuXmapBackend.Options)]
     assert {"architecture", "n_kv_head", "preset"} <= set(names)
     missing = [n for n in names if not any(f"`{n}`" in row for row in rows)]
     assert not missing, f"[model] options without a row in backends/haiku_xmap/README.md: {missing}"

@@ -96,6 +96,6 @@ def test_the_haiku_backend_keeps_its_context_less_the_new_tokens():
     from star_engine.api import GenSpec
     from star_haiku_xmap.plugin import HaikuXmapBackend
 
-    backend = HaikuXmapBackend()  # the tiny preset: n_ctx 512, byte tokenizer
+    backend = HaikuXmapBackend.from_table()  # the tiny preset: n_ctx 512, byte tokenizer
     assert backend.prompt_capacity(GenSpec(96, 0.0, 1.0, (), 8)) == 512 - 96
     assert backend.count_tokens(["é" * 3]) == [6]  # bytes: what generate encodes and cuts

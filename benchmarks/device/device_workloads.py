@@ -184,6 +184,7 @@ def generate(s: dict, a, pk: dict) -> dict:
     sampled continuations of each (one prefill per prompt), ``new`` tokens each."""
 
     from star_haiku_xmap import model
+    from star_haiku_xmap.options import DecodeConfig
     from star_haiku_xmap.sampling import continuous
 
     cfg = s["config"]
@@ -196,8 +197,9 @@ def generate(s: dict, a, pk: dict) -> dict:
     budgets = [s["new"]] * len(prompts)
 
     def call(stats):
-        return continuous.generate(params, prompts, seeds, budgets, config=cfg, temperature=1.0, top_p=1.0,
-                                   eos_id=-1, pad_id=0, slots=a.slots, chunk=32, stats=stats)
+        return continuous.generate(params, prompts, seeds, budgets, config=cfg, stats=stats,
+                                   decode=DecodeConfig(temperature=1.0, top_p=1.0, eos_id=-1, pad_id=0,
+                                                       slots=a.slots, chunk=32))
 
     t0 = time.perf_counter()
     out = call({})

@@ -30,6 +30,9 @@ from star_engine.settings import Section
 from star_engine.store import atomic_write_bytes
 
 _counts: dict[str, int] = {}
+LIFECYCLE: list[tuple[str, str]] = []
+"""What the core asked of a scripted backend in this process, in order: ``("start", "")``
+(``Backend.start``) and ``("recorded", checkpoint)`` (``Backend.checkpoint_recorded``)."""
 
 
 def maybe_kill(event: str) -> None:
@@ -169,6 +172,16 @@ class ScriptedBackend:
         for key, spec in training.items():
             if spec.optimizer.get("b1", 0.0) >= 1:
                 raise UserError(f"{key}.optimizer.b1: must be < 1", key=f"{key}.optimizer.b1")
+
+    def start(self) -> None:
+        LIFECYCLE.append(("start", ""))
+
+    def checkpoint_recorded(self, checkpoint: str) -> None:
+        """Refuses a call before the stage's record exists (the contract the real backend's
+        training snapshots rely on)."""
+        if not (Path(checkpoint).parent / "train.json").is_file():
+            raise RuntimeError(f"checkpoint_recorded({checkpoint}) before its stage's train.json")
+        LIFECYCLE.append(("recorded", checkpoint))
 
     def _write(self, out: Path, model: dict) -> None:
         tmp = out.with_name(f".tmp-{out.name}")

@@ -27,8 +27,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from star_engine.errors import UserError
-from star_engine.options import is_int
+from star_engine import UserError, is_int
 
 ENV_COORDINATOR = "STAR_ENGINE_COORDINATOR"
 ENV_NUM_PROCESSES = "STAR_ENGINE_NUM_PROCESSES"
@@ -49,12 +48,12 @@ def resolve_options(option: Any, environ: Mapping[str, str] | None = None) -> di
         return {"auto": True}
     if option is not None and not isinstance(option, Mapping):
         raise UserError(f"model.distributed: must be a table {{coordinator = \"host:port\", num_processes = N, "
-                        f"process_id = I}} or \"auto\", got {option!r}")
+                        f"process_id = I}} or \"auto\", got {option!r}", key="model.distributed")
     table = dict(option or {})
     unknown = sorted(set(table) - {"coordinator", "num_processes", "process_id", "local_device_ids"})
     if unknown:
         raise UserError(f"model.distributed: unknown keys {unknown}; allowed: coordinator, num_processes, "
-                        "process_id, local_device_ids")
+                        "process_id, local_device_ids", key="model.distributed")
     out = {
         "coordinator": table.get("coordinator", env.get(ENV_COORDINATOR)),
         "num_processes": table.get("num_processes", env.get(ENV_NUM_PROCESSES)),
@@ -69,24 +68,24 @@ def resolve_options(option: Any, environ: Mapping[str, str] | None = None) -> di
             try:
                 v = int(v)
             except ValueError:
-                raise UserError(f"model.distributed.{key}: not an integer: {v!r}") from None
+                raise UserError(f"model.distributed.{key}: not an integer: {v!r}", key=f"model.distributed.{key}") from None
         if not is_int(v):
-            raise UserError(f"model.distributed.{key}: required (or ${ENV_NUM_PROCESSES if key == 'num_processes' else ENV_PROCESS_ID}), got {v!r}")
+            raise UserError(f"model.distributed.{key}: required (or ${ENV_NUM_PROCESSES if key == 'num_processes' else ENV_PROCESS_ID}), got {v!r}", key=f"model.distributed.{key}")
         out[key] = v
     if out["num_processes"] < 1 or not 0 <= out["process_id"] < out["num_processes"]:
         raise UserError(f"model.distributed: process_id {out['process_id']} must lie in [0, num_processes = "
-                        f"{out['num_processes']})")
+                        f"{out['num_processes']})", key="model.distributed")
     coord = out["coordinator"]
     if not isinstance(coord, str) or ":" not in coord or not coord.rsplit(":", 1)[1].isdigit():
-        raise UserError(f"model.distributed.coordinator: expected \"host:port\" (or ${ENV_COORDINATOR}), got {coord!r}")
+        raise UserError(f"model.distributed.coordinator: expected \"host:port\" (or ${ENV_COORDINATOR}), got {coord!r}", key="model.distributed.coordinator")
     ids = out["local_device_ids"]
     if isinstance(ids, str):
         try:
             ids = [int(x) for x in ids.split(",") if x.strip()]
         except ValueError:
-            raise UserError(f"{ENV_LOCAL_DEVICE_IDS}: expected comma-separated ints, got {ids!r}") from None
+            raise UserError(f"{ENV_LOCAL_DEVICE_IDS}: expected comma-separated ints, got {ids!r}", key="model.distributed.local_device_ids") from None
     if ids is not None and (not isinstance(ids, list) or not all(type(i) is int and i >= 0 for i in ids)):
-        raise UserError(f"model.distributed.local_device_ids: expected a list of ints, got {ids!r}")
+        raise UserError(f"model.distributed.local_device_ids: expected a list of ints, got {ids!r}", key="model.distributed.local_device_ids")
     out["local_device_ids"] = ids
     return out
 
@@ -100,7 +99,7 @@ def initialize(option: Any = None, environ: Mapping[str, str] | None = None) -> 
         return None
     if _initialized is not None:
         if _initialized != args:
-            raise UserError(f"model.distributed: JAX is already initialised with {_initialized}, not {args}")
+            raise UserError(f"model.distributed: JAX is already initialised with {_initialized}, not {args}", key="model.distributed")
         return _initialized
     import jax
 
@@ -116,7 +115,7 @@ def initialize(option: Any = None, environ: Mapping[str, str] | None = None) -> 
                                        process_id=args["process_id"], local_device_ids=args["local_device_ids"])
     except RuntimeError as exc:
         raise UserError(f"model.distributed: jax.distributed.initialize failed ({exc}); it must run before "
-                        "anything else uses jax, once per process") from None
+                        "anything else uses jax, once per process", key="model.distributed") from None
     _initialized = args
     return args
 

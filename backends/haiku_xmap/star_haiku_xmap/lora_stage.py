@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Sequence
 
-from star_engine.api import Progress, TrainResult, TrainSpec
-from star_engine.errors import UserError
+from star_engine import Progress, TrainResult, TrainSpec, UserError
 
 from . import lora
 
@@ -70,21 +69,18 @@ def train_adapters(backend: Any, init: str, out: Path, encoded: Sequence[Any], s
         base, have, adapters = load_adapters(backend, init, manifest)
         if have != want:
             raise UserError(f"training.adapter: {want.to_dict()} differs from the adapters it continues "
-                            f"({init}: {have.to_dict()}); use the same table, or restart_from_base = true")
+                            f"({init}: {have.to_dict()}); use the same table, or restart_from_base = true",
+                            key="training.adapter")
     else:
         base, adapters = init, None
-    snapshots = stage_snapshots(backend, init, out, spec, encoded, backend._train_checkpoint_minutes)
+    snapshots = stage_snapshots(backend, init, out, spec, encoded)
     frozen = backend._load(base)  # the compute dtype: no copy when the base is stored in it
     try:
-        trained, losses, tokens = tr.train(
-            frozen, backend.config, encoded, steps=spec.steps, batch_size=spec.batch_size,
-            grad_accum=spec.grad_accum, seed=spec.seed, optimizer=spec.optimizer, seq_len=backend.seq_len,
-            pad_id=backend.tokenizer.pad_id, mesh=backend.mesh, zero=backend.zero,
-            opt_state_dtype=backend.opt_state_dtype, progress=progress, packing=spec.packing, loss=spec.loss,
-            accum_dtype=backend.grad_accum_dtype, remat=backend.remat, snapshots=snapshots,
-            adapter=want, adapters=adapters)
+        trained, losses, tokens = tr.train(frozen, backend.config, encoded, backend.train_config(spec, want),
+                                           mesh=backend.mesh, progress=progress, snapshots=snapshots,
+                                           adapters=adapters)
     except pk.PackingError as exc:
-        raise UserError(f"training.packing: {exc}") from None
+        raise UserError(f"training.packing: {exc}", key="training.packing") from None
     out.parent.mkdir(parents=True, exist_ok=True)
     backend._save(out, trained, {"kind": "lora", "lora": want.to_dict(), "base": backend.checkpoint_id(base),
                                  "base_path": os.path.relpath(Path(base).resolve(), out.resolve()),

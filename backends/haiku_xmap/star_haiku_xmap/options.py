@@ -1,24 +1,90 @@
-"""The ``[model]`` table's run-time options (how to generate, train and store, not the
-model's shape), checked before anything is built: each failure is a ``UserError``
-naming its key, as ``model.<key>: ...``; and the optimizer tables' typed section
-(``AdamW``), which the core checks and completes the ``[*.optimizer]`` tables by."""
+"""The ``[model]`` table (``ModelOptions``: the backend's options, declared once and checked
+by the core's validator before the backend is built), what the options make together (the
+model, its tokenizer, the training length: ``resolve``, the one place that checks options
+against each other and against the checkpoint), and the optimizer tables' typed section
+(``AdamW``), which the core checks and completes the ``[*.optimizer]`` tables by. Every
+failure is a ``UserError`` whose ``key`` is the ``model.<option>`` at fault."""
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, get_args
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, NamedTuple, get_args
 
-from star_engine.errors import UserError
-from star_engine.options import is_int
-from star_engine.schema import above, at_least, between
-from star_engine.settings import Section
+from star_engine import NonNegInt, Section, UserError, above, at_least, between, check_table, is_int
 
-from .config import ARCHITECTURES, DTYPES
+from .config import PRESETS, architecture as arch_of, config_from_dict
 
-GENERATION = ("continuous", "static")
-OPT_STATE_DTYPES = ("float32", "bfloat16", "mixed")  # mixed: first moment bf16, second fp32
+Dtype = Literal["float32", "bfloat16"]
 Schedule = Literal["constant", "linear", "cosine"]
 SCHEDULES = get_args(Schedule)
+OptStateDtype = Literal["float32", "bfloat16", "mixed"]  # mixed: first moment bf16, second fp32
+GENERATION = ("continuous", "static")
+OPT_STATE_DTYPES = get_args(OptStateDtype)
+SHAPE = ("n_layer", "d_model", "n_head", "d_head", "d_ff", "rotary_dim", "n_ctx", "n_kv_head", "vocab")
+Size = Annotated[int | None, at_least(1)]  # None: the preset's, or the checkpoint's
+
+
+@dataclass(frozen=True)
+class ModelOptions(Section):
+    """The ``[model]`` table (``HaikuXmapBackend.Options``). ``architecture`` ("gptj" or
+    "llama"; default: the checkpoint's, else the preset's), a preset (default "tiny", or
+    "llama-tiny" for architecture "llama"; docs/models.md) with field overrides (when
+    ``checkpoint_path`` is set the checkpoint carries its config, and an override that
+    disagrees with it is an error), the tokenizer, the mesh and the maximum training length
+    ``seq_len`` (default n_ctx); ``zero = 1`` partitions the optimizer state over "dp"
+    (ZeRO-1), ``opt_state_dtype`` stores it in fp32 or bf16, ``master_dtype`` is the dtype of
+    the trained weights (fp32 masters under bf16 compute by default; fine-tuned checkpoints
+    store them), ``grad_accum_dtype`` the gradient accumulator's, ``remat`` recomputes each
+    block in the backward pass instead of keeping its activations, ``distributed`` starts
+    multi-process JAX (``distributed.py``) and ``cpu_devices`` sets how many XLA:CPU devices
+    (cores) the mesh spans (``machine.py``; default: one per core, ``use_every_core``).
+    ``generation``: "continuous" (a slot whose row has ended takes the next prompt,
+    ``continuous.py``) or "static" (length-sorted batches, each until its last row ends);
+    ``generation_chunk``: decode steps between the host's stop-string checks and refills;
+    ``share_prefix``: the tokens every prompt of a generation call starts with (a few-shot
+    prompt) are prefilled once (continuous generation; ``continuous.shared_prefix``).
+    ``train_checkpoint_steps`` / ``train_checkpoint_minutes``: how often a fine-tuning stage
+    snapshots its whole training state so that a killed run resumes mid-stage (``resume.py``;
+    0 = off; default: every 10 minutes, 30 for models of 1B parameters or more)."""
+
+    preset: str | None = None
+    dtype: Dtype | None = None
+    n_layer: Size = None
+    d_model: Size = None
+    n_head: Size = None
+    d_head: Size = None
+    d_ff: Size = None
+    rotary_dim: Size = None
+    n_ctx: Size = None
+    n_kv_head: Size = None
+    architecture: Literal["gptj", "llama"] | None = None
+    vocab: Size = None
+    tokenizer: Literal["byte", "hf"] = "byte"
+    tokenizer_file: str = ""
+    checkpoint_path: str = ""
+    mesh: dict | None = None
+    seq_len: Annotated[int | None, at_least(2)] = None
+    zero: Literal[0, 1] = 0
+    opt_state_dtype: OptStateDtype = "float32"
+    master_dtype: Dtype = "float32"
+    grad_accum_dtype: Dtype = "float32"
+    remat: bool = False
+    distributed: dict | Literal["auto"] | None = None
+    cpu_devices: Size = None
+    generation: Literal["continuous", "static"] = "continuous"
+    generation_chunk: Annotated[int, between(1, 4096)] = 16
+    share_prefix: bool = True
+    train_checkpoint_steps: NonNegInt = 0
+    train_checkpoint_minutes: Annotated[float | None, at_least(0)] = None
+
+    @classmethod
+    def from_table(cls, table: dict[str, Any]) -> ModelOptions:
+        """A ``[model]`` table (less ``backend``) checked as the core checks it; a None value
+        (no TOML value is) stands for the option's default."""
+        return cls(**check_table({k: v for k, v in table.items() if v is not None}, cls.schema(), "model"))
 
 
 @dataclass(frozen=True)
@@ -39,22 +105,148 @@ class AdamW(Section):
     b2: Annotated[float, between(0, 1, hi_open=True)] = 0.999
 
 
-def check_run_options(*, generation: Any, generation_chunk: Any, share_prefix: Any, zero: Any,
-                      opt_state_dtype: Any, remat: Any, dtype: Any, architecture: Any) -> None:
-    """The values each option may take (the model's dtypes against each other are
-    ``train.check_dtypes``'s, the shape options the config's)."""
-    if generation not in GENERATION:
-        raise UserError(f"model.generation: must be one of {list(GENERATION)}, got {generation!r}")
-    if not is_int(generation_chunk) or not 1 <= generation_chunk <= 4096:
-        raise UserError(f"model.generation_chunk: must be an int in [1, 4096], got {generation_chunk!r}")
-    for name, value in (("share_prefix", share_prefix), ("remat", remat)):
-        if not isinstance(value, bool):
-            raise UserError(f"model.{name}: must be true or false, got {value!r}")
-    if isinstance(zero, bool) or zero not in (0, 1):
-        raise UserError(f"model.zero: must be 0 (off) or 1 (ZeRO-1: optimizer state split over dp), got {zero!r}")
-    if opt_state_dtype not in OPT_STATE_DTYPES:
-        raise UserError(f"model.opt_state_dtype: must be one of {list(OPT_STATE_DTYPES)}, got {opt_state_dtype!r}")
-    if dtype is not None and dtype not in DTYPES:
-        raise UserError(f"model.dtype: must be one of {list(DTYPES)}, got {dtype!r}")
-    if architecture is not None and architecture not in ARCHITECTURES:
-        raise UserError(f"model.architecture: must be one of {list(ARCHITECTURES)}, got {architecture!r}")
+@dataclass(frozen=True)
+class TrainConfig:
+    """One fine-tuning job as ``train`` runs it: the ``TrainSpec``'s sizes, seed, optimizer
+    table, packing and loss; the backend's training length ``seq_len`` and pad token; the
+    ``[model]`` training options (``zero``, ``opt_state_dtype``, ``master_dtype``,
+    ``accum_dtype`` = ``grad_accum_dtype``, ``remat``); and for a LoRA stage its ``adapter``
+    (``lora.LoraSpec``). Built once by the backend (``HaikuXmapBackend.train_config``; ``train.train``'s)."""
+
+    steps: int
+    batch_size: int
+    grad_accum: int
+    seed: int
+    optimizer: Mapping[str, Any]
+    seq_len: int
+    pad_id: int
+    packing: str = "segments"
+    loss: str = "completion"
+    zero: int = 0
+    opt_state_dtype: str = "float32"
+    master_dtype: str = "float32"
+    accum_dtype: str = "float32"
+    remat: bool = False
+    adapter: Any = None  # lora.LoraSpec
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How a generation call decodes (``sample.generate_batches``, ``continuous.generate``; built
+    once per call by ``HaikuXmapBackend.decode_config`` from its options and the ``GenSpec``):
+    ``temperature`` (0: greedy) and ``top_p``; the tokenizer's end-of-text and pad ids and
+    ``valid_vocab`` (ids at or above it, a padded vocabulary's rows, are never produced);
+    ``slots`` rows decoding together. Continuous batching: ``chunk`` decode steps at most
+    between the host's checks and refills, ``refill`` (rows of a shard that, once ended while
+    prompts wait, end a chunk early; None: an eighth of a shard's slots), ``share_prefix``
+    (``continuous.shared_prefix``). The static path: ``max_new_tokens``, the compiled loop
+    length (None: the largest budget)."""
+
+    temperature: float
+    top_p: float
+    eos_id: int
+    pad_id: int
+    valid_vocab: int | None = None
+    slots: int = 8
+    chunk: int = 16
+    refill: int | None = None
+    share_prefix: bool = True
+    max_new_tokens: int | None = None
+
+
+MASTER_DTYPES = ACCUM_DTYPES = get_args(Dtype)
+
+
+def check_dtypes(config: Any, master_dtype: str, accum_dtype: str = "float32") -> None:
+    """ValueError for a master dtype coarser than the compute dtype or an unknown dtype."""
+    if master_dtype not in MASTER_DTYPES:
+        raise ValueError(f"master_dtype must be one of {list(MASTER_DTYPES)}, got {master_dtype!r}")
+    if accum_dtype not in ACCUM_DTYPES:
+        raise ValueError(f"grad_accum_dtype must be one of {list(ACCUM_DTYPES)}, got {accum_dtype!r}")
+    if master_dtype == "bfloat16" and config.dtype == "float32":
+        raise ValueError("master_dtype bfloat16 under float32 compute would round every update; use float32")
+
+
+class Model(NamedTuple):
+    """What the options make together: the model's config, its tokenizer, the training length."""
+
+    config: Any
+    tokenizer: Any
+    seq_len: int
+
+
+def _fail(name: str, message: str) -> UserError:
+    return UserError(f"model.{name}: {message}", key=f"model.{name}")
+
+
+def base_config(o: ModelOptions) -> tuple[Any, dict | None]:
+    """The config the overrides apply to (the checkpoint's, else the preset's) and the
+    checkpoint's stored tokenizer (None without a checkpoint)."""
+    if o.checkpoint_path:
+        from .checkpoint.format import read_manifest
+
+        manifest = read_manifest(o.checkpoint_path)
+        base = config_from_dict(manifest["model_config"])
+        if o.architecture is not None and o.architecture != arch_of(base):
+            raise _fail("architecture", f"{o.architecture!r} disagrees with the checkpoint's {arch_of(base)!r} "
+                                        f"({o.checkpoint_path})")
+        for key in SHAPE:
+            value = getattr(o, key)
+            if value is not None and value != getattr(base, key, None):
+                raise _fail(key, f"{value} disagrees with the checkpoint's {getattr(base, key)} "
+                                 f"({o.checkpoint_path})")
+        return base, manifest["tokenizer"]
+    preset = o.preset or ("llama-tiny" if o.architecture == "llama" else "tiny")
+    if preset not in PRESETS:
+        raise _fail("preset", f"unknown preset {preset!r}; known: {sorted(PRESETS)}")
+    base = PRESETS[preset]
+    if o.architecture is not None and o.architecture != arch_of(base):
+        raise _fail("architecture", f"{o.architecture!r} disagrees with preset {preset!r} ({arch_of(base)!r})")
+    return base, None
+
+
+def _config_error(exc: Exception) -> UserError:
+    """A config refusal (a rule across its fields) as the ``[model]`` key it is about."""
+    m = re.match(r"(?:GPTJ|Llama)Config\.(\w+) (.*)$", str(exc), re.DOTALL)
+    if m:
+        return _fail(m.group(1), m.group(2))
+    m = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+    return _fail(m.group(1), "not an option of this architecture") if m else UserError(f"model: {exc}", key="model")
+
+
+def resolve(o: ModelOptions) -> Model:
+    """The model, tokenizer and training length the options make (reads the checkpoint's
+    manifest, never its weights; starts nothing). Checks the options against each other."""
+    from .sharding import mesh_shape
+    from .tokenizer import ByteTokenizer, HFTokenizer, tokenizer_from_dict
+
+    base, stored_tok = base_config(o)
+    overrides = {k: getattr(o, k) for k in SHAPE if getattr(o, k) is not None}
+    try:
+        config = base.replace(**overrides, **({"dtype": o.dtype} if o.dtype else {}))
+    except (TypeError, ValueError) as exc:
+        raise _config_error(exc) from None
+    if o.tokenizer_file:
+        tokenizer = HFTokenizer(o.tokenizer_file)
+    elif stored_tok is not None:
+        tokenizer = tokenizer_from_dict(stored_tok)
+    elif o.tokenizer == "hf":
+        raise _fail("tokenizer_file", "required when model.tokenizer = 'hf'")
+    else:
+        tokenizer = ByteTokenizer()
+    try:
+        check_dtypes(config, o.master_dtype, o.grad_accum_dtype)
+    except ValueError as exc:
+        raise _fail("grad_accum_dtype" if "grad_accum_dtype" in str(exc) else "master_dtype", str(exc)) from None
+    if tokenizer.vocab_size > config.vocab:
+        raise _fail("vocab", f"{config.vocab} is smaller than the tokenizer's {tokenizer.vocab_size} tokens")
+    seq_len = config.n_ctx if o.seq_len is None else o.seq_len
+    if seq_len > config.n_ctx:
+        raise _fail("seq_len", f"must be an int in [2, n_ctx={config.n_ctx}], got {o.seq_len!r}")
+    if o.mesh is not None:  # its form; the device count is the runtime's (machine.start_runtime)
+        fixed = [v for v in o.mesh.values() if is_int(v) and v > 0]
+        try:
+            mesh_shape(o.mesh, math.prod(fixed))
+        except ValueError as exc:
+            raise _fail("mesh", str(exc)) from None
+    return Model(config, tokenizer, seq_len)

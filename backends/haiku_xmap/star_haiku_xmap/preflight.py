@@ -1,12 +1,12 @@
 """What this backend checks before a run writes anything (``HaikuXmapBackend.validate_run``,
-the optional ``Backend.validate_run`` of ``star_engine.api``): the generation and training
-specs the run will use against the model (context length, room for a prompt, sampling
-values), and the configured checkpoint's files (manifest, part files and
-sizes, the largest leaf against the memory available), without reading any weights.
-
-Everything ``generate`` and ``train`` would refuse later for these specs is refused here,
-with the TOML key that holds the value, so that ``star-engine validate`` reports it and
-``star-engine run`` refuses before its run directory exists.
+the optional ``Backend.validate_run`` of ``star_engine.api``, which ``star-engine validate``
+and ``star-engine run`` both call): what depends on the model, and nothing the core already
+guarantees of ``GenSpec`` / ``TrainSpec`` (``star_engine.settings`` declares their ranges).
+That is the room a generation leaves for a prompt in the model's context, a training
+adapter table against the architecture (targets, rank against the matrices:
+``lora.check_table``), and the configured checkpoint's files (manifest, part files and
+sizes, the largest leaf against the memory available), without reading any weights; each
+refusal names the TOML key that holds the value.
 """
 
 from __future__ import annotations
@@ -17,55 +17,32 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Mapping
 
-from star_engine.api import GenSpec, TrainSpec
-from star_engine.errors import IntegrityError, UserError
-from star_engine.options import is_int
+from star_engine import GenSpec, IntegrityError, TrainSpec, UserError
 
 from .checkpoint.format import MANIFEST, checked_manifest
 from .checkpoint.safeio import check_alloc, np_dtype
 
 
-def _int(value: Any, minimum: int) -> bool:
-    return is_int(value) and value >= minimum
-
-
 def check_generation(key: str, spec: GenSpec, n_ctx: int) -> None:
-    """``spec`` (from TOML section ``key``) against a model of context ``n_ctx``."""
+    """``spec`` (from TOML section ``key``) against a model of context ``n_ctx``: room for a prompt."""
     n = spec.max_new_tokens
-    if not _int(n, 0):
-        raise UserError(f"{key}.max_new_tokens: must be an int >= 0, got {n!r}")
     if n >= n_ctx:
         raise UserError(f"{key}.max_new_tokens: {n} leaves no room for a prompt in the model's context of "
-                        f"n_ctx = {n_ctx} tokens (model.n_ctx); use at most {n_ctx - 1}")
-    if not (isinstance(spec.temperature, (int, float)) and math.isfinite(spec.temperature) and spec.temperature >= 0):
-        raise UserError(f"{key}.temperature: must be a finite number >= 0, got {spec.temperature!r}")
-    if not (isinstance(spec.top_p, (int, float)) and 0 < spec.top_p <= 1):
-        raise UserError(f"{key}.top_p: must be in (0, 1], got {spec.top_p!r}")
-    if not _int(spec.batch_size, 1):
-        raise UserError(f"{key}.batch_size: must be an int >= 1, got {spec.batch_size!r}")
-
-
-def check_training(key: str, spec: TrainSpec) -> None:
-    """``spec`` (from TOML section ``key``): its sizes (its optimizer table was checked and
-    completed by ``options.AdamW`` when the experiment was loaded)."""
-    for name, minimum in (("steps", 0), ("batch_size", 1), ("grad_accum", 1)):
-        value = getattr(spec, name)
-        if not _int(value, minimum):
-            raise UserError(f"{key}.{name}: must be an int >= {minimum}, got {value!r}")
+                        f"n_ctx = {n_ctx} tokens (model.n_ctx); use at most {n_ctx - 1}",
+                        key=f"{key}.max_new_tokens")
 
 
 def validate_run(backend: Any, generation: Mapping[str, GenSpec], training: Mapping[str, TrainSpec]) -> None:
     """The backend's checks of a run before it starts (see the module docstring)."""
     for key, spec in generation.items():
         check_generation(key, spec, backend.config.n_ctx)
-    for key, spec in training.items():
-        check_training(key, spec)
-        if spec.adapter is not None:
+    for key, tspec in training.items():
+        if tspec.adapter is not None:
             from .lora import check_table
 
-            check_table(spec.adapter, backend.config, f"{key}.adapter")
-    if backend._checkpoint_path:
-        check_checkpoint(backend._checkpoint_path)
+            check_table(tspec.adapter, backend.config, f"{key}.adapter")
+    if backend.checkpoint_path:
+        check_checkpoint(backend.checkpoint_path)
 
 
 def check_checkpoint(path: str | os.PathLike) -> dict:

@@ -18,9 +18,9 @@ id, the training spec, a hash of the examples, the model config, dtypes, mesh an
 optimizer-state layout), the step, the losses and the token count. A rerun of the
 stage loads it only when all of these match and every part verifies; otherwise it
 is deleted and the stage starts from step 0. It outlives the stage's checkpoint until
-that checkpoint is first loaded (``release``: as the init of a later stage, or to
-generate), by which time the run has recorded the stage: a kill between the checkpoint's
-write and the run's record of it (``train.json``), which makes the run train the stage
+the run has recorded that checkpoint (``release``, from ``HaikuXmapBackend.checkpoint_recorded``,
+which the core calls once the stage's ``train.json`` is written): a kill between the
+checkpoint's write and the run's record of it, which makes the run train the stage
 again, then costs the steps since the last snapshot, not the whole stage.
 
 Cost: a snapshot holds the master weights plus two Adam moments, about 3x the
@@ -31,7 +31,6 @@ for GPT-J 6B, so the default interval grows with the model (``default_minutes``)
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import shutil
 import time
@@ -41,8 +40,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from star_engine.errors import IntegrityError, UserError
-from star_engine.fsio import temporary_sibling
+from star_engine import IntegrityError, UserError, temporary_sibling
 
 SUFFIX = ".partial"
 FORMAT = "star-haiku-xmap-train-snapshot"
@@ -54,15 +52,6 @@ LARGE_MODEL = 1_000_000_000
 def default_minutes(n_params: int) -> float:
     """The default ``train_checkpoint_minutes``: 10 below 1B parameters, 30 from there."""
     return SMALL_MODEL_MINUTES if n_params < LARGE_MODEL else LARGE_MODEL_MINUTES
-
-
-def check_options(steps: Any, minutes: Any) -> None:
-    """UserError naming the ``[model]`` key for a bad interval (0 turns a trigger off)."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise UserError(f"model.train_checkpoint_steps: must be an int >= 0 (0: off), got {steps!r}")
-    if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not math.isfinite(minutes) \
-            or minutes < 0:
-        raise UserError(f"model.train_checkpoint_minutes: must be a number >= 0 (0: off), got {minutes!r}")
 
 
 def snapshot_dir(out: str | Path) -> Path:
@@ -97,27 +86,28 @@ def leaf_paths(tree: Any) -> list[tuple[str, ...]]:
     return paths
 
 
-def stage_snapshots(backend: Any, init: str, out: str | Path, spec: Any, encoded: Sequence[Any],
-                    minutes: float | None) -> Snapshots:
+def stage_snapshots(backend: Any, init: str, out: str | Path, spec: Any, encoded: Sequence[Any]) -> Snapshots:
     """The snapshots of the ``HaikuXmapBackend.train`` stage that writes ``out`` from
     checkpoint ``init`` with ``spec`` (a ``TrainSpec``): keyed by everything that
     decides its steps, so that only a rerun of the very same stage loads one.
-    ``minutes`` None: ``default_minutes`` for the backend's model."""
+    ``model.train_checkpoint_minutes`` None: ``default_minutes`` for the backend's model."""
     import jax
 
     from .model import param_count
 
+    o = backend.options
     mesh = [int(backend.mesh.shape["dp"]), int(backend.mesh.shape["mp"])]
     key = {"init": backend.checkpoint_id(init), "steps": spec.steps, "batch_size": spec.batch_size,
            "grad_accum": spec.grad_accum, "seed": spec.seed, "optimizer": dict(spec.optimizer),
            "packing": spec.packing, "loss": spec.loss, "examples": examples_sha256(encoded),
            "model_config": backend.config.to_dict(), "seq_len": backend.seq_len,
-           "master_dtype": backend.master_dtype, "grad_accum_dtype": backend.grad_accum_dtype,
-           "zero": backend.zero, "opt_state_dtype": backend.opt_state_dtype, "remat": backend.remat,
+           "master_dtype": o.master_dtype, "grad_accum_dtype": o.grad_accum_dtype,
+           "zero": o.zero, "opt_state_dtype": o.opt_state_dtype, "remat": o.remat,
            "mesh": mesh, "processes": jax.process_count()}
     if spec.adapter is not None:  # a LoRA stage (lora_stage.py)
         key["adapter"] = dict(spec.adapter)
-    return Snapshots(snapshot_dir(out), key, steps=spec.steps, every_steps=backend.train_checkpoint_steps,
+    minutes = o.train_checkpoint_minutes
+    return Snapshots(snapshot_dir(out), key, steps=spec.steps, every_steps=o.train_checkpoint_steps,
                      every_minutes=default_minutes(param_count(backend.config)) if minutes is None else minutes,
                      model_config=backend.config.to_dict(), tokenizer=backend.tokenizer.to_dict(), mp_split=mesh[1])
 
@@ -248,7 +238,7 @@ class Snapshots:
 
 def release(checkpoint: str | Path) -> None:
     """Delete the snapshot of the stage that wrote ``checkpoint``, if one is left: called
-    when the checkpoint is loaded (every process)."""
+    once the run has recorded the checkpoint (every process)."""
     discard(snapshot_dir(checkpoint))
 
 

@@ -27,16 +27,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from star_engine.config import check_table
+from star_engine import check_table
 
 from . import lora, model, packing, sharding
 from .distributed import global_array, place, to_host
-from .options import OPT_STATE_DTYPES, AdamW
+from .options import OPT_STATE_DTYPES, AdamW, TrainConfig, check_dtypes
 from .config import GPTJConfig
 from .packing import Encoded, bucket_lengths, encode_example, plan_steps  # noqa: F401  (the backend's API)
 
-MASTER_DTYPES = ("float32", "bfloat16")
-ACCUM_DTYPES = ("float32", "bfloat16")
 OPTIMIZER_DEFAULTS: dict[str, Any] = {name: f.default for name, f in AdamW.schema().items()}  # the paper's
 
 
@@ -79,16 +77,6 @@ def make_optimizer(opt: Mapping[str, Any], total_steps: int) -> optax.GradientTr
                         weight_decay=o["weight_decay"],
                         mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p))
     return optax.chain(optax.clip_by_global_norm(o["clip_norm"]), adamw)
-
-
-def check_dtypes(config: GPTJConfig, master_dtype: str, accum_dtype: str = "float32") -> None:
-    """ValueError for a master dtype coarser than the compute dtype or an unknown dtype."""
-    if master_dtype not in MASTER_DTYPES:
-        raise ValueError(f"master_dtype must be one of {list(MASTER_DTYPES)}, got {master_dtype!r}")
-    if accum_dtype not in ACCUM_DTYPES:
-        raise ValueError(f"grad_accum_dtype must be one of {list(ACCUM_DTYPES)}, got {accum_dtype!r}")
-    if master_dtype == "bfloat16" and config.dtype == "float32":
-        raise ValueError("master_dtype bfloat16 under float32 compute would round every update; use float32")
 
 
 def master_params(params: Any, master_dtype: str) -> Any:
@@ -279,14 +267,11 @@ def dims(config: GPTJConfig) -> tuple[int, int, int, int]:
     return config.n_layer, config.d_model, config.d_ff, config.vocab
 
 
-def train(params: Any, config: GPTJConfig, encoded: Sequence[Encoded], *, steps: int, batch_size: int,
-          grad_accum: int, seed: int, optimizer: Mapping[str, Any], seq_len: int, pad_id: int,
-          mesh=None, zero: int = 0, opt_state_dtype: str = "float32", progress: Callable[[int], None] | None = None,
-          packing: str = "segments", loss: str = "completion", master_dtype: str = "float32",
-          accum_dtype: str = "float32", remat: bool = False, snapshots: Any = None,
-          adapter: lora.LoraSpec | None = None, adapters: Any = None) -> tuple[Any, list[float], int]:
-    """Run ``steps`` optimizer steps from ``params`` (left intact). Returns (master
-    params in ``master_dtype``, per-step losses, number of loss tokens). Each step
+def train(params: Any, config: GPTJConfig, encoded: Sequence[Encoded], job: TrainConfig, *, mesh=None,
+          progress: Callable[[int], None] | None = None, snapshots: Any = None,
+          adapters: Any = None) -> tuple[Any, list[float], int]:
+    """Run ``job.steps`` optimizer steps from ``params`` (left intact). Returns (master
+    params in ``job.master_dtype``, per-step losses, number of loss tokens). Each step
     takes batch_size x grad_accum examples (``packing = "stream"``: chunks).
 
     With a ``mesh`` the state is laid out by the rule table and built directly in
@@ -297,51 +282,33 @@ def train(params: Any, config: GPTJConfig, encoded: Sequence[Encoded], *, steps:
     storage dtype (``with_state_dtype``). ``snapshots`` (``resume.Snapshots``):
     continue from the stage's saved state if there is one, and save it as it goes.
 
-    ``adapter`` (``lora.LoraSpec``): ``params`` is the frozen base, kept in its own
+    ``job.adapter`` (``lora.LoraSpec``): ``params`` is the frozen base, kept in its own
     dtype (cast to the compute dtype only where that differs), and the LoRA adapters
     are trained instead, starting from ``adapters`` (default: fresh ones drawn from
-    ``seed``, the identity); returns the trained adapters in place of the params."""
-    if steps < 0 or batch_size < 1 or grad_accum < 1:
-        raise ValueError(f"bad training shape: steps={steps} batch_size={batch_size} grad_accum={grad_accum}")
-    check_dtypes(config, master_dtype, accum_dtype)
-    if zero and mesh is None:
+    the seed, the identity); returns the trained adapters in place of the params."""
+    check_dtypes(config, job.master_dtype, job.accum_dtype)
+    if job.zero and mesh is None:
         raise ValueError("zero = 1 splits the optimizer state over a mesh's dp axis: it needs a mesh")
-    if steps == 0:  # nothing trained: the params, or the adapters as they start
+    adapter, master_dtype = job.adapter, job.master_dtype
+    if job.steps == 0:  # nothing trained: the params, or the adapters as they start
         return (params if adapter is None else
-                adapters if adapters is not None else fresh_adapters(config, adapter, seed)), [], 0
+                adapters if adapters is not None else fresh_adapters(config, adapter, job.seed)), [], 0
     rows = 1 if mesh is None else sharding.dp_size(mesh)
-    batches = packing_batches(encoded, steps=steps, batch_size=batch_size, grad_accum=grad_accum, seed=seed,
-                              seq_len=seq_len, pad_id=pad_id, dp=rows, packing=packing, loss=loss, config=config)
-    tx = with_state_dtype(make_optimizer(optimizer, steps), opt_state_dtype)
+    batches = packing_batches(encoded, steps=job.steps, batch_size=job.batch_size, grad_accum=job.grad_accum,
+                              seed=job.seed, seq_len=job.seq_len, pad_id=job.pad_id, dp=rows, packing=job.packing,
+                              loss=job.loss, config=config)
+    tx = with_state_dtype(make_optimizer(job.optimizer, job.steps), job.opt_state_dtype)
     compute = model.dtype_of(config)
     base = None
     if adapter is not None:
         base, params = _frozen_base(params, compute, mesh), adapters
         if params is None:
-            params = fresh_adapters(config, adapter, seed)
+            params = fresh_adapters(config, adapter, job.seed)
         master_dtype = "float32"  # adapters are fp32 whatever the model's dtypes
-    if mesh is None:
-        # A copy in the master dtype: the update donates its state; the caller's arrays must survive.
-        params, put, state_sh = master_params(params, master_dtype), (lambda batch: batch), None
-    else:
-        params = jax.jit(lambda p: master_params(p, master_dtype),
-                         out_shardings=sharding.tree_shardings(params, mesh))(place(params, mesh))
-        batch_sh = sharding.batch_sharding(mesh, batch_axis=1, ndim=3)
-        put = lambda batch: {k: global_array(v, batch_sh) for k, v in batch.items()}  # noqa: E731
-    # The state's shapes, for its shardings and a snapshot's restore (traced once).
-    abstract = None if mesh is None and snapshots is None else jax.eval_shape(lambda p: init_state(p, tx), params)
-    if mesh is not None:
-        state_sh = state_shardings(abstract, mesh, zero, compute)
-    # ``resume.py``: the stage's saved state, laid out as a fresh one would be
-    restored = snapshots.restore(abstract, state_sh) if snapshots is not None else None
-    if restored:
-        state = restored.state
-    elif mesh is None:
-        state = init_state(params, tx)
-    else:  # the moments are born in their final (ZeRO) shardings
-        state = _build_state(params, tx, state_sh)
+    state, state_sh, restored = _first_state(params, tx, master_dtype, mesh, job.zero, compute, snapshots)
     del params  # the state holds the (master) copy
-    update = make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=accum_dtype, remat=remat,
+    put = (lambda batch: batch) if mesh is None else _put_batch(sharding.batch_sharding(mesh, batch_axis=1, ndim=3))
+    update = make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=job.accum_dtype, remat=job.remat,
                          adapter=adapter)
     if base is not None:
         update = functools.partial(update, base=base)
@@ -349,6 +316,34 @@ def train(params: Any, config: GPTJConfig, encoded: Sequence[Encoded], *, steps:
                                          snapshots=snapshots, restored=restored)
     losses = [float(to_host(x)) for x in metrics]
     return state.params, losses, n_tokens
+
+
+def _first_state(params: Any, tx: optax.GradientTransformation, master_dtype: str, mesh, zero: int, compute: Any,
+                 snapshots: Any) -> tuple[TrainState, Any, Any]:
+    """The state training starts from (a snapshot's, ``resume.py``, laid out as a fresh one
+    would be; else a fresh one over a master-dtype copy of ``params``), its shardings (None
+    without a mesh) and the restored snapshot (None)."""
+    if mesh is None:
+        # A copy in the master dtype: the update donates its state; the caller's arrays must survive.
+        params, state_sh = master_params(params, master_dtype), None
+    else:
+        params = jax.jit(lambda p: master_params(p, master_dtype),
+                         out_shardings=sharding.tree_shardings(params, mesh))(place(params, mesh))
+    # The state's shapes, for its shardings and a snapshot's restore (traced once).
+    abstract = None if mesh is None and snapshots is None else jax.eval_shape(lambda p: init_state(p, tx), params)
+    if mesh is not None:
+        state_sh = state_shardings(abstract, mesh, zero, compute)
+    restored = snapshots.restore(abstract, state_sh) if snapshots is not None else None
+    if restored:
+        return restored.state, state_sh, restored
+    if mesh is None:
+        return init_state(params, tx), state_sh, None
+    return _build_state(params, tx, state_sh), state_sh, None  # the moments born in their (ZeRO) shardings
+
+
+def _put_batch(batch_sh: Any) -> Callable[[dict], dict]:
+    """A host batch as global arrays with ``batch_sh`` (each process places its own slices)."""
+    return lambda batch: {k: global_array(v, batch_sh) for k, v in batch.items()}
 
 
 def fresh_adapters(config: GPTJConfig, adapter: lora.LoraSpec, seed: int) -> Any:

@@ -46,8 +46,9 @@ def params():
 
 def _run(fn, params, temperature, top_p, slots=4, **kw):
     prompts, seeds, budgets = kw.pop("requests", _requests())
-    return fn(params, prompts, seeds, budgets, config=CFG, temperature=temperature, top_p=top_p, eos_id=EOS,
-              pad_id=PAD, slots=slots, **kw)
+    decode = sample.DecodeConfig(temperature=temperature, top_p=top_p, eos_id=EOS, pad_id=PAD, slots=slots,
+                                 **{k: kw.pop(k) for k in ("chunk", "refill", "share_prefix") if k in kw})
+    return fn(params, prompts, seeds, budgets, config=CFG, decode=decode, **kw)
 
 
 @pytest.mark.parametrize("temperature, top_p", [(0.0, 1.0), (1.0, 0.8)])
@@ -78,16 +79,16 @@ def test_slots_are_refilled_so_decoding_takes_fewer_steps_than_static_batches(pa
     budgets = [2, 30, 3, 29, 2, 30, 4, 28, 2, 30, 3, 29]
     seeds = list(range(12))
     stats = {}
-    out = continuous.generate(params, prompts, seeds, budgets, config=CFG, temperature=0.0, top_p=1.0, eos_id=-1,
-                              pad_id=PAD, slots=4, chunk=8, refill=1, stats=stats)
+    out = continuous.generate(params, prompts, seeds, budgets, config=CFG,
+        decode=sample.DecodeConfig(temperature=0.0, top_p=1.0, eos_id=-1, pad_id=PAD, slots=4, chunk=8, refill=1), stats=stats)
     assert [len(t) for t in out] == budgets
     # Static batches of 4 (all prompts are 3 tokens long) each run to their longest row: 3 x 30 steps.
     static_steps = sum(max(budgets[s:s + 4]) for s in range(0, 12, 4))
     assert stats["decode_steps"] <= 0.75 * static_steps, (stats, static_steps)
     assert stats["decode_steps"] >= -(-sum(budgets) // 4)  # no fewer than the slots can emit
     assert stats["prefill_calls"] >= 3  # the first fill, then refills as rows end
-    same = sample.generate_batches(params, prompts, seeds, budgets, config=CFG, temperature=0.0, top_p=1.0,
-                                   eos_id=-1, pad_id=PAD, slots=4)
+    same = sample.generate_batches(params, prompts, seeds, budgets, config=CFG,
+        decode=sample.DecodeConfig(temperature=0.0, top_p=1.0, eos_id=-1, pad_id=PAD, slots=4))
     assert out == same
 
 
@@ -124,11 +125,11 @@ def test_k_samples_of_a_prompt_share_one_prefill(params):
     seeds = list(range(8))
     budgets = [6] * 8
     stats = {}
-    out = continuous.generate(params, prompts, seeds, budgets, config=CFG, temperature=1.0, top_p=0.9, eos_id=-1,
-                              pad_id=PAD, slots=8, stats=stats)
+    out = continuous.generate(params, prompts, seeds, budgets, config=CFG,
+        decode=sample.DecodeConfig(temperature=1.0, top_p=0.9, eos_id=-1, pad_id=PAD, slots=8), stats=stats)
     assert stats["prefill_calls"] == 1 and stats["prefill_rows"] == 4  # 3 distinct prompts, bucketed to 4 rows
-    same = sample.generate_batches(params, prompts, seeds, budgets, config=CFG, temperature=1.0, top_p=0.9,
-                                   eos_id=-1, pad_id=PAD, slots=8)
+    same = sample.generate_batches(params, prompts, seeds, budgets, config=CFG,
+        decode=sample.DecodeConfig(temperature=1.0, top_p=0.9, eos_id=-1, pad_id=PAD, slots=8))
     assert out == same
     assert len({tuple(t) for t in out[:3]}) > 1
 
@@ -181,13 +182,13 @@ def test_a_shared_prefix_is_prefilled_once_and_changes_no_token(params, temperat
 
 def test_bad_requests_are_rejected(params):
     with pytest.raises(ValueError, match="request 1"):
-        continuous.generate(params, [[1], []], [0, 1], [2, 2], config=CFG, temperature=0.0, top_p=1.0, eos_id=EOS,
-                            pad_id=PAD)
+        continuous.generate(params, [[1], []], [0, 1], [2, 2], config=CFG,
+        decode=sample.DecodeConfig(temperature=0.0, top_p=1.0, eos_id=EOS, pad_id=PAD))
     with pytest.raises(ValueError, match="n_ctx=96"):
-        continuous.generate(params, [[1] * 90], [0], [7], config=CFG, temperature=0.0, top_p=1.0, eos_id=EOS,
-                            pad_id=PAD)
-    assert continuous.generate(params, [[1, 2]], [0], [0], config=CFG, temperature=0.0, top_p=1.0, eos_id=EOS,
-                               pad_id=PAD) == [[]]
+        continuous.generate(params, [[1] * 90], [0], [7], config=CFG,
+        decode=sample.DecodeConfig(temperature=0.0, top_p=1.0, eos_id=EOS, pad_id=PAD))
+    assert continuous.generate(params, [[1, 2]], [0], [0], config=CFG,
+        decode=sample.DecodeConfig(temperature=0.0, top_p=1.0, eos_id=EOS, pad_id=PAD)) == [[]]
 
 
 def test_buckets():

@@ -275,7 +275,7 @@ def test_gptj_tokenizer_padding_eos_and_loss_boundary(tmp_path, gptj_tokenizer):
     stored = C.read_manifest(tmp_path / "ck")["tokenizer"]
     assert stored["kind"] == "hf" and stored["vocab_size"] == 50257 and stored["eos_id"] == 50256
 
-    backend = HaikuXmapBackend(checkpoint_path=str(tmp_path / "ck"), tokenizer="hf")
+    backend = HaikuXmapBackend.from_table(checkpoint_path=str(tmp_path / "ck"), tokenizer="hf")
     out = backend.generate(str(tmp_path / "ck"), [GenRequest(prompt="Q: what? A:", seed=1)],
                            GenSpec(max_new_tokens=6, temperature=0.0, top_p=1.0, batch_size=1, stop=()))
     assert isinstance(out[0], str)

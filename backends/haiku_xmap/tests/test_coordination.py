@@ -20,20 +20,19 @@ import pytest
 WORKER = textwrap.dedent("""
     import sys, time
     pid, port, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    import jax
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid)
     from star_engine import procs
     from star_engine.boundary import run_command
     from star_engine.errors import UserError
-    from star_haiku_xmap.plugin import HaikuXmapBackend as B
+    from star_haiku_xmap.plugin import HaikuXmapBackend
 
-    class Backend:  # the backend's multi-process methods, without building a model
-        process_index, process_count = staticmethod(B.process_index), staticmethod(B.process_count)
-        barrier, abort = staticmethod(B.barrier), staticmethod(B.abort)
+    # A small model, never initialised: only the backend's multi-process methods are used.
+    backend = HaikuXmapBackend.from_table(n_layer=1, d_model=64, n_head=4, d_head=16, d_ff=128, rotary_dim=8,
+                                          n_ctx=64, distributed={"coordinator": f"127.0.0.1:{port}",
+                                                                 "num_processes": 2, "process_id": pid})
+    backend.start()  # jax.distributed (gloo collectives on CPU) and the heartbeat
 
     def work():
-        p = procs.configure(Backend())
+        p = procs.configure(backend)
         with p.stopping_others_on_failure():
             return steps(p)
 

@@ -83,7 +83,7 @@ def finetuned(root, imported) -> Path:
     as a run does: fp32 master weights in a checkpoint of the run's format."""
     from star_haiku_xmap.plugin import HaikuXmapBackend
 
-    backend = HaikuXmapBackend(checkpoint_path=str(imported["qwen2"]), mesh={"dp": 1, "mp": 1}, dtype="float32")
+    backend = HaikuXmapBackend.from_table(checkpoint_path=str(imported["qwen2"]), mesh={"dp": 1, "mp": 1}, dtype="float32")
     examples = [TrainExample(f"Q: What is {a} + {b}?\nA:", f" {a} plus {b} is {a + b}. The answer is {a + b}.")
                 for a in range(6) for b in range(4)]
     spec = TrainSpec(steps=3, batch_size=4, grad_accum=1, seed=0, optimizer={"lr": 1e-2, "warmup_steps": 0})
@@ -325,7 +325,7 @@ def test_a_lora_checkpoint_exports_merged_into_its_base(tok_file, tmp_path, caps
     src = tmp_path / "base"
     tok = HFTokenizer(tok_file).to_dict()
     hf_import.convert_hf(FIXTURES / "llama_tiny", src, dtype="float32", tokenizer=tok)
-    b = plugin.HaikuXmapBackend(checkpoint_path=str(src), train_checkpoint_minutes=0, mesh={"dp": 1, "mp": 1})
+    b = plugin.HaikuXmapBackend.from_table(checkpoint_path=str(src), train_checkpoint_minutes=0, mesh={"dp": 1, "mp": 1})
     examples = [TrainExample(f"Q: {i} + {i}\nA:", f" {2 * i}") for i in range(8)]
     spec = TrainSpec(steps=3, batch_size=4, grad_accum=1, seed=1, optimizer={"lr": 1e-2, "warmup_steps": 0},
                      adapter={"kind": "lora", "rank": 4, "targets": ["q_proj", "down_proj"]})
@@ -392,7 +392,7 @@ def test_option_scope(root, imported, tmp_path, capsys):
 def _engine(checkpoint: Path):
     from star_haiku_xmap.plugin import HaikuXmapBackend
 
-    return HaikuXmapBackend(checkpoint_path=str(checkpoint), mesh={"dp": 1, "mp": 1}, dtype="float32")
+    return HaikuXmapBackend.from_table(checkpoint_path=str(checkpoint), mesh={"dp": 1, "mp": 1}, dtype="float32")
 
 
 @pytest.mark.parametrize("family", [*FAMILIES, "finetuned", "gptj_byte"])

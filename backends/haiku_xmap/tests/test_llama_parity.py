@@ -83,7 +83,8 @@ def test_greedy_parity_with_kv_cache_samplers(case):
         np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"{family}: static sampler")
         prompts = [list(map(int, row[m])) for row, m in zip(tokens, mask)]
         got = continuous.generate(params, prompts, list(range(len(prompts))), [n_new] * len(prompts), config=config,
-                                  temperature=0.0, top_p=1.0, eos_id=-1, pad_id=0, slots=2, chunk=5)
+                                  decode=sample.DecodeConfig(temperature=0.0, top_p=1.0, eos_id=-1, pad_id=0, slots=2,
+                                                             chunk=5))
         np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"{family}: continuous sampler")
     assert float(golden["min_margin"]) > 10 * TOL
 
@@ -255,8 +256,9 @@ for family in ("llama", "qwen2", "mistral"):
         keys = jax.device_put(sample.keys_from_seeds(range(8)), sharding.batch_sharding(mesh, ndim=1))
         static = np.asarray(sample.generate(p, jax.device_put(bp, bs), jax.device_put(bm, bs), keys, 0.0, 1.0,
                                             config=cfg, max_new_tokens=n_new, eos_id=-1, mesh=mesh))
-        cont = np.asarray(continuous.generate(p, prompts, list(range(8)), [n_new] * 8, config=cfg, temperature=0.0,
-                                              top_p=1.0, eos_id=-1, pad_id=0, mesh=mesh, slots=4, chunk=6))
+        cont = np.asarray(continuous.generate(p, prompts, list(range(8)), [n_new] * 8, config=cfg, mesh=mesh,
+                                              decode=sample.DecodeConfig(temperature=0.0, top_p=1.0, eos_id=-1,
+                                                                         pad_id=0, slots=4, chunk=6)))
         diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)))
         scale = max(float(np.max(np.abs(np.asarray(a)))) for a in jax.tree.leaves(ref_grads))
@@ -306,16 +308,16 @@ def test_cli_convert_detects_the_architecture_and_the_eos_token(tmp_path):
     golden = _golden("llama")
     got = np.asarray(model.forward(params, golden["seq_1"][None], config))[0]
     assert np.abs(got - golden["logits_1"]).max() <= TOL
-    backend = HaikuXmapBackend(checkpoint_path=str(tmp_path / "ck"), mesh={"dp": 1, "mp": 1})
+    backend = HaikuXmapBackend.from_table(checkpoint_path=str(tmp_path / "ck"), mesh={"dp": 1, "mp": 1})
     assert backend.config == config and backend.tokenizer.eos_id == 95
     with pytest.raises(UserError, match="model.architecture: 'gptj' disagrees with the checkpoint's 'llama'"):
-        HaikuXmapBackend(checkpoint_path=str(tmp_path / "ck"), architecture="gptj", mesh={"dp": 1, "mp": 1})
+        HaikuXmapBackend.from_table(checkpoint_path=str(tmp_path / "ck"), architecture="gptj", mesh={"dp": 1, "mp": 1})
 
 
 def test_backend_options_pick_the_family():
     from star_haiku_xmap.plugin import HaikuXmapBackend
 
-    b = HaikuXmapBackend(architecture="llama", n_kv_head=1, mesh={"dp": 1, "mp": 1})
+    b = HaikuXmapBackend.from_table(architecture="llama", n_kv_head=1, mesh={"dp": 1, "mp": 1})
     assert b.config.architecture == "llama" and b.config.n_kv_head == 1 and b.config.n_layer == 2
     for options, match in ((dict(architecture="rwkv"), "model.architecture: must be one of"),
                            (dict(architecture="gptj", preset="llama-tiny"), "disagrees with preset 'llama-tiny'"),
@@ -323,4 +325,4 @@ def test_backend_options_pick_the_family():
                            (dict(preset="llama-tiny", n_kv_head=3), "model.n_kv_head: must divide"),
                            (dict(n_kv_head=2), "model.n_kv_head: not an option")):
         with pytest.raises(UserError, match=match):
-            HaikuXmapBackend(mesh={"dp": 1, "mp": 1}, **options)
+            HaikuXmapBackend.from_table(mesh={"dp": 1, "mp": 1}, **options)

@@ -63,7 +63,7 @@ def test_a_step_trains_the_adapters_alone_and_merging_computes_the_same(arch):
     base = model.init_params(cfg, 0)
     before = _leaves(base)
     spec = _spec(cfg, targets=["q_proj", "v_proj", "fc_out" if arch == "gptj" else "down_proj"])
-    trained, losses, _ = train.train(base, cfg, ENC, adapter=spec, **TRAIN)
+    trained, losses, _ = train.train(base, cfg, ENC, train.TrainConfig(adapter=spec, **TRAIN))
     after = _leaves(base)
     assert before.keys() == after.keys() and all(np.array_equal(before[k], after[k]) for k in before)
     assert losses[-1] < losses[0]
@@ -141,7 +141,7 @@ def _killer(after: int, calls: list):
 @pytest.fixture(scope="module")
 def stage(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora")
-    b = plugin.HaikuXmapBackend(**SMALL, train_checkpoint_minutes=0)
+    b = plugin.HaikuXmapBackend.from_table(**SMALL, train_checkpoint_minutes=0)
     base = b.base(root, seed=0)
     return root, base, b.train(base, root / "model", EXAMPLES, SPEC)
 
@@ -151,7 +151,7 @@ def test_the_checkpoint_holds_the_adapters_and_its_base(stage):
     m = read_manifest(res.checkpoint)
     extra = m["extra"]
     assert extra["kind"] == "lora" and extra["lora"]["rank"] == 4 and extra["steps"] == 7
-    b = plugin.HaikuXmapBackend(**SMALL)
+    b = plugin.HaikuXmapBackend.from_table(**SMALL)
     assert extra["base"] == b.checkpoint_id(base) and extra["init"] == b.checkpoint_id(base)
     assert {leaf["path"][1] for leaf in m["leaves"]} == {"lora_a", "lora_b"}
     assert all(leaf["dtype"] == "float32" for leaf in m["leaves"])
@@ -161,7 +161,7 @@ def test_the_checkpoint_holds_the_adapters_and_its_base(stage):
 
 def test_killed_lora_stage_resumes_bit_identical(stage, tmp_path):
     root, base, ref = stage
-    b = plugin.HaikuXmapBackend(**SMALL, train_checkpoint_steps=2, train_checkpoint_minutes=0)
+    b = plugin.HaikuXmapBackend.from_table(**SMALL, train_checkpoint_steps=2, train_checkpoint_minutes=0)
     out = tmp_path / "model"
     with pytest.raises(Killed):
         b.train(base, out, EXAMPLES, SPEC, progress=_killer(5, []))
@@ -181,7 +181,7 @@ def test_killed_lora_stage_resumes_bit_identical(stage, tmp_path):
 
 def test_continuing_adapters_and_refusing_another_base(stage, tmp_path):
     root, base, first = stage
-    b = plugin.HaikuXmapBackend(**SMALL, train_checkpoint_minutes=0)
+    b = plugin.HaikuXmapBackend.from_table(**SMALL, train_checkpoint_minutes=0)
     again = b.train(first.checkpoint, tmp_path / "next", EXAMPLES, SPEC)  # restart_from_base = false
     m = read_manifest(again.checkpoint)["extra"]
     assert m["init"] == first.checkpoint_id and m["base"] == b.checkpoint_id(base)
@@ -189,7 +189,7 @@ def test_continuing_adapters_and_refusing_another_base(stage, tmp_path):
         b.train(first.checkpoint, tmp_path / "other", EXAMPLES,
                 dataclasses.replace(SPEC, adapter={**ADAPTER, "rank": 2}))
     # The base replaced by another model: the adapters refuse it.
-    other = plugin.HaikuXmapBackend(**SMALL).base(tmp_path / "x", seed=1)
+    other = plugin.HaikuXmapBackend.from_table(**SMALL).base(tmp_path / "x", seed=1)
     moved = tmp_path / "run" / "iterations" / "001"
     shutil.copytree(first.checkpoint, moved / "model")
     rel = read_manifest(first.checkpoint)["extra"]["base_path"]
@@ -212,9 +212,9 @@ enc = [train.encode_example(tok, f"{i}+{i}=", f"{2 * i}", 32) for i in range(16)
 kw = dict(steps=3, batch_size=4, grad_accum=1, seed=3, optimizer={"lr": 1e-2, "warmup_steps": 0}, seq_len=32,
           pad_id=tok.pad_id, adapter=spec)
 base = model.init_params(cfg, 0)
-one, l1, _ = train.train(base, cfg, enc, **kw)
+one, l1, _ = train.train(base, cfg, enc, train.TrainConfig(**kw))
 mesh = sharding.make_mesh({"dp": 2, "mp": 2})
-zero, l2, _ = train.train(base, cfg, enc, mesh=mesh, zero=1, **kw)
+zero, l2, _ = train.train(base, cfg, enc, train.TrainConfig(zero=1, **kw), mesh=mesh)
 a = jax.tree.leaves(jax.tree.map(np.asarray, one)); b = jax.tree.leaves(jax.tree.map(np.asarray, zero))
 print("RESULT " + json.dumps({"losses": float(np.max(np.abs(np.array(l1) - np.array(l2)))),
                              "adapters": float(max(np.abs(x - y).max() for x, y in zip(a, b)))}))

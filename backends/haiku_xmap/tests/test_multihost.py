@@ -30,7 +30,7 @@ WORKER = textwrap.dedent("""
 
     # process 0: the [model] distributed table; process 1: the environment (set by the test)
     table = {"coordinator": f"127.0.0.1:{port}", "num_processes": 2, "process_id": 0}
-    backend = HaikuXmapBackend(preset="tiny", seq_len=64, mesh={"dp": 2, "mp": 4}, zero=1,
+    backend = HaikuXmapBackend.from_table(preset="tiny", seq_len=64, mesh={"dp": 2, "mp": 4}, zero=1,
                                distributed=table if mode == "multi" and pid == 0 else None)
     import jax
 

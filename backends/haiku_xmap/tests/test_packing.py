@@ -72,8 +72,8 @@ def test_training_packed_is_deterministic_and_learns():
     params = model.init_params(CFG, 1)
     enc = _examples(24, seed=5)
     kw = dict(steps=4, batch_size=4, grad_accum=2, seed=3, optimizer={"lr": 3e-3, "warmup_steps": 0}, seq_len=128, pad_id=0)
-    p_seg, l_seg, n_seg = train.train(params, CFG, enc, packing="segments", **kw)
-    p_again, l_again, n_again = train.train(params, CFG, enc, packing="segments", **kw)
+    p_seg, l_seg, n_seg = train.train(params, CFG, enc, train.TrainConfig(packing="segments", **kw))
+    p_again, l_again, n_again = train.train(params, CFG, enc, train.TrainConfig(packing="segments", **kw))
     assert l_seg == l_again and n_seg == n_again and l_seg[-1] < l_seg[0]
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(p_seg), jax.tree.leaves(p_again)))
     # 6 steps of 8 = two epochs of seeded permutations: every example exactly twice
@@ -246,8 +246,8 @@ def test_stream_examples_see_earlier_examples_and_train():
     enc = _examples(40, seed=17)
     kw = dict(steps=6, batch_size=2, grad_accum=2, seed=0, optimizer={"lr": 3e-3, "warmup_steps": 0}, seq_len=63, pad_id=0,
               packing="stream")
-    _, losses, n_all = train.train(model.init_params(CFG, 0), CFG, enc, loss="all", **kw)
-    _, _, n_comp = train.train(model.init_params(CFG, 0), CFG, enc, loss="completion", **kw)
+    _, losses, n_all = train.train(model.init_params(CFG, 0), CFG, enc, train.TrainConfig(loss="all", **kw))
+    _, _, n_comp = train.train(model.init_params(CFG, 0), CFG, enc, train.TrainConfig(loss="completion", **kw))
     assert losses[-1] < losses[0] and n_comp < n_all == 6 * 4 * 63
     b = next(iter(packing.step_batches(enc, steps=1, batch_size=1, grad_accum=1, seed=0, seq_len=63, pad_id=0,
                                        packing="stream")))

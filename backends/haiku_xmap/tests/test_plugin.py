@@ -29,7 +29,7 @@ SPEC = TrainSpec(steps=40, batch_size=4, grad_accum=1, seed=3,
 
 @pytest.fixture(scope="module")
 def backend():
-    return plugin.HaikuXmapBackend(**SMALL)
+    return plugin.HaikuXmapBackend.from_table(**SMALL)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def test_registered_through_the_hook_and_entry_point():
 
 def test_bad_options_name_the_option(tmp_path):
     cases = [(dict(preset="huge"), "model.preset"), (dict(dtype="float16"), "model.dtype"),
-             (dict(mesh={"dp": -1, "mp": 3}), "model.mesh"), (dict(seq_len=65), "model.seq_len"),
+             (dict(mesh={"dp": -1, "mp": -1}), "model.mesh"), (dict(seq_len=65), "model.seq_len"),
              (dict(tokenizer="hf"), "model.tokenizer_file"), (dict(vocab=200), "model.vocab"),
              (dict(rotary_dim=20), "rotary_dim"), (dict(tokenizer="bpe"), "model.tokenizer"),
              (dict(cpu_devices=0), "model.cpu_devices"), (dict(cpu_devices=True), "model.cpu_devices"),
@@ -62,8 +62,14 @@ def test_bad_options_name_the_option(tmp_path):
              (dict(generation_chunk=2.5), "model.generation_chunk"),
              (dict(share_prefix="yes"), "model.share_prefix")]
     for options, name in cases:
-        with pytest.raises(UserError, match=name):
-            plugin.HaikuXmapBackend(**{**SMALL, **options})
+        with pytest.raises(UserError, match=name) as e:
+            plugin.HaikuXmapBackend.from_table(**{**SMALL, **options})
+        assert e.value.key == (name if name.startswith("model.") else f"model.{name}"), e.value
+    # What depends on the devices is the runtime's: refused when the run starts it, before it writes.
+    backend = plugin.HaikuXmapBackend.from_table(**SMALL, mesh={"dp": -1, "mp": 3})
+    with pytest.raises(UserError, match="model.mesh: mesh: 8 devices are not divisible by 3") as e:
+        backend.start()
+    assert e.value.key == "model.mesh"
 
 
 def test_cpu_devices_cannot_change_once_jax_has_started():
@@ -71,8 +77,8 @@ def test_cpu_devices_cannot_change_once_jax_has_started():
 
     n = len(jax.devices("cpu"))  # jax is running in this process from here on
     with pytest.raises(UserError, match=f"model.cpu_devices: jax already started in this process with {n}"):
-        plugin.HaikuXmapBackend(**SMALL, cpu_devices=n + 1)
-    assert plugin.HaikuXmapBackend(**SMALL, cpu_devices=n).mesh.shape["dp"] == n
+        plugin.HaikuXmapBackend.from_table(**SMALL, cpu_devices=n + 1).start()
+    assert plugin.HaikuXmapBackend.from_table(**SMALL, cpu_devices=n).mesh.shape["dp"] == n
 
 
 _CPU_DEVICES_SCRIPT = r"""
@@ -80,7 +86,7 @@ import json, sys, tempfile
 from star_engine.api import GenRequest, GenSpec
 from star_haiku_xmap import plugin
 options = json.loads(sys.argv[1])
-backend = plugin.HaikuXmapBackend(**options)
+backend = plugin.HaikuXmapBackend.from_table(**options)
 base = backend.base(tempfile.mkdtemp(), seed=0)
 reqs = [GenRequest(prompt="Q: " + "ab" * i, seed=i) for i in range(5)]
 texts = [backend.generate(base, reqs, GenSpec(10, t, 0.9, (), 4)) for t in (0.0, 1.0)]
@@ -110,7 +116,7 @@ _CPU_TRAIN_SCRIPT = r"""
 import random, sys, tempfile
 from star_engine.api import TrainExample, TrainSpec
 from star_haiku_xmap import plugin
-backend = plugin.HaikuXmapBackend(preset="tiny", n_layer=1, cpu_devices=2)
+backend = plugin.HaikuXmapBackend.from_table(preset="tiny", n_layer=1, cpu_devices=2)
 rng = random.Random(0)
 examples = [TrainExample(f"Q: {rng.randint(0, 10 ** rng.randint(1, 5))}\nA:", " " + "x" * rng.randint(5, 200) + "\n")
             for _ in range(300)]
@@ -176,8 +182,8 @@ def test_sampling_depends_on_seed_only(backend, trained):
 
 def test_continuous_and_static_generation_give_the_same_text(backend, trained):
     base, _ = trained
-    static = plugin.HaikuXmapBackend(**SMALL, generation="static")
-    assert backend.generation == "continuous" and backend.describe()["generation"] == "continuous"
+    static = plugin.HaikuXmapBackend.from_table(**SMALL, generation="static")
+    assert backend.options.generation == "continuous" and backend.describe()["generation"] == "continuous"
     reqs = [GenRequest("x" * (i % 7) + "Q: " + "ab" * i, seed=i) for i in range(11)] + [GenRequest("abc", 5)] * 3
     for spec in (GenSpec(20, 0.0, 1.0, (), 4), GenSpec(20, 1.0, 0.9, (), 4), GenSpec(20, 1.0, 0.9, ("a", "\n"), 4)):
         texts = backend.generate(base, reqs, spec)
@@ -204,13 +210,13 @@ def test_too_long_completion_is_a_user_error(backend, trained, tmp_path):
 
 def test_configured_checkpoint_is_the_base(trained, tmp_path):
     _, result = trained
-    b = plugin.HaikuXmapBackend(checkpoint_path=result.checkpoint, seq_len=48)
+    b = plugin.HaikuXmapBackend.from_table(checkpoint_path=result.checkpoint, seq_len=48)
     assert b.base(tmp_path, seed=0) == result.checkpoint
     assert b.config.n_layer == 1 and b.config.d_model == 64
     spec = GenSpec(16, 0.0, 1.0, ("\n",), 1)
     assert b.generate(result.checkpoint, [GenRequest("Q: yo\nA:", 0)], spec) == [" bye now"]
     with pytest.raises(UserError, match="model.n_layer"):
-        plugin.HaikuXmapBackend(checkpoint_path=result.checkpoint, n_layer=2)
+        plugin.HaikuXmapBackend.from_table(checkpoint_path=result.checkpoint, n_layer=2)
     d = b.describe()
     json.dumps(d)
     assert d["backend"] == "haiku_xmap" and d["model"]["n_layer"] == 1 and d["mesh"]["mp"] == 1

@@ -58,7 +58,7 @@ def star(monkeypatch, capsys):
                                         "context of n_ctx = 512 tokens"),
     (["evaluation.max_new_tokens=512"], "evaluation.max_new_tokens: 512 leaves no room"),
     (["base_training.steps=2", "base_training.optimizer.b1=1.0"], "base_training.optimizer.b1: must be in [0, 1), got 1.0"),
-    (["model.n_layer=0"], "model.n_layer: must be a positive int, got 0"),
+    (["model.n_layer=0"], "model.n_layer: must be >= 1, got 0"),
     (["model.n_ctx=8"], "generation.max_new_tokens: 96 leaves no room for a prompt in the model's context of "
                         "n_ctx = 8"),
 ], ids=["generation", "evaluation", "optimizer", "model_option", "small_context"])
@@ -100,16 +100,15 @@ def test_a_damaged_checkpoint_path_is_refused_by_validate(tmp_path, star):
 
 
 def test_validate_run_checks_each_spec(tmp_path):
-    backend = HaikuXmapBackend(preset="tiny")
+    backend = HaikuXmapBackend.from_table(preset="tiny")
     ok = GenSpec(16, 0.0, 1.0, (), 4)
     train = TrainSpec(0, 4, 1, 0, {"lr": 1e-3, "warmup_steps": 0})
     backend.validate_run({"generation": ok, "evaluation": ok}, {"training": train})
-    for spec, message in [(GenSpec(512, 0.0, 1.0, (), 4), "generation.max_new_tokens: 512 leaves no room"),
-                          (GenSpec(16, float("nan"), 1.0, (), 4), "generation.temperature"),
-                          (GenSpec(16, 0.0, 0.0, (), 4), "generation.top_p"),
-                          (GenSpec(16, 0.0, 1.0, (), 0), "generation.batch_size")]:
-        with pytest.raises(UserError, match=message):
-            backend.validate_run({"generation": spec}, {})
+    # What depends on the model only: the sampling values and sizes are the core's to check
+    # (star_engine.settings declares their ranges; GenSpec documents them), once.
+    with pytest.raises(UserError, match="generation.max_new_tokens: 512 leaves no room") as e:
+        backend.validate_run({"generation": GenSpec(512, 0.0, 1.0, (), 4)}, {})
+    assert e.value.key == "generation.max_new_tokens"
     backend.validate_run({"generation": GenSpec(511, 0.0, 1.0, (), 4)}, {})  # one token of prompt: as generate
     # The optimizer tables are checked once, by the backend's table, when the experiment is
     # loaded (config.load_experiment -> Backend.optimizer_table), not again here.

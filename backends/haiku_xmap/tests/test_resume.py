@@ -58,7 +58,7 @@ def assert_same(a, b) -> None:
 def reference(tmp_path_factory):
     """An uninterrupted stage with snapshots off."""
     root = tmp_path_factory.mktemp("ref")
-    b = plugin.HaikuXmapBackend(**SMALL, train_checkpoint_minutes=0)
+    b = plugin.HaikuXmapBackend.from_table(**SMALL, train_checkpoint_minutes=0)
     base = b.base(root, seed=0)
     res = b.train(base, root / "model", EXAMPLES, SPEC)
     assert not resume.snapshot_dir(root / "model").exists()
@@ -67,7 +67,7 @@ def reference(tmp_path_factory):
 
 def test_killed_stage_resumes_bit_identical(reference, tmp_path):
     base, ref = reference
-    b = plugin.HaikuXmapBackend(**SMALL, train_checkpoint_steps=2, train_checkpoint_minutes=0)
+    b = plugin.HaikuXmapBackend.from_table(**SMALL, train_checkpoint_steps=2, train_checkpoint_minutes=0)
     out = tmp_path / "model"
     calls: list = []
     with pytest.raises(Killed):
@@ -82,21 +82,23 @@ def test_killed_stage_resumes_bit_identical(reference, tmp_path):
     assert_same(ref.checkpoint, res.checkpoint)
     assert res.checkpoint_id == ref.checkpoint_id
     assert (res.losses, res.tokens, res.steps) == (ref.losses, ref.tokens, ref.steps)
-    # The snapshot outlives the checkpoint until that is loaded (the run has recorded the stage
-    # by then): a kill before the run records it retrains from the snapshot, not from step 0.
+    # The snapshot outlives the checkpoint until the run has recorded the stage
+    # (checkpoint_recorded): a kill before that retrains from the snapshot, not from step 0.
     assert read_manifest(snap)["extra"]["step"] == 8
     shutil.rmtree(out)  # the run's retry of an unrecorded stage: its checkpoint is removed
     calls = []
     again = b.train(base, out, EXAMPLES, SPEC, progress=calls.append)
     assert calls[0] == 8 and again.checkpoint_id == ref.checkpoint_id and again.losses == ref.losses
     b.generate(again.checkpoint, [GenRequest("ab", 0)], GenSpec(2, 0.0, 1.0, (), 1))
-    assert not snap.exists()  # released when its checkpoint was first loaded
+    assert snap.exists()  # loading the checkpoint has no say in the snapshot's life
+    b.checkpoint_recorded(again.checkpoint)
+    assert not snap.exists()  # the run has recorded the stage
 
 
 def test_time_trigger_and_a_second_kill(reference, tmp_path):
     """Snapshots by time only (every step here), killed twice, still the reference."""
     base, ref = reference
-    b = plugin.HaikuXmapBackend(**SMALL, train_checkpoint_minutes=1e-9)
+    b = plugin.HaikuXmapBackend.from_table(**SMALL, train_checkpoint_minutes=1e-9)
     out = tmp_path / "model"
     for after in (3, 7):
         with pytest.raises(Killed):
@@ -108,7 +110,7 @@ def test_time_trigger_and_a_second_kill(reference, tmp_path):
 
 def test_snapshot_of_another_stage_or_damaged_is_deleted(reference, tmp_path):
     base, ref = reference
-    b = plugin.HaikuXmapBackend(**SMALL, train_checkpoint_steps=3, train_checkpoint_minutes=0)
+    b = plugin.HaikuXmapBackend.from_table(**SMALL, train_checkpoint_steps=3, train_checkpoint_minutes=0)
     out = tmp_path / "model"
     snap = resume.snapshot_dir(out)
     other = dataclasses.replace(SPEC, seed=SPEC.seed + 1)
@@ -139,7 +141,7 @@ def test_options_and_triggers(tmp_path):
                          ({"train_checkpoint_minutes": float("nan")}, "model.train_checkpoint_minutes"),
                          ({"train_checkpoint_minutes": "10"}, "model.train_checkpoint_minutes")]:
         with pytest.raises(UserError, match=key):
-            plugin.HaikuXmapBackend(**SMALL, **options)
+            plugin.HaikuXmapBackend.from_table(**SMALL, **options)
     assert resume.default_minutes(6_000_000_000) == 30 and resume.default_minutes(10_000) == 10
     kw = dict(model_config={}, tokenizer={})
     by_steps = resume.Snapshots(tmp_path, {}, steps=10, every_steps=3, every_minutes=0, **kw)
@@ -165,10 +167,10 @@ small = dict(preset="tiny", n_layer=1, d_model=64, n_head=4, d_head=16, d_ff=128
 examples = [TrainExample(f"Q: {i} * 3\nA:", f" {3 * i} since {i} thrice\nQ") for i in range(16)]
 spec = TrainSpec(steps=6, batch_size=2, grad_accum=2, seed=1, optimizer={"lr": 1e-2, "warmup_steps": 1})
 root = Path(tempfile.mkdtemp())
-ref_b = plugin.HaikuXmapBackend(**small, train_checkpoint_minutes=0)
+ref_b = plugin.HaikuXmapBackend.from_table(**small, train_checkpoint_minutes=0)
 base = ref_b.base(root, seed=0)
 ref = ref_b.train(base, root / "ref", examples, spec)
-b = plugin.HaikuXmapBackend(**small, train_checkpoint_steps=2, train_checkpoint_minutes=0)
+b = plugin.HaikuXmapBackend.from_table(**small, train_checkpoint_steps=2, train_checkpoint_minutes=0)
 done = []
 def progress(n):
     done.append(n)

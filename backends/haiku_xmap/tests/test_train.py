@@ -138,8 +138,8 @@ def test_training_is_bit_identical_and_leaves_inputs_alone():
     enc = [train.encode_example(TOK, f"{i}+{i}=", str(2 * i), 32) for i in range(20)]
     kw = dict(steps=3, batch_size=4, grad_accum=2, seed=5, optimizer={"lr": 1e-3, "warmup_steps": 0, "weight_decay": 0.1},
               seq_len=32, pad_id=TOK.pad_id)
-    p1, l1, n1 = train.train(params, CFG, enc, **kw)
-    p2, l2, n2 = train.train(params, CFG, enc, **kw)  # `params` must still be usable (not donated)
+    p1, l1, n1 = train.train(params, CFG, enc, train.TrainConfig(**kw))
+    p2, l2, n2 = train.train(params, CFG, enc, train.TrainConfig(**kw))  # `params` must still be usable (not donated)
     assert l1 == l2 and n1 == n2 and len(l1) == 3
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)))
     assert not np.array_equal(p1["lm_head"]["w"], params["lm_head"]["w"])
@@ -150,13 +150,13 @@ def test_one_train_takes_the_optimizer_state_options_without_a_mesh():
     too (close to fp32), and ZeRO-1, which splits over a mesh's dp axis, asks for one."""
     enc = [train.encode_example(TOK, f"{i}+{i}=", str(2 * i), 32) for i in range(20)]
     kw = dict(steps=3, batch_size=4, grad_accum=1, seed=5, optimizer={"lr": 1e-3, "warmup_steps": 0}, seq_len=32, pad_id=TOK.pad_id)
-    _, l32, _ = train.train(model.init_params(CFG, 2), CFG, enc, **kw)
-    _, l16, _ = train.train(model.init_params(CFG, 2), CFG, enc, opt_state_dtype="bfloat16", **kw)
+    _, l32, _ = train.train(model.init_params(CFG, 2), CFG, enc, train.TrainConfig(**kw))
+    _, l16, _ = train.train(model.init_params(CFG, 2), CFG, enc, train.TrainConfig(opt_state_dtype="bfloat16", **kw))
     assert l16[0] == l32[0] and l16 != l32 and np.allclose(l16, l32, rtol=1e-2)
-    _, lmix, _ = train.train(model.init_params(CFG, 2), CFG, enc, opt_state_dtype="mixed", **kw)
+    _, lmix, _ = train.train(model.init_params(CFG, 2), CFG, enc, train.TrainConfig(opt_state_dtype="mixed", **kw))
     assert lmix[0] == l32[0] and np.allclose(lmix, l32, rtol=1e-2)
     with pytest.raises(ValueError, match="needs a mesh"):
-        train.train(model.init_params(CFG, 2), CFG, enc, zero=1, **kw)
+        train.train(model.init_params(CFG, 2), CFG, enc, train.TrainConfig(zero=1, **kw))
 
 
 def test_tiny_model_learns_to_reverse_unseen_strings():
@@ -165,9 +165,9 @@ def test_tiny_model_learns_to_reverse_unseen_strings():
     np.random.default_rng(0).shuffle(words)
     held_out, seen = words[:24], words[24:]
     enc = [train.encode_example(TOK, w + ">", w[::-1], 32) for w in seen]
-    params, losses, n_tokens = train.train(
-        model.init_params(cfg, 0), cfg, enc, steps=200, batch_size=32, grad_accum=1, seed=0, seq_len=32,
-        pad_id=TOK.pad_id, optimizer={"lr": 3e-3, "warmup_steps": 20, "schedule": "cosine", "end_lr": 3e-4})
+    params, losses, n_tokens = train.train(model.init_params(cfg, 0), cfg, enc, train.TrainConfig(
+        steps=200, batch_size=32, grad_accum=1, seed=0, seq_len=32, pad_id=TOK.pad_id,
+        optimizer={"lr": 3e-3, "warmup_steps": 20, "schedule": "cosine", "end_lr": 3e-4}))
     assert n_tokens == 200 * 32 * 4
     assert np.mean(losses[-10:]) < 0.02 * np.mean(losses[:5])
     tokens, mask = sample.left_pad([TOK.encode(w + ">") for w in held_out], TOK.pad_id)
@@ -181,17 +181,17 @@ def test_bfloat16_training_keeps_fp32_masters_and_moments():
     cfg = CFG.replace(dtype="bfloat16")
     enc = [train.encode_example(TOK, "ab", "cd", 16) for _ in range(4)]
     kw = dict(steps=2, batch_size=2, grad_accum=1, seed=0, optimizer={"lr": 1e-3, "warmup_steps": 0}, seq_len=16, pad_id=TOK.pad_id)
-    params, losses, _ = train.train(model.init_params(cfg, 0), cfg, enc, **kw)
+    params, losses, _ = train.train(model.init_params(cfg, 0), cfg, enc, train.TrainConfig(**kw))
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))  # the master weights
     assert np.isfinite(losses).all() and losses[1] < losses[0]
     tx = train.make_optimizer({"lr": 1e-3, "warmup_steps": 0}, 1)
     moments = [x for x in jax.tree.leaves(train.init_state(params, tx).opt_state) if x.ndim > 0]
     assert moments and all(x.dtype == jnp.float32 for x in moments)
-    p16, losses16, _ = train.train(model.init_params(cfg, 0), cfg, enc, master_dtype="bfloat16", **kw)
+    p16, losses16, _ = train.train(model.init_params(cfg, 0), cfg, enc, train.TrainConfig(master_dtype="bfloat16", **kw))
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(p16))  # bf16 weights, rounded every step
     assert losses16[0] == losses[0]
     with pytest.raises(ValueError, match="master_dtype"):
-        train.train(model.init_params(CFG, 0), CFG, enc, master_dtype="bfloat16", **kw)
+        train.train(model.init_params(CFG, 0), CFG, enc, train.TrainConfig(master_dtype="bfloat16", **kw))
 
 
 def test_bf16_compute_applies_updates_of_1e_6_as_fp32_does():
@@ -206,7 +206,7 @@ def test_bf16_compute_applies_updates_of_1e_6_as_fp32_does():
     for dtype in ("float32", "bfloat16"):
         cfg = CFG.replace(dtype=dtype)
         p0 = jax.tree.map(lambda x: x.astype(model.dtype_of(cfg)), model.init_params(CFG, 3))  # noqa: B023
-        p_n, _, _ = train.train(p0, cfg, enc, **kw)
+        p_n, _, _ = train.train(p0, cfg, enc, train.TrainConfig(**kw))
         moved[dtype] = {f"{m}/{k}": float(np.linalg.norm(np.asarray(p_n[m][k], np.float32)
                                                           - np.asarray(p0[m][k], np.float32))
                                           / np.linalg.norm(np.asarray(p0[m][k], np.float32)))

@@ -27,7 +27,7 @@ def _leaves(path):
 
 
 def test_bf16_checkpoint_stores_fp32_masters_and_continues_from_them(tmp_path):
-    backend = plugin.HaikuXmapBackend(**SMALL, dtype="bfloat16")
+    backend = plugin.HaikuXmapBackend.from_table(**SMALL, dtype="bfloat16")
     base = backend.base(tmp_path, seed=0)
     res = backend.train(base, tmp_path / "it1", EXAMPLES, SPEC)
     m = read_manifest(res.checkpoint)
@@ -50,16 +50,16 @@ def test_bf16_checkpoint_stores_fp32_masters_and_continues_from_them(tmp_path):
 
 @pytest.mark.slow
 def test_bf16_accumulator_trains_the_same_steps(tmp_path):
-    plain = plugin.HaikuXmapBackend(**SMALL)
+    plain = plugin.HaikuXmapBackend.from_table(**SMALL)
     base = plain.base(tmp_path, seed=0)
     ref = plain.train(base, tmp_path / "plain", EXAMPLES, SPEC)
-    acc16 = plugin.HaikuXmapBackend(**SMALL, grad_accum_dtype="bfloat16", remat=True)
+    acc16 = plugin.HaikuXmapBackend.from_table(**SMALL, grad_accum_dtype="bfloat16", remat=True)
     np.testing.assert_allclose(acc16.train(base, tmp_path / "acc16", EXAMPLES, SPEC).losses, ref.losses, rtol=2e-2)
     assert acc16.describe()["grad_accum_dtype"] == "bfloat16" and acc16.describe()["remat"] is True
 
 
 def test_packing_and_loss_reach_the_step(tmp_path):
-    backend = plugin.HaikuXmapBackend(**SMALL)
+    backend = plugin.HaikuXmapBackend.from_table(**SMALL)
     base = backend.base(tmp_path, seed=0)
     one = dataclasses.replace(SPEC, steps=1)
     n = {loss: backend.train(base, tmp_path / loss, EXAMPLES, dataclasses.replace(one, loss=loss)).tokens
@@ -72,20 +72,18 @@ def test_packing_and_loss_reach_the_step(tmp_path):
 
 
 def test_training_mistakes_are_user_errors(tmp_path):
-    backend = plugin.HaikuXmapBackend(**SMALL)
+    backend = plugin.HaikuXmapBackend.from_table(**SMALL)
     base = backend.base(tmp_path, seed=0)
-    with pytest.raises(UserError, match="training.packing: must be one of"):
-        backend.train(base, tmp_path / "x", EXAMPLES, dataclasses.replace(SPEC, packing="pack"))
-    with pytest.raises(UserError, match="training.loss: must be one of"):
-        backend.train(base, tmp_path / "x", EXAMPLES, dataclasses.replace(SPEC, loss="prompt"))
+    # packing and loss are among what the core guarantees of a TrainSpec (star_engine.settings
+    # declares them); what depends on the examples is the backend's:
     with pytest.raises(UserError, match="training.packing: stream packing needs more than seq_len"):
         backend.train(base, tmp_path / "x", EXAMPLES[:2], dataclasses.replace(SPEC, packing="stream"))
     assert not (tmp_path / "x").exists()
     with pytest.raises(UserError, match="model.master_dtype"):
-        plugin.HaikuXmapBackend(**SMALL, master_dtype="bfloat16")  # under float32 compute
+        plugin.HaikuXmapBackend.from_table(**SMALL, master_dtype="bfloat16")  # under float32 compute
     with pytest.raises(UserError, match="model.master_dtype"):
-        plugin.HaikuXmapBackend(**SMALL, master_dtype="float16")
+        plugin.HaikuXmapBackend.from_table(**SMALL, master_dtype="float16")
     with pytest.raises(UserError, match="model.grad_accum_dtype"):
-        plugin.HaikuXmapBackend(**SMALL, grad_accum_dtype="int8")
+        plugin.HaikuXmapBackend.from_table(**SMALL, grad_accum_dtype="int8")
     with pytest.raises(UserError, match="model.remat"):
-        plugin.HaikuXmapBackend(**SMALL, remat="yes")
+        plugin.HaikuXmapBackend.from_table(**SMALL, remat="yes")

@@ -38,9 +38,9 @@ SCRIPT = textwrap.dedent("""
             "plain": (cfg, 0, "float32"), "zero1_bf16": (cfg, 1, "bfloat16")}
     for name, (c, zero, dt) in runs.items():
         params = model.init_params(c, 0)
-        p, losses, n = tr.train(params, c, enc, steps=4, batch_size=8, grad_accum=2, seed=0,
-                               optimizer={"lr": 1e-2, "warmup_steps": 1}, seq_len=64, pad_id=0, mesh=mesh,
-                               zero=zero, opt_state_dtype=dt)
+        p, losses, n = tr.train(params, c, enc, tr.TrainConfig(steps=4, batch_size=8, grad_accum=2, seed=0,
+                               optimizer={"lr": 1e-2, "warmup_steps": 1}, seq_len=64, pad_id=0,
+                               zero=zero, opt_state_dtype=dt), mesh=mesh)
         out[name] = {"losses": losses, "params": {"/".join(k): v.astype(np.float32).ravel()[:256].tolist()
                                                   for k, v in D.host_leaves(p)},
                      "param_spec": str(p["h_0/attn/q"]["w"].sharding.spec)}
@@ -79,11 +79,12 @@ PACKED_SCRIPT = textwrap.dedent("""
     out = {}
     for name, c in (("fp32", cfg32), ("bf16", cfg32.replace(dtype="bfloat16"))):
         params = model.init_params(c, 0)
-        p, losses, n = tr.train(params, c, enc, mesh=sharding.make_mesh({"dp": 1, "mp": 1}, jax.devices()[:1]), **kw)
+        p, losses, n = tr.train(params, c, enc, tr.TrainConfig(**kw),
+                                mesh=sharding.make_mesh({"dp": 1, "mp": 1}, jax.devices()[:1]))
         out[f"{name}/1x1"] = {"losses": losses, "tokens": n, "params": leaves(p)}
         for dp, mp, zero in ((2, 4, 0), (4, 2, 1), (8, 1, 1))[:3 if name == "fp32" else 2]:
             mesh = sharding.make_mesh({"dp": dp, "mp": mp})
-            p, losses, n = tr.train(params, c, enc, mesh=mesh, zero=zero, **kw)
+            p, losses, n = tr.train(params, c, enc, tr.TrainConfig(zero=zero, **kw), mesh=mesh)
             shapes = [b["tokens"].shape for b in packing.step_batches(enc, dp=dp, dims=tr.dims(c), **{
                 k: v for k, v in kw.items() if k not in ("optimizer",)})]
             out[f"{name}/{dp}x{mp}/zero{zero}"] = {
@@ -169,12 +170,12 @@ def test_zero_spec_rules():
 def test_backend_options_are_checked():
     from star_haiku_xmap.plugin import HaikuXmapBackend
 
-    b = HaikuXmapBackend(preset="tiny", zero=1, opt_state_dtype="bfloat16")
+    b = HaikuXmapBackend.from_table(preset="tiny", zero=1, opt_state_dtype="bfloat16")
     assert b.describe()["zero"] == 1 and b.describe()["opt_state_dtype"] == "bfloat16"
     with pytest.raises(UserError, match="model.zero"):
-        HaikuXmapBackend(preset="tiny", zero=2)
+        HaikuXmapBackend.from_table(preset="tiny", zero=2)
     with pytest.raises(UserError, match="model.opt_state_dtype"):
-        HaikuXmapBackend(preset="tiny", opt_state_dtype="float16")
+        HaikuXmapBackend.from_table(preset="tiny", opt_state_dtype="float16")
 
 
 def test_packed_steps_on_a_mesh_equal_one_device(packed8):

@@ -42,6 +42,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from .. import model
 from ..config import GPTJConfig
+from ..options import DecodeConfig
 from .static import any_shard, keys_from_seeds, left_pad, mask_vocab, sample_logits
 
 CACHE_GRAIN = 32  # cache lengths are multiples of this (each length compiles one decode loop)
@@ -244,18 +245,16 @@ def _round_up(n: int, grain: int) -> int:
 
 
 def generate(params, prompts: Sequence[Sequence[int]], seeds: Sequence[int], budgets: Sequence[int], *,
-             config: GPTJConfig, temperature: float, top_p: float, eos_id: int, pad_id: int,
-             valid_vocab: int | None = None, mesh: Mesh | None = None, slots: int = 8, chunk: int = 16,
-             refill: int | None = None, stop: Callable[[int, list[int]], bool] | None = None,
-             progress: Callable[[int], None] | None = None, stats: dict | None = None,
-             share_prefix: bool = True) -> list[list[int]]:
+             config: GPTJConfig, decode: DecodeConfig, mesh: Mesh | None = None,
+             stop: Callable[[int, list[int]], bool] | None = None, progress: Callable[[int], None] | None = None,
+             stats: dict | None = None) -> list[list[int]]:
     """New tokens of each request (end-of-text not included), continuously batched.
 
     Request i is ``prompts[i]`` (at least one token; prompt + budget within
     n_ctx) with at most ``budgets[i]`` new tokens, sampled with the key of
-    ``seeds[i]`` (temperature 0: greedy). ``slots`` rows decode together (rounded
-    up to a multiple of the mesh's dp size); the decode loop runs ``chunk`` steps
-    at most between refills, and returns earlier once ``refill`` rows of a
+    ``seeds[i]`` (``decode.temperature`` 0: greedy). ``decode.slots`` rows decode together
+    (rounded up to a multiple of the mesh's dp size); the decode loop runs ``decode.chunk``
+    steps at most between refills, and returns earlier once ``decode.refill`` rows of a
     shard have ended while prompts are waiting (default: an eighth of a shard's
     slots). ``stop(i, tokens)``, called on the host after each chunk with the
     request's tokens so far, ends the request when True (a stop string in its
@@ -263,7 +262,7 @@ def generate(params, prompts: Sequence[Sequence[int]], seeds: Sequence[int], bud
     counters: chunks, decode_steps, prefill_calls, prefill_rows, slots,
     prefix_tokens.
 
-    ``share_prefix``: the tokens all prompts start with (``shared_prefix``: a
+    ``decode.share_prefix``: the tokens all prompts start with (``shared_prefix``: a
     few-shot prompt) are prefilled once, not once per prompt. A row's logits then
     differ from a whole-prompt prefill's by rounding only, and the shared length
     is a function of the call's prompts: the same call gives the same tokens.
@@ -281,88 +280,121 @@ def generate(params, prompts: Sequence[Sequence[int]], seeds: Sequence[int], bud
         progress(n - len(pending))
     if not pending:
         return results
-    dp = _dp(mesh)
-    per = min(-(-max(slots, 1) // dp), count_bucket(-(-len(pending) // dp), 1))  # slots per shard
-    B = per * dp
-    refill = max(1, per // 8) if refill is None else refill
-    # Prompts per prefill call: two sizes only (few compiles), room for a typical refill.
-    max_rows = min(count_bucket(max(2 * refill, 4) * dp, dp), count_bucket(B, dp))
-    few_rows = _round_up(max(max_rows // 4, 1), dp)
-    groups: dict[tuple, list[int]] = {}
-    for i in pending:  # identical prompts (k samples of a question) share one prefill
-        groups.setdefault(tuple(int(t) for t in prompts[i]), []).append(i)
-    queue = deque(sorted(groups.values(), key=lambda g: (len(prompts[g[0]]), g[0])))  # shortest first
-    waiting = len(pending)
-    buckets = length_buckets(config.n_ctx)
-    longest = _round_up(max(len(prompts[i]) + budgets[i] for i in pending), CACHE_GRAIN)
-    key_data = np.asarray(jax.random.key_data(keys_from_seeds([seeds[i] for i in range(n)])))
-
-    slot_req = np.full(B, -1)  # request in each slot
-    slot_step = np.zeros(B, np.int64)  # its tokens so far
-    L = 0
-    state = None
-    prefix = shared_prefix([prompts[i] for i in pending]) if share_prefix else 0
-    shared = _prefix_cache(params, prompts[pending[0]][:prefix], config, mesh) if prefix else None
-    counters = {"chunks": 0, "decode_steps": 0, "prefill_calls": 0, "prefill_rows": 0, "slots": B,
-                "prefix_tokens": prefix}
-    decode = functools.partial(_decode, config=config, steps=chunk, eos_id=eos_id, valid_vocab=valid_vocab,
-                               mesh=None if dp == 1 else mesh)
-    while queue or (slot_req >= 0).any():
-        # -- refill the free slots (the emptiest shard first) from the queue
-        free = [[b for b in range(s * per, (s + 1) * per) if slot_req[b] < 0] for s in range(dp)]
-        order = []
-        for _ in range(min(sum(map(len, free)), waiting)):
-            s = max(range(dp), key=lambda s: len(free[s]))
-            order.append(free[s].pop(0))
-        waiting -= len(order)
-        admitted = []  # (prompt, [(request, slot), ...]): one prefill row each
-        while queue and order:
-            g = queue.popleft()
-            if len(g) > len(order):
-                queue.appendleft(g[len(order):])
-                g = g[:len(order)]
-            admitted.append((prompts[g[0]], [(i, order.pop(0)) for i in g]))
-            for i, b in admitted[-1][1]:
-                slot_req[b], slot_step[b] = i, 0
-        # -- the cache length this chunk needs (rows start at slot 0)
-        occupied = np.flatnonzero(slot_req >= 0)
-        need_len = max(len(prompts[slot_req[b]]) + min(budgets[slot_req[b]], int(slot_step[b]) + chunk)
-                       for b in occupied)
-        target = min(_round_up(need_len, CACHE_GRAIN), longest)
-        if state is None:
-            L = target
-            state = _empty(config, B, L, mesh=None if dp == 1 else mesh)
-        elif target > L or target <= L * 3 // 4:
-            L = target
-            state = _resize(state, L)
-        while admitted:  # prefill calls of max_rows prompts, or a quarter of that for the last few
-            rows = max_rows if len(admitted) > few_rows else few_rows
-            state = _prefill_into(params, state, admitted[:rows], rows, budgets, key_data, config=config,
-                                  buckets=buckets, pad_id=pad_id, per=per, mesh=mesh, counters=counters,
-                                  shared=shared)
-            del admitted[:rows]
-        # -- decode until enough rows end (while prompts wait) or chunk steps
-        keep = _put(slot_req >= 0, mesh, P("dp"))
-        need = refill if queue else per + 1
-        state, tok_BC = decode(params, state, keep, need, chunk, float(temperature), float(top_p))
-        tok_BC, step_B, active_B = _host(tok_BC), _host(state.step_B), _host(state.active_B)
-        counters["chunks"] += 1
-        counters["decode_steps"] += int((step_B - np.where(slot_req >= 0, slot_step, step_B)).max(initial=0))
-        ended = 0
-        for b in occupied:
-            i, new = slot_req[b], int(step_B[b] - slot_step[b])
-            results[i].extend(int(t) for t in tok_BC[b, :new])
-            slot_step[b] = step_B[b]
-            if not active_B[b] or (stop is not None and new and stop(i, results[i])):
-                if results[i] and results[i][-1] == eos_id:
-                    results[i].pop()
-                slot_req[b] = -1
-                ended += 1
+    run = _Batcher(params, prompts, seeds, budgets, pending, config, decode, mesh)
+    while run.queue or (run.slot_req >= 0).any():
+        occupied = run.refill()
+        tok_BC, step_B, active_B = run.decode_chunk()
+        ended = run.harvest(occupied, tok_BC, step_B, active_B, results, stop)
         if progress is not None and ended:
             progress(ended)
     if stats is not None:
-        stats.update(counters)
+        stats.update(run.counters)
     return results
+
+
+class _Batcher:
+    """One ``generate`` call's slots: which request each holds (``slot_req``, -1: free) and
+    its tokens so far (``slot_step``), the queue of waiting prompt groups, the device state."""
+
+    def __init__(self, params, prompts, seeds, budgets, pending: list[int], config: GPTJConfig,
+                 decode: DecodeConfig, mesh: Mesh | None) -> None:
+        self.params, self.prompts, self.budgets, self.config, self.mesh = params, prompts, budgets, config, mesh
+        self.decode, self.dp = decode, _dp(mesh)
+        self.per = min(-(-max(decode.slots, 1) // self.dp), count_bucket(-(-len(pending) // self.dp), 1))
+        B = self.per * self.dp  # slots in all
+        self.refill_rows = max(1, self.per // 8) if decode.refill is None else decode.refill
+        # Prompts per prefill call: two sizes only (few compiles), room for a typical refill.
+        self.max_rows = min(count_bucket(max(2 * self.refill_rows, 4) * self.dp, self.dp), count_bucket(B, self.dp))
+        self.few_rows = _round_up(max(self.max_rows // 4, 1), self.dp)
+        groups: dict[tuple, list[int]] = {}
+        for i in pending:  # identical prompts (k samples of a question) share one prefill
+            groups.setdefault(tuple(int(t) for t in prompts[i]), []).append(i)
+        self.queue = deque(sorted(groups.values(), key=lambda g: (len(prompts[g[0]]), g[0])))  # shortest first
+        self.waiting = len(pending)
+        self.buckets = length_buckets(config.n_ctx)
+        self.longest = _round_up(max(len(prompts[i]) + budgets[i] for i in pending), CACHE_GRAIN)
+        self.key_data = np.asarray(jax.random.key_data(keys_from_seeds([seeds[i] for i in range(len(prompts))])))
+        self.slot_req = np.full(B, -1)  # request in each slot
+        self.slot_step = np.zeros(B, np.int64)  # its tokens so far
+        self.L, self.state = 0, None
+        prefix = shared_prefix([prompts[i] for i in pending]) if decode.share_prefix else 0
+        self.shared = _prefix_cache(params, prompts[pending[0]][:prefix], config, mesh) if prefix else None
+        self.counters = {"chunks": 0, "decode_steps": 0, "prefill_calls": 0, "prefill_rows": 0, "slots": B,
+                         "prefix_tokens": prefix}
+        self.sharded = None if self.dp == 1 else mesh
+        self.step = functools.partial(_decode, config=config, steps=decode.chunk, eos_id=decode.eos_id,
+                                      valid_vocab=decode.valid_vocab, mesh=self.sharded)
+
+    def _admit(self) -> list:
+        """Free slots (the emptiest shard first) given to waiting prompts: (prompt, [(request,
+        slot), ...]), one prefill row each."""
+        free = [[b for b in range(s * self.per, (s + 1) * self.per) if self.slot_req[b] < 0] for s in range(self.dp)]
+        order = []
+        for _ in range(min(sum(map(len, free)), self.waiting)):
+            s = max(range(self.dp), key=lambda s: len(free[s]))  # noqa: B023 -- used at once
+            order.append(free[s].pop(0))
+        self.waiting -= len(order)
+        admitted = []
+        while self.queue and order:
+            g = self.queue.popleft()
+            if len(g) > len(order):
+                self.queue.appendleft(g[len(order):])
+                g = g[:len(order)]
+            admitted.append((self.prompts[g[0]], [(i, order.pop(0)) for i in g]))
+            for i, b in admitted[-1][1]:
+                self.slot_req[b], self.slot_step[b] = i, 0
+        return admitted
+
+    def refill(self) -> np.ndarray:
+        """Fill the free slots from the queue, the cache sized for this chunk (rows start at
+        slot 0). Returns the occupied slots."""
+        admitted = self._admit()
+        occupied = np.flatnonzero(self.slot_req >= 0)
+        need_len = max(len(self.prompts[self.slot_req[b]])
+                       + min(self.budgets[self.slot_req[b]], int(self.slot_step[b]) + self.decode.chunk)
+                       for b in occupied)
+        target = min(_round_up(need_len, CACHE_GRAIN), self.longest)
+        if self.state is None:
+            self.L = target
+            self.state = _empty(self.config, len(self.slot_req), self.L, mesh=self.sharded)
+        elif target > self.L or target <= self.L * 3 // 4:
+            self.L = target
+            self.state = _resize(self.state, self.L)
+        while admitted:  # prefill calls of max_rows prompts, or a quarter of that for the last few
+            rows = self.max_rows if len(admitted) > self.few_rows else self.few_rows
+            self.state = _prefill_into(self.params, self.state, admitted[:rows], rows, self.budgets, self.key_data,
+                                       config=self.config, buckets=self.buckets, pad_id=self.decode.pad_id,
+                                       per=self.per, mesh=self.mesh, counters=self.counters, shared=self.shared)
+            del admitted[:rows]
+        return occupied
+
+    def decode_chunk(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Decode until enough rows end (while prompts wait) or ``chunk`` steps: the chunk's
+        tokens, each slot's step count and whether its row goes on, on the host."""
+        keep = _put(self.slot_req >= 0, self.mesh, P("dp"))
+        need = self.refill_rows if self.queue else self.per + 1
+        self.state, tok_BC = self.step(self.params, self.state, keep, need, self.decode.chunk,
+                                       float(self.decode.temperature), float(self.decode.top_p))
+        tok_BC, step_B, active_B = _host(tok_BC), _host(self.state.step_B), _host(self.state.active_B)
+        self.counters["chunks"] += 1
+        self.counters["decode_steps"] += int(
+            (step_B - np.where(self.slot_req >= 0, self.slot_step, step_B)).max(initial=0))
+        return tok_BC, step_B, active_B
+
+    def harvest(self, occupied: np.ndarray, tok_BC: np.ndarray, step_B: np.ndarray, active_B: np.ndarray,
+                results: list[list[int]], stop: Callable[[int, list[int]], bool] | None) -> int:
+        """The chunk's tokens into ``results``; rows that ended free their slots. Returns how many ended."""
+        ended, eos_id = 0, self.decode.eos_id
+        for b in occupied:
+            i, new = self.slot_req[b], int(step_B[b] - self.slot_step[b])
+            results[i].extend(int(t) for t in tok_BC[b, :new])
+            self.slot_step[b] = step_B[b]
+            if not active_B[b] or (stop is not None and new and stop(i, results[i])):
+                if results[i] and results[i][-1] == eos_id:
+                    results[i].pop()
+                self.slot_req[b] = -1
+                ended += 1
+        return ended
 
 
 def _prefix_cache(params, tokens: Sequence[int], config: GPTJConfig, mesh: Mesh | None) -> model.KVCache:

@@ -20,6 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from .. import model, sharding
 from ..config import GPTJConfig
+from ..options import DecodeConfig
 
 
 def keys_from_seeds(seeds: Sequence[int]) -> jax.Array:
@@ -169,20 +170,19 @@ def _phase_ends(prompt_len: int, n_new: int) -> list[int]:
 
 
 def generate_batches(params, prompts: Sequence[Sequence[int]], seeds: Sequence[int], budgets: Sequence[int], *,
-                     config: GPTJConfig, temperature: float, top_p: float, eos_id: int, pad_id: int,
-                     valid_vocab: int | None = None, mesh: Mesh | None = None, slots: int = 8,
-                     max_new_tokens: int | None = None, progress: Callable[[int], None] | None = None
-                     ) -> list[list[int]]:
-    """The static path: prompts sorted by length, ``slots`` at a time (rounded up
+                     config: GPTJConfig, decode: DecodeConfig, mesh: Mesh | None = None,
+                     progress: Callable[[int], None] | None = None) -> list[list[int]]:
+    """The static path: prompts sorted by length, ``decode.slots`` at a time (rounded up
     to a multiple of dp), left-padded to a length bucket and run by ``generate``
     until the batch's last row ends. Same arguments and results as
     ``continuous.generate`` (new tokens, end-of-text not included); stop strings
-    are the caller's to apply. ``max_new_tokens`` (default: the largest budget)
+    are the caller's to apply. ``decode.max_new_tokens`` (default: the largest budget)
     fixes the compiled loop length and the prompt buckets below n_ctx."""
     from .. import distributed as dist
     from ..train import bucket_lengths
 
-    N = max(budgets, default=0) if max_new_tokens is None else max_new_tokens
+    N = max(budgets, default=0) if decode.max_new_tokens is None else decode.max_new_tokens
+    slots, eos_id, pad_id = decode.slots, decode.eos_id, decode.pad_id
     results: list[list[int]] = [[] for _ in prompts]
     if not prompts or N == 0:
         if progress is not None and prompts:
@@ -205,8 +205,9 @@ def generate_batches(params, prompts: Sequence[Sequence[int]], seeds: Sequence[i
         key_data = np.asarray(jax.random.key_data(keys_from_seeds([seeds[i] for i in group] + [0] * (rows - len(group)))))
         budget_B = np.asarray([budgets[i] for i in group] + [1] * (rows - len(group)), np.int32)
         out_BN = generate(params, put(tokens_BT, rows_sh), put(mask_BT, rows_sh),
-                          jax.random.wrap_key_data(put(key_data, keys_data_sh)), float(temperature), float(top_p),
-                          config=config, max_new_tokens=N, eos_id=eos_id, valid_vocab=valid_vocab, mesh=mesh,
+                          jax.random.wrap_key_data(put(key_data, keys_data_sh)), float(decode.temperature),
+                          float(decode.top_p), config=config, max_new_tokens=N, eos_id=eos_id,
+                          valid_vocab=decode.valid_vocab, mesh=mesh,
                           budget_B=put(budget_B, vec_sh))
         out_BN = dist.to_host(out_BN)
         for row, i in enumerate(group):

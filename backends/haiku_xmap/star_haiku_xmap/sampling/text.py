@@ -23,13 +23,13 @@ def cut_at_stop(text: str, stops: Sequence[str]) -> str:
 
 
 def generate_text(params: Any, requests: Sequence[GenRequest], spec: GenSpec, *, tokenizer: Any, config: Any,
-                  mesh: Any, generation: str, chunk: int, share_prefix: bool,
-                  progress: Progress | None = None) -> list[str]:
-    """Completions of ``requests`` (each with its own seed) under ``spec``: the static
-    path (``generation = "static"``: length-sorted batches, each until its last row ends)
-    or continuous batching (a slot whose row ended, by end-of-text, a stop string or its
-    budget, takes the next prompt; ``chunk`` decode steps between refills)."""
-    from . import continuous, static  # jax: this module loads with the plugin, which must not import jax
+                  mesh: Any, decode: Any, continuous: bool = True, progress: Progress | None = None) -> list[str]:
+    """Completions of ``requests`` (each with its own seed) under ``spec``, decoded as
+    ``decode`` (``options.DecodeConfig``) says: continuous batching (a slot whose row ended,
+    by end-of-text, a stop string or its budget, takes the next prompt; ``decode.chunk``
+    decode steps between refills) or, ``continuous`` False, the static path
+    (``model.generation = "static"``: length-sorted batches, each until its last row ends)."""
+    from . import continuous as cont, static  # jax: this module loads with the plugin, which must not import jax
 
     tok = tokenizer
     max_prompt = config.n_ctx - spec.max_new_tokens
@@ -41,13 +41,10 @@ def generate_text(params: Any, requests: Sequence[GenRequest], spec: GenSpec, *,
         text = tok.decode(ids)
         return any(s in text for s in stops)
 
-    if generation == "continuous":
-        run = functools.partial(continuous.generate, chunk=chunk, stop=stop if stops else None,
-                                share_prefix=share_prefix)
+    if continuous:
+        run = functools.partial(cont.generate, stop=stop if stops else None)
     else:  # the static path: length-sorted batches, each until its last row ends
-        run = functools.partial(static.generate_batches, max_new_tokens=spec.max_new_tokens)
+        run = static.generate_batches
     out = run(params, prompts, [r.seed for r in requests], [spec.max_new_tokens] * len(requests),
-              config=config, temperature=float(spec.temperature), top_p=float(spec.top_p),
-              eos_id=tok.eos_id, pad_id=tok.pad_id, valid_vocab=tok.vocab_size, mesh=mesh,
-              slots=spec.batch_size, progress=progress)
+              config=config, decode=decode, mesh=mesh, progress=progress)
     return [cut_at_stop(tok.decode(ids), stops) for ids in out]
