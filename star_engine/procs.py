@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 from collections.abc import Callable, Iterator
 
-from .api import Aborts, MultiProcess
+from .api import MultiProcess
+from .capabilities import Aborts
 from .boundary import failure_message
 from .errors import ProcessLost
 from .registry import Component, calling

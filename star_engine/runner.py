@@ -17,7 +17,7 @@ from pathlib import Path
 import structlog
 
 from . import __version__, rundir, runlock, ui
-from .api import Starts, ValidatesRun
+from .capabilities import Starts, ValidatesRun
 from .experiment import Experiment, config_hash
 from .loop import run_star
 from .seeds import derive_seed

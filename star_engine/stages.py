@@ -21,7 +21,8 @@ import pyarrow.parquet as pq
 import structlog
 
 from . import ui
-from .api import Example, GenRequest, GenSpec, RecordsCheckpoints, TrainExample, TrainSpec, Trims, Verdict
+from .api import Example, GenRequest, GenSpec, TrainExample, TrainSpec, Verdict
+from .capabilities import RecordsCheckpoints, Trims
 from .experiment import Experiment, prompt_kinds
 from .ledger import LEDGER_SCHEMA, ledger_rows
 from .questions import draw

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 import structlog
 
-from .api import Backend, CapsPrompts, CountsTokens, GenSpec
+from .api import Backend, GenSpec
+from .capabilities import CapsPrompts, CountsTokens
 from .errors import PluginError
 from .registry import Registry
 from .schema import is_int
@@ -23,7 +24,7 @@ log = structlog.get_logger("star_engine")
 
 
 def count_tokens(backend: Backend, texts: Sequence[str], registry: Registry) -> list[int]:
-    """Tokens per text: the backend's optional ``count_tokens`` (``api.CountsTokens``), else UTF-8
+    """Tokens per text: the backend's optional ``count_tokens`` (``capabilities.CountsTokens``), else UTF-8
     bytes. ``registry`` built the backend (a failure names its plugin)."""
     if not isinstance(backend, CountsTokens):
         return [len(t.encode("utf-8")) for t in texts]
@@ -43,7 +44,7 @@ class Truncation:
         self.counts: dict[str, int] = {}  # stage -> prompts cut, since the last pop()
 
     def capacity(self, spec: GenSpec) -> int | None:
-        """The backend's prompt capacity for ``spec``, or None when it does not say (``api.CapsPrompts``)."""
+        """The backend's prompt capacity for ``spec``, or None when it does not say (``capabilities.CapsPrompts``)."""
         if not isinstance(self.backend, CapsPrompts):
             return None
         with self.registry.calling(self.backend, "prompt_capacity"):

@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 
 import structlog
 
-from .api import Checker, ChecksGold, Example, Verdict
+from .api import Checker, Example, Verdict
+from .capabilities import ChecksGold
 from .errors import PluginError, UserError
 from .records import CheckerVerdict
 from .registry import Registry
@@ -81,7 +82,7 @@ def build_panel(refs: Sequence[Mapping[str, Any]], registry: Registry, task_ref:
 
 def _usable(checker: Checker, name: str, ex: Example, row: int, path: str | None, split: str,
             registry: Registry) -> bool:
-    """``checker.check_gold(ex.answer)`` (True when the checker has none: ``api.ChecksGold``); a
+    """``checker.check_gold(ex.answer)`` (True when the checker has none: ``capabilities.ChecksGold``); a
     refusal names the file (or the split, for a task that generates its data) and the row."""
     if not isinstance(checker, ChecksGold):
         return True

@@ -9,10 +9,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from star_engine import hookimpl
-from star_engine.api import Example, Verdict
-from star_engine.errors import UserError
-from star_engine.options import require_choice
+from typing import Literal
+
+from star_engine import Example, UserError, Verdict, hookimpl
 
 from .scripted import ToyTask
 
@@ -40,8 +39,8 @@ class DigitsChecker:
     digits are refused (``bad_gold = "refuse"``) or skipped (``"skip"``) by ``check_gold``, which
     counts its calls (``calls``) so tests can see it runs once per question."""
 
-    def __init__(self, *, bad_gold: str = "refuse"):
-        self.bad_gold = require_choice("bad_gold", bad_gold, ("refuse", "skip"))
+    def __init__(self, *, bad_gold: Literal["refuse", "skip"] = "refuse"):
+        self.bad_gold = bad_gold
         self.calls: list[str] = []
 
     def check_gold(self, gold: str) -> bool:
@@ -61,8 +60,8 @@ class OddGivesUp:
     judges the others as ``toy_exact`` does. ``rule = "last_digit"`` reads the generation's last
     digit instead of the task's extraction (a rule of its own)."""
 
-    def __init__(self, *, rule: str = "extracted"):
-        self.rule = require_choice("rule", rule, ("extracted", "last_digit"))
+    def __init__(self, *, rule: Literal["extracted", "last_digit"] = "extracted"):
+        self.rule = rule
 
     def check(self, generation: str, extracted: str | None, gold: str) -> Verdict:
         if self.rule == "last_digit":

@@ -67,7 +67,7 @@ def test_bad_options_name_the_option(tmp_path):
         assert e.value.key == (name if name.startswith("model.") else f"model.{name}"), e.value
     # What depends on the devices is the runtime's: refused when the run starts it, before it writes.
     backend = plugin.HaikuXmapBackend.from_table(**SMALL, mesh={"dp": -1, "mp": 3})
-    with pytest.raises(UserError, match="model.mesh: mesh: 8 devices are not divisible by 3") as e:
+    with pytest.raises(UserError, match=r"model.mesh: mesh: \d+ devices are not divisible by 3") as e:
         backend.start()
     assert e.value.key == "model.mesh"
 

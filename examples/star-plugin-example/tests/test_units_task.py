@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from star_engine.api import Example, Task
-from star_engine.errors import UserError
-from star_engine.registry import Registry
+from star_engine import Example, Registry, Task, UserError
 from star_plugin_example import plugin, units
 from star_plugin_example.checker import UnitNumericChecker
 from star_plugin_example.task import AnswerHint, UnitConversionTask
@@ -168,21 +166,26 @@ def test_hint_and_leaks():
         hint.context(Odd(), ex)
 
 
-@pytest.mark.parametrize("factory, options, message", [
-    (UnitConversionTask, {"n_train": "10"}, "n_train: must be an integer"),
-    (UnitConversionTask, {"families": ["length", "money"]}, "families: unknown 'money'"),
-    (UnitConversionTask, {"families": []}, "families: must be a non-empty list"),
-    (UnitConversionTask, {"decimals": 4}, "decimals: must be <= 3"),
-    (UnitConversionTask, {"seed_hint_fraction": 1.5}, "seed_hint_fraction: must be <= 1"),
-    (UnitConversionTask, {"n_shots": 300}, "n_shots: the few-shot examples come from the seed set"),
-    (UnitConversionTask, {"families": ["volume"], "max_value": 5, "decimals": 0}, "only 10 exist"),
-    (UnitNumericChecker, {"abs_tol": -1}, "abs_tol: must be a finite number >= 0"),
-    (UnitNumericChecker, {"convert": "yes"}, "convert: must be true or false"),
-    (AnswerHint, {"label": "a(b"}, "label: must be a word"),
+@pytest.mark.parametrize("kind, name, options, message", [
+    ("task", "unit_conversion", {"n_train": "10"}, "task.options.n_train: expected an integer, got string '10'"),
+    ("task", "unit_conversion", {"families": ["length", "money"]}, "task.options.families: unknown 'money'"),
+    ("task", "unit_conversion", {"families": []}, "task.options.families: must not be empty"),
+    ("task", "unit_conversion", {"decimals": 4}, "task.options.decimals: must be in [0, 3], got 4"),
+    ("task", "unit_conversion", {"seed_hint_fraction": 1.5}, "task.options.seed_hint_fraction: must be in [0, 1]"),
+    ("task", "unit_conversion", {"n_shots": 300},
+     "task.options.n_shots: the few-shot examples come from the seed set"),
+    ("task", "unit_conversion", {"families": ["volume"], "max_value": 5, "decimals": 0}, "only 10 exist"),
+    ("checker", "unit_numeric", {"abs_tol": -1}, "task.options.abs_tol: must be >= 0, got -1"),
+    ("checker", "unit_numeric", {"convert": "yes"}, "task.options.convert: expected true or false"),
+    ("hint", "unit_answer", {"label": "a(b"}, "task.options.label: must be a word"),
 ])
-def test_bad_options(factory, options, message):
+def test_bad_options(kind, name, options, message):
+    """Options are checked as a run checks them: by the core, against what the factory
+    declares, before it is built (the factory's own rules after)."""
+    registry = Registry(autoload=False)
+    registry.add(plugin)
     with pytest.raises(UserError, match=re.escape(message)):
-        factory(**options)
+        registry.create(kind, name, options, "task.options")
 
 
 def test_ids_default_to_split_and_line(tmp_path):

@@ -1,0 +1,54 @@
+"""Optional capabilities: a component's optional methods, each a small protocol.
+
+Each is documented with its component's protocol in :mod:`star_engine.api` and listed in
+docs/CONTRACTS.md. The core asks ``isinstance(component, Trims)`` and calls the method only
+then (an attribute set to None counts as absent; the answer is remembered per class, so a
+class is not to gain or lose the method afterwards).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+from .api import GenSpec, TrainSpec
+
+
+@runtime_checkable
+class Trims(Protocol):  # a Task's (``Task``: trim)
+    def trim(self, generation: str) -> str: ...
+
+
+@runtime_checkable
+class ChecksGold(Protocol):  # a Checker's (``Checker``: check_gold)
+    def check_gold(self, gold: str) -> bool: ...
+
+
+@runtime_checkable
+class ValidatesRun(Protocol):  # a Backend's (``Backend.validate_run``)
+    def validate_run(self, generation: Mapping[str, GenSpec], training: Mapping[str, TrainSpec]) -> None: ...
+
+
+@runtime_checkable
+class CountsTokens(Protocol):  # a Backend's (``Backend.count_tokens``); without it: UTF-8 bytes
+    def count_tokens(self, texts: Sequence[str]) -> list[int]: ...
+
+
+@runtime_checkable
+class CapsPrompts(Protocol):  # a Backend's (``Backend.prompt_capacity``); without it no prompt is cut
+    def prompt_capacity(self, spec: GenSpec) -> int: ...
+
+
+@runtime_checkable
+class Starts(Protocol):  # a Backend's (``Backend.start``): the run starts its runtime, validate never
+    def start(self) -> None: ...
+
+
+@runtime_checkable
+class RecordsCheckpoints(Protocol):  # a Backend's (``Backend.checkpoint_recorded``)
+    def checkpoint_recorded(self, checkpoint: str) -> None: ...
+
+
+@runtime_checkable
+class Aborts(Protocol):  # a MultiProcess backend's (``MultiProcess``: abort)
+    def abort(self, message: str) -> None: ...
