@@ -21,6 +21,15 @@ DTYPES = ("float32", "bfloat16")
 C = TypeVar("C", bound="ModelConfig")
 
 
+class ConfigError(ValueError):
+    """A config refusing a value: ``field`` is the field at fault, ``rule`` what it demands
+    (the message is ``<Class>.<field> <rule>``), so a caller names its own option by it."""
+
+    def __init__(self, cls: type, field: str, rule: str):
+        super().__init__(f"{cls.__name__}.{field} {rule}")
+        self.field, self.rule = field, rule
+
+
 class ModelConfig:
     """What every architecture's config (a frozen dataclass) shares: its ``NAME`` (the
     registry key), a stored dict (``to_dict``/``from_dict``: unknown keys refused),
@@ -47,11 +56,11 @@ class ModelConfig:
         for name in names:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{type(self).__name__}.{name} must be a positive int, got {value!r}")
+                raise ConfigError(type(self), name, f"must be a positive int, got {value!r}")
 
     def _check_dtype(self) -> None:
         if self.dtype not in DTYPES:
-            raise ValueError(f"{type(self).__name__}.dtype must be one of {DTYPES}, got {self.dtype!r}")
+            raise ConfigError(type(self), "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -85,11 +94,11 @@ class GPTJConfig(ModelConfig):
     def __post_init__(self) -> None:
         self._positive_ints(("n_layer", "d_model", "n_head", "d_head", "d_ff", "rotary_dim", "n_ctx", "vocab"))
         if self.rotary_dim > self.d_head or self.rotary_dim % 2:
-            raise ValueError(
-                f"GPTJConfig.rotary_dim must be even and <= d_head ({self.d_head}), got {self.rotary_dim}")
+            raise ConfigError(type(self), "rotary_dim",
+                              f"must be even and <= d_head ({self.d_head}), got {self.rotary_dim}")
         self._check_dtype()
         if not self.ln_eps > 0:
-            raise ValueError(f"GPTJConfig.ln_eps must be > 0, got {self.ln_eps!r}")
+            raise ConfigError(type(self), "ln_eps", f"must be > 0, got {self.ln_eps!r}")
 
 
 ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -126,22 +135,22 @@ class LlamaConfig(ModelConfig):
     def __post_init__(self) -> None:
         self._positive_ints(("n_layer", "d_model", "n_head", "n_kv_head", "d_head", "d_ff", "n_ctx", "vocab"))
         if self.n_head % self.n_kv_head:
-            raise ValueError(f"LlamaConfig.n_kv_head must divide n_head ({self.n_head}), got {self.n_kv_head}")
+            raise ConfigError(type(self), "n_kv_head", f"must divide n_head ({self.n_head}), got {self.n_kv_head}")
         if self.d_head % 2:
-            raise ValueError(f"LlamaConfig.d_head must be even (rotary pairs), got {self.d_head}")
+            raise ConfigError(type(self), "d_head", f"must be even (rotary pairs), got {self.d_head}")
         if self.architecture != "llama":
-            raise ValueError(f"LlamaConfig.architecture must be 'llama', got {self.architecture!r}")
+            raise ConfigError(type(self), "architecture", f"must be 'llama', got {self.architecture!r}")
         self._check_dtype()
         for name in ("rms_eps", "rope_theta"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"LlamaConfig.{name} must be > 0, got {value!r}")
+                raise ConfigError(type(self), name, f"must be > 0, got {value!r}")
         for name in ("qkv_bias", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"LlamaConfig.{name} must be true or false, got {getattr(self, name)!r}")
+                raise ConfigError(type(self), name, f"must be true or false, got {getattr(self, name)!r}")
         w = self.sliding_window
         if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w <= 0):
-            raise ValueError(f"LlamaConfig.sliding_window must be a positive int or null, got {w!r}")
+            raise ConfigError(type(self), "sliding_window", f"must be a positive int or null, got {w!r}")
         r = self.rope_scaling
         if r is not None:
             if isinstance(r, list):  # from JSON / msgpack
@@ -149,7 +158,7 @@ class LlamaConfig(ModelConfig):
             if (not isinstance(r, tuple) or len(r) != 4 or any(isinstance(x, bool) or not isinstance(x, (int, float))
                                                                 or not x > 0 for x in r)
                     or not r[2] > r[1] or int(r[3]) != r[3]):
-                raise ValueError(f"LlamaConfig.rope_scaling must be null or positive ({', '.join(ROPE_SCALING_KEYS)}) "
+                raise ConfigError(type(self), "rope_scaling", f"must be null or positive ({', '.join(ROPE_SCALING_KEYS)}) "
                                  f"with high_freq_factor > low_freq_factor, got {r!r}")
 
     @property

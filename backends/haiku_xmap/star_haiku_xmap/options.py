@@ -8,14 +8,14 @@ failure is a ``UserError`` whose ``key`` is the ``model.<option>`` at fault."""
 from __future__ import annotations
 
 import math
-import re
+import dataclasses
 from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, NamedTuple, get_args
 
 from star_engine import NonNegInt, Section, UserError, above, at_least, between, check_table, is_int
 
-from .config import PRESETS, architecture as arch_of, config_from_dict
+from .config import PRESETS, ConfigError, architecture as arch_of, config_from_dict
 
 Dtype = Literal["float32", "bfloat16"]
 Schedule = Literal["constant", "linear", "cosine"]
@@ -205,13 +205,9 @@ def base_config(o: ModelOptions) -> tuple[Any, dict | None]:
     return base, None
 
 
-def _config_error(exc: Exception) -> UserError:
+def _config_error(exc: ConfigError) -> UserError:
     """A config refusal (a rule across its fields) as the ``[model]`` key it is about."""
-    m = re.match(r"(?:GPTJ|Llama)Config\.(\w+) (.*)$", str(exc), re.DOTALL)
-    if m:
-        return _fail(m.group(1), m.group(2))
-    m = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
-    return _fail(m.group(1), "not an option of this architecture") if m else UserError(f"model: {exc}", key="model")
+    return _fail(exc.field, exc.rule)
 
 
 def resolve(o: ModelOptions) -> Model:
@@ -222,9 +218,13 @@ def resolve(o: ModelOptions) -> Model:
 
     base, stored_tok = base_config(o)
     overrides = {k: getattr(o, k) for k in SHAPE if getattr(o, k) is not None}
+    fields = {f.name for f in dataclasses.fields(base)}
+    for key in overrides:
+        if key not in fields:
+            raise _fail(key, "not an option of this architecture")
     try:
         config = base.replace(**overrides, **({"dtype": o.dtype} if o.dtype else {}))
-    except (TypeError, ValueError) as exc:
+    except ConfigError as exc:
         raise _config_error(exc) from None
     if o.tokenizer_file:
         tokenizer = HFTokenizer(o.tokenizer_file)

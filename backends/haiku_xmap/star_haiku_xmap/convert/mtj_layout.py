@@ -38,8 +38,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-from collections.abc import Mapping
 
 import numpy as np
 
@@ -182,20 +180,3 @@ def shard_slices(leaf: MtjLeaf, value: np.ndarray, shards: int) -> list[np.ndarr
         return [value] * shards
     zero = np.zeros_like(value)  # "sum": all of it on shard 0
     return [value] + [zero] * (shards - 1)
-
-
-def params_to_mtj_arrays(params: Mapping[str, Any], config: GPTJConfig, shards: int) -> list[list[np.ndarray]]:
-    """In-memory slim layout (arrays[shard][leaf]) of small params, for tests and tools."""
-    layout = leaf_layout(config, shards)
-    out: list[list[np.ndarray]] = [[] for _ in range(shards)]
-    for leaf in layout:
-        if leaf.native is None:
-            slices = [np.asarray(0, np.int32)] * shards
-        elif leaf.native == ("wte", "bias"):
-            slices = [np.zeros(leaf.shard_shape, np.asarray(params["wte"]["embeddings"]).dtype)] * shards
-        else:
-            slices = shard_slices(leaf, np.asarray(params[leaf.native[0]][leaf.native[1]]), shards)
-        for s in range(shards):
-            out[s].append(slices[s])
-    return out
-
