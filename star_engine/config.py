@@ -249,7 +249,10 @@ def load_experiment(path: Path, overrides: list[str] | None = None, limit: int |
     cfg["experiment"]["output_dir"] = out
     if not cfg["evaluation"]["splits"]:
         raise UserError(f"{src('evaluation.splits')}: evaluation.splits: needs at least one split")
-    _resolve_sampled_evaluation(cfg, src)
+    try:
+        EvaluationSection.resolve_inherited(cfg["evaluation"], cfg["generation"])
+    except UserError as e:
+        raise UserError(f"{src(e.key or 'evaluation')}: {e}", key=e.key) from None
     _complete_optimizers(cfg, registry if registry is not None else Registry(), src)
     effects.refuse(pointless, src)
     return cfg
@@ -279,22 +282,3 @@ def _complete_optimizers(cfg: dict[str, Any], registry: Registry, src: Callable[
         return
     for section in ("base_training", "training"):
         cfg[section]["optimizer"] = _validate(src, cfg[section]["optimizer"], table.schema(), f"{section}.optimizer.")
-
-
-def _resolve_sampled_evaluation(cfg: dict[str, Any], src: Callable[[str], str]) -> None:
-    """The sampled evaluation (pass@k, majority vote) resolved in place: ``samples_per_question``
-    0 follows ``[generation]`` (its samples when it samples at a temperature, else 1: greedy only),
-    ``sample_temperature`` 0 is the generation's, ``pass_k`` 0 is ``samples_per_question``."""
-    ev, g = cfg["evaluation"], cfg["generation"]
-    if ev["samples_per_question"] == 0:
-        ev["samples_per_question"] = g["samples_per_question"] if g["temperature"] > 0 else 1
-    n = ev["samples_per_question"]
-    if ev["sample_temperature"] == 0:
-        ev["sample_temperature"] = g["temperature"]
-    if n > 1 and ev["sample_temperature"] == 0:
-        raise UserError(f"{src('evaluation.sample_temperature')}: evaluation.sample_temperature: must be > 0 "
-                        f"when evaluation.samples_per_question is {n} (and generation.temperature is 0)")
-    if ev["pass_k"] > n:
-        raise UserError(f"{src('evaluation.pass_k')}: evaluation.pass_k: {ev['pass_k']} is more than "
-                        f"evaluation.samples_per_question ({n})")
-    ev["pass_k"] = ev["pass_k"] or n

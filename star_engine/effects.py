@@ -54,7 +54,7 @@ def pointless(cfg: dict[str, Any], schema: dict[str, Any]) -> list[Rule]:
         rules.append(("task.filters", "training.source", "gold"))
     if cfg["base_training"]["steps"] == 0:
         rules += [(f"base_training.{k}", "base_training.steps", 0) for k in schema["base_training"] if k != "steps"]
-    # The sampled evaluation (evaluation.samples_per_question, resolved as _resolve_sampled_evaluation does)
+    # The sampled evaluation (evaluation.samples_per_question, resolved as EvaluationSection.resolve_inherited does)
     n = ev["samples_per_question"] or (g["samples_per_question"] if g["temperature"] > 0 else 1)
     if n <= 1:
         if ev["samples_per_question"]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields
 from typing import Annotated, Any, Literal
 
 from .api import GenSpec, Loss, Packing, TrainSpec
+from .errors import UserError
 from .schema import Component, Components, Fraction, NonNegFloat, NonNegInt, PosInt, between, declared
 
 
@@ -165,6 +166,27 @@ class EvaluationSection(Section):
     sample_temperature: NonNegFloat = 0.0
     pass_k: NonNegInt = 0
     checkers: Components = field(default_factory=list)  # more verdicts, recorded beside task.checker's
+
+    @staticmethod
+    def resolve_inherited(ev: dict[str, Any], g: dict[str, Any]) -> None:
+        """The one place the evaluation's values that 0 hands to ``[generation]`` are resolved:
+        written into the configuration as it is loaded (``config.json`` records them) for the
+        sampled evaluation (pass@k, majority vote): ``samples_per_question`` 0 follows
+        ``[generation]`` (its samples when it samples at a temperature, else 1: greedy only),
+        ``sample_temperature`` 0 is the generation's, ``pass_k`` 0 is ``samples_per_question``;
+        and when the specs are made (``gen_spec``): ``max_new_tokens`` 0 is the generation's."""
+        if ev["samples_per_question"] == 0:
+            ev["samples_per_question"] = g["samples_per_question"] if g["temperature"] > 0 else 1
+        n = ev["samples_per_question"]
+        if ev["sample_temperature"] == 0:
+            ev["sample_temperature"] = g["temperature"]
+        if n > 1 and ev["sample_temperature"] == 0:
+            raise UserError(f"evaluation.sample_temperature: must be > 0 when evaluation.samples_per_question is "
+                            f"{n} (and generation.temperature is 0)", key="evaluation.sample_temperature")
+        if ev["pass_k"] > n:
+            raise UserError(f"evaluation.pass_k: {ev['pass_k']} is more than evaluation.samples_per_question ({n})",
+                            key="evaluation.pass_k")
+        ev["pass_k"] = ev["pass_k"] or n
 
     def gen_spec(self, generation: Generation, stop: tuple[str, ...]) -> GenSpec:
         """How the evaluation answers (greedy, at ``temperature``); ``max_new_tokens`` 0 and the
