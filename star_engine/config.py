@@ -21,7 +21,7 @@ from . import dataroot, effects, smoke as _smoke
 from .datafiles import read_capped
 from .errors import PluginError, UserError
 from .registry import Registry, close_matches
-from .schema import Option, validate
+from .schema import Option, describe_value, validate
 from .settings import BaseTraining, EvaluationSection, ExperimentSection, Generation, Rationalization, Section, \
     TaskSection, Training
 
@@ -44,11 +44,6 @@ class Config(Section):
 SCHEMA: dict[str, Any] = Config.schema()
 
 _LINECOL = re.compile(r"\(at line (\d+), column (\d+)\)")
-
-
-def _describe(v: Any) -> str:
-    kind = {str: "string", bool: "boolean", int: "integer", float: "number", list: "array", dict: "table"}
-    return f"{kind.get(type(v), type(v).__name__)} {v!r}"
 
 
 def _validate(src: Callable[[str], str] | None, data: dict[str, Any], table: dict[str, Any], prefix: str
@@ -74,7 +69,7 @@ def check_table(data: Any, table: dict[str, Any], key: str) -> dict[str, Any]:
     section's ``schema()``), its defaults filled in: the experiment file's rules and messages.
     The error carries its key; the CLI's ``Origins.blame`` puts the file or the ``--set`` in front."""
     if not isinstance(data, dict):
-        raise UserError(f"{key}: expected a table, got {_describe(data)}", key=key)
+        raise UserError(f"{key}: expected a table, got {describe_value(data)}", key=key)
     return _validate(None, data, table, key + ".")
 
 
@@ -225,7 +220,7 @@ def load_experiment(path: Path, overrides: list[str] | None = None, limit: int |
                             f"{close_matches(split, used)}")
         if not isinstance(v, str):
             raise UserError(f"{src(f'task.data.{split}')}: task.data.{split}: expected a path string, "
-                            f"got {_describe(v)}")
+                            f"got {describe_value(v)}")
     task["data"] = {k: _resolve(files, v, f"task.data.{k}", src) for k, v in task["data"].items()}
     task["options"] = _resolve_paths(task["options"], files, "task.options", src)
     task["filters"] = [_resolve_paths(normalize_component(f), base, f"task.filters[{i}]", src)

@@ -137,12 +137,10 @@ class Option:
         or a ``UserError`` for ``key``."""
         return _checked(self.type, self.constraints, value, key)
 
-    def describe(self) -> str:
-        """The type in words, for messages and generated references."""
-        return _type_words(self.type, self.constraints)
 
 
-def _describe(v: Any) -> str:
+def describe_value(v: Any) -> str:
+    """A TOML value in words, with its kind: ``string 'x'``, ``integer 3``."""
     kind = {str: "string", bool: "boolean", int: "integer", float: "number", list: "array", dict: "table"}
     return f"{kind.get(type(v), type(v).__name__)} {v!r}"
 
@@ -194,7 +192,7 @@ def _checked(t: Any, constraints: tuple[Any, ...], value: Any, key: str) -> Any:
 
 def _check_type(t: Any, constraints: tuple[Any, ...], value: Any, key: str) -> Any:
     def bad(what: str | None = None) -> UserError:
-        return _Mismatch(f"{key}: expected {what or _type_words(t, constraints)}, got {_describe(value)}", key=key)
+        return _Mismatch(f"{key}: expected {what or _type_words(t, constraints)}, got {describe_value(value)}", key=key)
 
     if COMPONENT in constraints:
         if isinstance(value, str) or (isinstance(value, dict) and isinstance(value.get("name"), str)):
@@ -319,7 +317,7 @@ def validate(data: Mapping[str, Any], options: Mapping[str, Option], prefix: str
         if inner is not None:
             value = data.get(name, {})
             if not isinstance(value, dict):
-                raise UserError(f"{path}: expected a table, got {_describe(value)}", key=path)
+                raise UserError(f"{path}: expected a table, got {describe_value(value)}", key=path)
             out[name] = validate(value, inner, path + ".", nested=None)
         elif name in data:
             out[name] = opt.check(data[name], path)

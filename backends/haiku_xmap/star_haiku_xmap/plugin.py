@@ -83,7 +83,7 @@ class HaikuXmapBackend:
 
         config = self.config if dtype is None else self.config.replace(dtype=dtype)
         # On an mp > 1 mesh the mp-sharded leaves are stored as mp parts, so that a
-        # later load reads only each device's slice (convert/checkpoint.py, version 2).
+        # later load reads only each device's slice (checkpoint/format.py, version 2).
         save_checkpoint(path, params, model_config=config.to_dict(), tokenizer=self.tokenizer.to_dict(),
                         extra=extra, mp_split=int(self.mesh.shape["mp"]), specs=specs)
 
@@ -255,25 +255,22 @@ class HaikuXmapBackend:
     # waits at these barriers (star_engine.procs). The layout is the configured one
     # (``model.distributed``) until the runtime starts; "auto" asks JAX, which starts it.
 
-    def process_index(self) -> int:
+    def _layout(self) -> tuple[int, int]:
+        """(this process's index, the number of processes)."""
         if self._runtime is None and self._processes is None:
-            return 0
+            return 0, 1
         if self._runtime is None and not self._processes.get("auto"):
-            return int(self._processes["process_id"])
+            return int(self._processes["process_id"]), int(self._processes["num_processes"])
         import jax
 
         self.runtime()
-        return jax.process_index()
+        return jax.process_index(), jax.process_count()
+
+    def process_index(self) -> int:
+        return self._layout()[0]
 
     def process_count(self) -> int:
-        if self._runtime is None and self._processes is None:
-            return 1
-        if self._runtime is None and not self._processes.get("auto"):
-            return int(self._processes["num_processes"])
-        import jax
-
-        self.runtime()
-        return jax.process_count()
+        return self._layout()[1]
 
     def barrier(self, name: str) -> None:
         """All processes meet (``coordination.barrier``): ends with ``ProcessLost`` when another
