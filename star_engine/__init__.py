@@ -27,7 +27,8 @@ _SURFACE: dict[str, str] = {
     **dict.fromkeys((
         "Example", "DataFile", "TrainExample", "Candidate", "Verdict", "GenSpec", "GenRequest", "TrainSpec",
         "TrainResult", "Progress", "Task", "Checker", "HintFormatter", "RationaleFilter", "StepSchedule",
-        "QuestionSampler", "Backend", "MultiProcess", "Packing", "Loss", "PACKINGS", "LOSSES"), "api"),
+        "QuestionSampler", "Backend", "MultiProcess", "Packing", "Loss", "PACKINGS", "LOSSES", "PreferencePair",
+        "PreferenceSpec", "CheckContext", "ProbeSample", "Probe", "TuningChoice", "SamplingTuner"), "api"),
     # failures that end a command with one line
     **dict.fromkeys(("UserError", "IntegrityError", "PluginError", "ProcessLost"), "errors"),
     # declaring options (types, ranges) and checking a table of them
@@ -58,7 +59,8 @@ __all__ = [  # the plugin API: hookimpl, __version__ and every name of _SURFACE
     "hookimpl", "__version__", "Example", "DataFile", "TrainExample", "Candidate", "Verdict", "GenSpec",
     "GenRequest", "TrainSpec", "TrainResult", "Progress", "Task", "Checker", "HintFormatter",
     "RationaleFilter", "StepSchedule", "QuestionSampler", "Backend", "MultiProcess", "Packing", "Loss",
-    "PACKINGS", "LOSSES", "UserError", "IntegrityError", "PluginError", "ProcessLost", "Section", "Range",
+    "PACKINGS", "LOSSES", "PreferencePair", "PreferenceSpec", "CheckContext", "ProbeSample", "Probe",
+    "TuningChoice", "SamplingTuner", "UserError", "IntegrityError", "PluginError", "ProcessLost", "Section", "Range",
     "at_least", "above", "between", "NON_EMPTY", "NonNegInt", "PosInt", "NonNegFloat", "Fraction",
     "close_matches", "is_int", "is_number", "check_table", "load_experiment", "DATA_MAX", "PROMPT_KINDS",
     "check_option_path", "few_shot_prompts", "get", "prompt_files", "read_blocks", "read_capped",
@@ -81,9 +83,10 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what the names are, for type checkers and editors
-    from .api import (LOSSES, PACKINGS, Backend, Candidate, Checker, DataFile, Example, GenRequest, GenSpec,
-                      HintFormatter, Loss, MultiProcess, Packing, Progress, QuestionSampler, RationaleFilter,
-                      StepSchedule, Task, TrainExample, TrainResult, TrainSpec, Verdict)
+    from .api import (LOSSES, PACKINGS, Backend, Candidate, CheckContext, Checker, DataFile, Example, GenRequest,
+                      GenSpec, HintFormatter, Loss, MultiProcess, Packing, PreferencePair, PreferenceSpec, Probe,
+                      ProbeSample, Progress, QuestionSampler, RationaleFilter, SamplingTuner, StepSchedule, Task,
+                      TrainExample, TrainResult, TrainSpec, TuningChoice, Verdict)
     from .boundary import run_command
     from .config import check_table, load_experiment
     from .datafiles import (DATA_MAX, PROMPT_KINDS, check_option_path, few_shot_prompts, get, prompt_files,

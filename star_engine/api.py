@@ -172,6 +172,53 @@ class TrainResult:
     losses: tuple[float, ...]  # one per optimizer step
 
 
+@dataclass(frozen=True)
+class PreferencePair:
+    """One preference of a verifier's training set (``Backend.train_preferences``): two
+    completions of ``prompt``, ``chosen`` a kept (right) rationale and ``rejected`` a wrong one of
+    the same question, stored with the same prompt. What is compared is the log-probability of
+    each completion's tokens and of the end-of-text token the backend appends (the tokens a
+    ``TrainExample``'s loss covers)."""
+
+    prompt: str
+    chosen: str
+    rejected: str
+
+
+@dataclass(frozen=True)
+class PreferenceSpec:
+    """One verifier-training job: DPO (Rafailov et al. 2023, Eq. 7) from ``init``, the reference
+    model being ``init`` itself, frozen:
+    ``L = -mean log sigmoid(beta * [(log p(c) - log p_ref(c)) - (log p(r) - log p_ref(r))])``
+    over the pairs of a step, log-probabilities summed over each completion's tokens (as
+    ``PreferencePair`` says). A step takes ``batch_size`` x ``grad_accum`` pairs, drawn in an
+    order that ``seed`` alone decides. ``optimizer`` and ``adapter`` are as ``TrainSpec``'s
+    (``[verifier.optimizer]``, ``[verifier.adapter]``)."""
+
+    steps: int
+    batch_size: int
+    grad_accum: int
+    seed: int
+    optimizer: Mapping[str, Any]
+    beta: float
+    adapter: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    """Where a generation being judged comes from (``Checker.check_in``): the experiment's
+    ``seed``, the STaR ``iteration`` (0: the base model's evaluation), the question, the sample
+    (0 for a greedy answer) and the ``stage`` ("generate", "rationalize", "evaluate",
+    "evaluate_sampled", "tune"); ``split`` is the split the question is from."""
+
+    seed: int
+    iteration: int
+    question_id: str
+    sample: int
+    stage: str
+    split: str
+
+
 # ----------------------------------------------------------------------------- components
 
 
@@ -242,6 +289,11 @@ class Checker(Protocol):
         ``UserError(why)`` to refuse the data: the core puts the file and row in front
         (``path: row 12 (question 'test-11'): checker 'math_verify': why``) and the command
         exits with code 2, nothing written. Which of the last two is the checker's option.
+
+    ``check_in(context: CheckContext, generation: str, extracted: str | None, gold: str) -> Verdict``
+        Called instead of ``check`` when present: the same judgement, told where the generation
+        comes from (``CheckContext``: seed, iteration, question, sample, stage), for a checker
+        whose verdict depends on it (the ``random_reward`` control draws its coin from it).
     """
 
     def check(self, generation: str, extracted: str | None, gold: str) -> Verdict:
@@ -260,6 +312,16 @@ class HintFormatter(Protocol):
 
 
 class RationaleFilter(Protocol):
+    """Decides which of an iteration's right rationales are trained on (``task.filters``).
+
+    Optional method (the core calls it instead of ``keep`` when a filter has it):
+
+    ``keep_among(candidates, others, history) -> list[bool]``
+        As ``keep``, also shown ``others``: the iteration's rationales no longer candidates
+        (rejected by the checker or an earlier filter), so that a filter can judge a question's
+        samples as a group (the ``group`` filter drops questions whose samples were all right).
+    """
+
     def keep(self, candidates: Sequence[Candidate], history: Sequence[Candidate]) -> list[bool]:
         """One flag per candidate. ``history`` is what earlier iterations kept.
         Must be deterministic."""
@@ -280,6 +342,46 @@ class QuestionSampler(Protocol):
         ``questions.parquet`` of the iterations before (``star_engine.ledger.LEDGER_SCHEMA``);
         ``seed`` is the experiment's. Must be deterministic: the same arguments, the same ids
         (a resumed run asks again). The order of the ids does not matter."""
+
+
+@dataclass(frozen=True)
+class ProbeSample:
+    """One answer of a tuner's probe (``SamplingTuner``): the trimmed ``text`` the model wrote
+    for question ``question_id`` (its ``sample``-th), the answer found in it and the task's
+    checker's verdict."""
+
+    question_id: str
+    sample: int
+    text: str
+    predicted: str | None
+    correct: bool
+
+
+Probe = Callable[[float, Sequence[str], int], list[list[ProbeSample]]]
+"""``probe(temperature, question_ids, samples)``: the model of the iteration samples ``samples``
+answers to each of ``question_ids`` (ids of the questions the tuner was given) at
+``temperature``, with the generation's prompt, top-p and length; returns, per question in that
+order, its answers, judged. Stored by the core (a resumed run reads them back)."""
+
+
+@dataclass(frozen=True)
+class TuningChoice:
+    """What a ``SamplingTuner`` chose: the ``temperature`` the iteration samples at, and one
+    row per candidate it tried (``{"temperature": ..., "score": ..., <more columns>}``, plain
+    numbers), stored in the iteration's ``tuning.parquet``."""
+
+    temperature: float
+    candidates: Sequence[Mapping[str, float]]
+
+
+class SamplingTuner(Protocol):
+    """Chooses, each STaR iteration, the temperature its rationales are sampled at
+    (``generation.tuner``), from what the iteration's model does at a few (``Probe``)."""
+
+    def tune(self, iteration: int, questions: Sequence[Example], probe: Probe, seed: int) -> TuningChoice:
+        """Before iteration ``iteration`` (1-based) generates: ``questions`` are the ones it
+        drew; ``seed`` the experiment's. Must be deterministic (a resumed run asks again and
+        gets the stored probes back)."""
 
 
 class Backend(Protocol):
@@ -370,6 +472,24 @@ class Backend(Protocol):
         the prompts longer than this (``prompts_truncated`` in ``metrics.parquet``, a
         ``prompts_truncated`` warning event); without it no prompt counts as cut. A backend
         that has it should have ``count_tokens`` too (else prompts are counted in bytes)."""
+
+    def train_preferences(self, init: str, out: Path, pairs: Sequence[PreferencePair], spec: PreferenceSpec,
+                          progress: Progress | None = None) -> TrainResult:
+        """Optional (with ``score``: a backend that trains verifiers, ``[verifier]``). Train a
+        verifier by DPO (``PreferenceSpec``) from ``init`` on ``pairs``, the reference model
+        ``init`` itself, frozen, and write it to ``out`` atomically, a checkpoint like
+        ``train``'s (loadable by ``generate``, ``score``, ``checkpoint_id``; resumable mid-stage
+        as ``train`` is). ``TrainResult.losses``: the DPO loss per optimizer step; ``tokens``:
+        the completion tokens of the pairs the steps took. Same inputs give the same
+        parameters."""
+
+    def score(self, checkpoint: str, examples: Sequence[TrainExample], batch_size: int,
+              progress: Progress | None = None) -> list[float]:
+        """Optional (see ``train_preferences``). Per example, the log-probability that
+        ``checkpoint`` gives its ``completion`` after its ``prompt``: summed over the
+        completion's tokens and the end-of-text token the backend appends (the tokens
+        ``train``'s loss covers), in fp32; ``batch_size`` sequences at a time. A prompt longer
+        than the context keeps its end, as ``generate`` does."""
 
 
 @runtime_checkable

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-from .api import GenSpec, TrainSpec
+from pathlib import Path
+
+from .api import Candidate, CheckContext, GenSpec, PreferencePair, PreferenceSpec, Progress, TrainExample, TrainResult, TrainSpec, Verdict
 
 
 @runtime_checkable
@@ -52,3 +54,23 @@ class RecordsCheckpoints(Protocol):  # a Backend's (``Backend.checkpoint_recorde
 @runtime_checkable
 class Aborts(Protocol):  # a MultiProcess backend's (``MultiProcess``: abort)
     def abort(self, message: str) -> None: ...
+
+
+@runtime_checkable
+class ChecksInContext(Protocol):  # a Checker's (``Checker``: check_in)
+    def check_in(self, context: CheckContext, generation: str, extracted: str | None, gold: str) -> Verdict: ...
+
+
+@runtime_checkable
+class TrainsVerifiers(Protocol):  # a Backend's (``Backend.train_preferences`` and ``score``): ``[verifier]``
+    def train_preferences(self, init: str, out: Path, pairs: Sequence[PreferencePair], spec: PreferenceSpec,
+                          progress: Progress | None = None) -> TrainResult: ...
+
+    def score(self, checkpoint: str, examples: Sequence[TrainExample], batch_size: int,
+              progress: Progress | None = None) -> list[float]: ...
+
+
+@runtime_checkable
+class SeesRejected(Protocol):  # a RationaleFilter's (``RationaleFilter``: keep_among)
+    def keep_among(self, candidates: Sequence[Candidate], others: Sequence[Candidate],
+                   history: Sequence[Candidate]) -> list[bool]: ...

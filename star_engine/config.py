@@ -23,7 +23,7 @@ from .errors import PluginError, UserError
 from .registry import Registry, close_matches
 from .schema import Option, describe_value, validate
 from .settings import BaseTraining, EvaluationSection, ExperimentSection, Generation, Rationalization, Section, \
-    TaskSection, Training
+    TaskSection, Training, Verifier
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +38,7 @@ class Config(Section):
     base_training: BaseTraining = field(default_factory=BaseTraining)
     training: Training = field(default_factory=Training)
     evaluation: EvaluationSection = field(default_factory=EvaluationSection)
+    verifier: Verifier = field(default_factory=Verifier)
     model: dict  # the backend's table: its factory's options (``schema.declared``)
 
 
@@ -225,7 +226,7 @@ def load_experiment(path: Path, overrides: list[str] | None = None, limit: int |
     task["options"] = _resolve_paths(task["options"], files, "task.options", src)
     task["filters"] = [_resolve_paths(normalize_component(f), base, f"task.filters[{i}]", src)
                        for i, f in enumerate(task["filters"])]
-    for key in ("checker", "hint"):
+    for key in ("checker", "reward", "hint"):
         task[key] = _resolve_paths(normalize_component(task[key]), base, f"task.{key}", src) if task[key] else {}
     sched = normalize_component(cfg["training"]["schedule"])
     cfg["training"]["schedule"] = _resolve_paths(sched, base, "training.schedule", src)
@@ -234,6 +235,9 @@ def load_experiment(path: Path, overrides: list[str] | None = None, limit: int |
     sampler = cfg["generation"]["sampler"]  # "": n_train_samples drawn uniformly, no plugin needed
     cfg["generation"]["sampler"] = (_resolve_paths(normalize_component(sampler), base, "generation.sampler", src)
                                     if sampler else {})
+    tuner = cfg["generation"]["tuner"]  # "": every iteration samples at generation.temperature
+    cfg["generation"]["tuner"] = (_resolve_paths(normalize_component(tuner), base, "generation.tuner", src)
+                                  if tuner else {})
     if "backend" not in cfg["model"] or not isinstance(cfg["model"]["backend"], str):
         raise UserError(f"{src('model.backend')}: missing required key 'model.backend' (a backend name)")
     cfg["model"] = _resolve_paths(cfg["model"], base, "model", src)
@@ -265,7 +269,7 @@ def _complete_optimizers(cfg: dict[str, Any], registry: Registry, src: Callable[
     except PluginError:
         return
     kinds = tuple(getattr(factory, "adapter_kinds", ()))
-    for section in ("base_training", "training"):
+    for section in ("base_training", "training", "verifier"):
         adapter = cfg[section]["adapter"]
         if adapter and adapter.get("kind") not in kinds:
             key = f"{section}.adapter" + (".kind" if kinds else "")
@@ -275,5 +279,5 @@ def _complete_optimizers(cfg: dict[str, Any], registry: Registry, src: Callable[
     table = getattr(factory, "optimizer_table", None)
     if table is None:
         return
-    for section in ("base_training", "training"):
+    for section in ("base_training", "training", "verifier"):
         cfg[section]["optimizer"] = _validate(src, cfg[section]["optimizer"], table.schema(), f"{section}.optimizer.")

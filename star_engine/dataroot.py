@@ -127,8 +127,9 @@ def experiment_files(cfg: Mapping[str, Any]) -> list[tuple[str, Path]]:
     out = [(f"task.data.{k}", Path(v)) for k, v in cfg["task"]["data"].items()]
     task = cfg["task"]
     for key, node in (("task.options", task["options"]), ("task.checker", task["checker"]),
-                      ("task.hint", task["hint"]), ("task.filters", task["filters"]),
+                      ("task.reward", task.get("reward", {})), ("task.hint", task["hint"]), ("task.filters", task["filters"]),
                       ("generation.sampler", cfg["generation"]["sampler"]),
+                      ("generation.tuner", cfg["generation"].get("tuner", {})),
                       ("training.schedule", cfg["training"]["schedule"]),
                       ("evaluation.checkers", cfg["evaluation"]["checkers"])):
         out += _paths(node, key)

@@ -51,7 +51,9 @@ def pointless(cfg: dict[str, Any], schema: dict[str, Any]) -> list[Rule]:
         rules += [(k, *why) for k in ("rationalization.p_rationalization", "rationalization.p_show_hint_save",
                                       "task.hint")]
     if tr["source"] == "gold":  # the dataset's completions are kept as they are
-        rules.append(("task.filters", "training.source", "gold"))
+        rules += [(k, "training.source", "gold") for k in ("task.filters", "task.reward", "generation.tuner")]
+    if not cfg["verifier"]["enabled"]:
+        rules += [(f"verifier.{k}", "verifier.enabled", False) for k in schema["verifier"] if k != "enabled"]
     if cfg["base_training"]["steps"] == 0:
         rules += [(f"base_training.{k}", "base_training.steps", 0) for k in schema["base_training"] if k != "steps"]
     # The sampled evaluation (evaluation.samples_per_question, resolved as EvaluationSection.resolve_inherited does)

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from . import procs
-from .api import Backend, Checker, Example, HintFormatter, QuestionSampler, RationaleFilter, StepSchedule, Task
+from .api import (Backend, Checker, Example, HintFormatter, QuestionSampler, RationaleFilter, SamplingTuner,
+                  StepSchedule, Task)
+from .capabilities import TrainsVerifiers
 from .errors import UserError
 from .registry import Registry, option_defaults
 from .config import Config
@@ -45,6 +47,11 @@ class Experiment:
     """The backend's process layout (``procs.configure``): who writes the run directory."""
     panel: Panel = field(default_factory=Panel)
     """The ``[evaluation] checkers`` (``star_engine.verdicts``) and the gold answers skipped."""
+    reward: Checker | None = None
+    """``task.reward``: what judges the training samples (generation, rationalization, a tuner's
+    probes) when it is not the task's checker; None: the checker does."""
+    tuner: SamplingTuner | None = None
+    """``generation.tuner``: None: every iteration samples at ``generation.temperature``."""
 
     @property
     def run_dir(self) -> Path:
@@ -89,8 +96,16 @@ def build(cfg: dict[str, Any], registry: Registry, load_data: bool = True) -> Ex
     schedule = registry.create("schedule", sched["name"], _options(sched), "training.schedule")
     samp = config.generation.sampler
     sampler = registry.create("sampler", samp["name"], _options(samp), "generation.sampler") if samp else None
+    tune = config.generation.tuner
+    tuner = registry.create("tuner", tune["name"], _options(tune), "generation.tuner") if tune else None
+    rew = config.task.reward
+    reward = (None if not rew or dict(rew) == dict(resolved["checker"]) else
+              registry.create("checker", rew["name"], _options(rew), "task.reward"))
     backend_options = {k: v for k, v in config.model.items() if k != "backend"}
     backend = registry.create("backend", config.model["backend"], backend_options, "model")
+    if config.verifier.enabled and not isinstance(backend, TrainsVerifiers):
+        raise UserError(f"verifier.enabled: backend {config.model['backend']!r} trains no verifier (it has no "
+                        f"train_preferences and score); set verifier.enabled = false", key="verifier.enabled")
     # config.json's [model]: the options written and the backend's defaults of the others (its
     # factory's keyword defaults), so that it names every option the backend ran with.
     defaults["model"] = option_defaults(registry.get("backend", config.model["backend"], "model.backend").factory)
@@ -104,7 +119,8 @@ def build(cfg: dict[str, Any], registry: Registry, load_data: bool = True) -> Ex
         with registry.calling(task, "prompt"):
             task.prompt(hinted)
     exp = Experiment(config, registry, task, checker, resolved["checker"]["name"], hint, filters, schedule, sampler,
-                     backend, {}, defaults, procs.configure(backend, registry.origin(backend)), panel)
+                     backend, {}, defaults, procs.configure(backend, registry.origin(backend)), panel, reward,
+                     tuner)
     if load_data:
         exp.splits = load_splits(config, task, checker, panel, registry)
     return exp

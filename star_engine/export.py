@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from .errors import IntegrityError, UserError
 from .fsio import sha256_file
+from .preferences import pair_up, unique
 from .records import Rationale, read
 from .registry import Registry
 from .seeds import coin
@@ -71,40 +72,15 @@ def _rows(path: Path) -> list[Rationale]:
 
 
 def pairs(root: Path, max_per_question: int = 0) -> Iterator[dict[str, Any]]:
-    """Per question (in order of first appearance): every kept rationale (chosen) against every
-    wrong one (rejected), both stored with the same prompt (the hint-free context unless
-    ``p_show_hint_save`` stored a hinted one, which pairs only with its like), each text once;
-    at most ``max_per_question`` pairs per question (0: all), the earliest first."""
-    by_q: dict[str, list[Rationale]] = {}
-    for rel in _rationale_files(root):
-        for r in _rows(root / rel):
-            if r.checker != "gold":  # gold completions are not the model's
-                by_q.setdefault(r.question_id, []).append(r)
-    for rows in by_q.values():
-        rows.sort(key=lambda r: (r.iteration, r.was_hinted, r.sample))
-        chosen = _unique(r for r in rows if r.kept)
-        rejected = _unique(r for r in rows if not r.correct)
-        out = 0
-        for c in chosen:
-            for w in rejected:
-                if c.prompt != w.prompt or (max_per_question and out >= max_per_question):
-                    continue
-                out += 1
-                yield {"question_id": c.question_id, "class": c.cls, "prompt": c.prompt, "gold": c.gold,
-                       "chosen": c.rationale, "rejected": w.rationale, "chosen_iteration": c.iteration,
-                       "chosen_sample": c.sample, "chosen_hinted": c.was_hinted,
-                       "rejected_iteration": w.iteration, "rejected_sample": w.sample,
-                       "rejected_hinted": w.was_hinted, "rejected_predicted": w.predicted}
-
-
-def _unique(rows: Any) -> list[Rationale]:
-    seen: set[tuple[str, str]] = set()
-    out = []
-    for r in rows:
-        if (r.prompt, r.rationale) not in seen:
-            seen.add((r.prompt, r.rationale))
-            out.append(r)
-    return out
+    """Per question (in order of first appearance), over the whole run: every kept rationale
+    (chosen) against every wrong one (rejected), as ``preferences.pair_up`` pairs them."""
+    rows = (r for rel in _rationale_files(root) for r in _rows(root / rel))
+    for c, w in pair_up(rows, max_per_question):
+        yield {"question_id": c.question_id, "class": c.cls, "prompt": c.prompt, "gold": c.gold,
+               "chosen": c.rationale, "rejected": w.rationale, "chosen_iteration": c.iteration,
+               "chosen_sample": c.sample, "chosen_hinted": c.was_hinted,
+               "rejected_iteration": w.iteration, "rejected_sample": w.sample,
+               "rejected_hinted": w.was_hinted, "rejected_predicted": w.predicted}
 
 
 def _write_lines(out: Path, objects: list[dict[str, Any]]) -> int:
@@ -163,7 +139,7 @@ def kept_rationales(root: Path, iteration: int | None = None) -> tuple[list[Rati
     rows = [r for rel in rels for r in _rows(root / rel)]
     kept = [r for r in rows if r.kept]
     if iteration is None:
-        kept = _unique(kept)
+        kept = unique(kept)
     if not rels:
         return [], "no iteration has selected its fine-tuning set yet"
     where = f"iteration {iteration}" if iteration is not None else f"iterations {done[0]}-{done[-1]}"

@@ -99,6 +99,20 @@ def register_samplers(register) -> None:
 
 
 @hookspec
+def register_tuners(register) -> None:
+    """Register sampling tuners (the temperature each STaR iteration samples its rationales at).
+
+    Args:
+        register: ``register(name, factory)``; ``factory(**options)`` returns a
+            :class:`star_engine.api.SamplingTuner`. ``options`` come from the
+            ``generation.tuner`` table.
+    Returns: nothing.
+    Called: once, when the registry is built; the tuner's ``tune`` is called once per
+        iteration, before the iteration generates.
+    """
+
+
+@hookspec
 def register_backends(register) -> None:
     """Register model backends.
 

@@ -3,11 +3,13 @@
     M0 <- base model (optionally trained from the task's seed examples)
     for n in 1..N:
         x_i        <- the questions a sampler draws (uniform; or from the per-question ledger)
+        T_n        <- a tuner's temperature for M_{n-1} (optional; B-STaR)
         r_i, y_i   <- M_{n-1}(few-shot prompt + x_i)            rationale generation
         r'_i, y'_i <- M_{n-1}(hint prompt + hint(x_i, y_i))      rationalization, for wrong i
         D_n <- {(x_i, r_i, y_i) | y_i = y} + {(x_i, r'_i, y) | y'_i = y}    filtered, hint-free x_i
         M_n <- train(M0 or M_{n-1}, D_n, steps(n))
-        evaluate M_n on dev
+        V_n <- DPO(M_n or M0, pairs of D_n)                     verifier (optional; V-STaR)
+        evaluate M_n on dev (its samples ranked by V_n)
 
 Each call below is a stage of :mod:`star_engine.stages`: it returns its stored
 result when it already ran, so rerunning this function resumes a run. In the code,
@@ -27,10 +29,12 @@ from . import smoke
 from .api import Example
 from .errors import UserError
 from .experiment import Experiment
-from .metrics import METRICS_SCHEMA, coverage, dev_accuracy, iteration_rows
+from .metrics import METRICS_SCHEMA, Evaluated, coverage, dev_accuracy, iteration_rows
 from .records import Rationale, training_examples
 from .stages import Stages, derive_seed, it_dir
 from .store import RunStore
+from .tuning import tune
+from .verifying import train_verifier
 
 log = structlog.get_logger("star_engine")
 
@@ -41,7 +45,7 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
     all_rows: list[dict] = []
     ledger: list[dict] = []  # the per-question ledger so far (questions.parquet)
 
-    def record(n: int, D: list, rationales: list[Rationale], train: dict, evals: tuple[dict, dict], solved: set[str],
+    def record(n: int, D: list, rationales: list[Rationale], train: dict, evals: Evaluated, solved: set[str],
                t0: float) -> list[dict]:
         if rationales:
             ledger.extend(stages.ledger(n, D, rationales, ledger))
@@ -50,8 +54,8 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
         if store.done(rel):
             rows = store.read_rows(rel)
         else:
-            rows = iteration_rows(n, rationales, evals[0], train, coverage(solved, exp.splits["train"]),
-                                  time.perf_counter() - t0, evals[1], ev.pass_k,
+            rows = iteration_rows(n, rationales, evals, train, coverage(solved, exp.splits["train"]),
+                                  time.perf_counter() - t0, ev.pass_k,
                                   stages.count_tokens([r.rationale for r in rationales]))
             store.write_table(rel, rows, METRICS_SCHEMA)
         all_rows.extend(rows)
@@ -79,11 +83,12 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
         if tr.source == "gold":
             rationales = stages.gold(n, D)
         else:
-            R = stages.generate(n, M, D)                                      # rationale generation
+            T = tune(stages, n, M, D)                                         # temperature (a tuner's, or None)
+            R = stages.generate(n, M, D, T)                                   # rationale generation
             right = {r.question_id for r in R if r.correct}
             solved |= right
             wrong = [x for x in D if x.id not in right]                       # answer filter
-            Rr = stages.rationalize(n, M, wrong) if rat.enabled else []    # rationalization
+            Rr = stages.rationalize(n, M, wrong, T) if rat.enabled else []   # rationalization
             rationales = stages.select(n, R + Rr)                             # checker + filters
         kept = training_examples(rationales)
         trained_on = "gold" if tr.source == "gold" else "kept"
@@ -97,7 +102,10 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
         seed = derive_seed(cfg.experiment.seed, n, "train")
         M, train = stages.fine_tune(it_dir(n), init, kept, tr.train_spec(steps, seed), trained_on)
         due = n % ev.every == 0 or n == N
-        evals = stages.evaluate_all(n, M) if due else ({}, {})               # evaluate
+        V = train_verifier(stages, n, M, M0, rationales)[0] if cfg.verifier.enabled and due else None  # verifier
+        evals = stages.evaluate_all(n, M, V) if due else Evaluated()          # evaluate
+        if tr.source != "gold" and T is not None:
+            train = {**train, "temperature": T.temperature}
         rows = record(n, D, rationales, train, evals, solved, t0)
 
         acc = dev_accuracy(rows, ev.splits[0])

@@ -6,17 +6,19 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, cast
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from .api import Example
-from .records import CheckerAccuracy, Evaluation, Metrics, Rationale, row, schema
+from .records import CheckerAccuracy, Evaluation, FilterCount, Metrics, Rationale, VerifierScore, row, schema
 
 METRICS_SCHEMA = schema(Metrics)
 SAMPLING_COLUMNS = ("pass_k", "pass_at_k", "pass_at_1", "majority", "distinct_correct", "kept_len_mean",
                     "kept_len_std")
-LATER_COLUMNS = (*SAMPLING_COLUMNS, "checkers", "prompts_truncated", "trained_on")  # what earlier versions' files lack
+LATER_COLUMNS = (*SAMPLING_COLUMNS, "checkers", "prompts_truncated", "trained_on", "first_sample", "verifier_at_k",
+                 "temperature", "groups_all_right", "groups_all_wrong", "rejected")  # what earlier versions' files lack
 Answer = Rationale | Evaluation  # what pass@k and the majority vote read
 
 
@@ -52,6 +54,35 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1 - Fraction(math.comb(n - c, k), math.comb(n, k)))
 
 
+def best_of_k(ranked: Sequence[bool], k: int) -> float:
+    """The unbiased estimate of best-of-k from ``n`` ranked samples: the chance that, of ``k`` of
+    them drawn without replacement, the best-ranked is right. ``ranked``: the samples'
+    correctness, best-ranked first. The i-th is the best of a draw in C(n-i-1, k-1) of the C(n, k)
+    draws, so best-of-k = sum_i C(n-i-1, k-1) ranked[i] / C(n, k), computed exactly; at k = 1 it
+    is the share right (pass@1), at k = n the best-ranked's correctness."""
+    n = len(ranked)
+    if not 1 <= k <= n:
+        raise ValueError(f"best-of-k needs 1 <= k <= n, got n={n}, k={k}")
+    hits = sum(math.comb(n - i - 1, k - 1) for i, right in enumerate(ranked) if right)
+    return float(Fraction(hits, math.comb(n, k)))
+
+
+def verifier_at_k(samples: Sequence[Answer], scores: Sequence[VerifierScore], k: int) -> float | None:
+    """verifier@k over the questions of ``samples``: the mean over questions of ``best_of_k``, the
+    samples ranked by their verifier score (highest first; equal scores in sample order). None
+    when ``scores`` holds none of them."""
+    by_key = {(s.question_id, s.sample): s.score for s in scores}
+    by_q: dict[str, list[tuple[float, int, bool]]] = defaultdict(list)
+    for r in samples:
+        score = by_key.get((r.question_id, cast(int, r.sample)))
+        if score is not None:
+            by_q[r.question_id].append((-score, cast(int, r.sample), bool(r.correct)))
+    if not by_q:
+        return None
+    n = min(len(v) for v in by_q.values())
+    return sum(best_of_k([c for _, _, c in sorted(v)], min(k, n)) for v in by_q.values()) / len(by_q)
+
+
 def majority_correct(samples: Sequence[Answer]) -> bool:
     """Majority vote over one question's samples (``predicted``, ``correct``, ``sample``): the
     answer given most often (no answer does not vote; a tie goes to the answer reached first,
@@ -64,9 +95,10 @@ def majority_correct(samples: Sequence[Answer]) -> bool:
     return any(r.correct for r in ordered if r.predicted == winner)
 
 
-def sampling_columns(samples: Sequence[Answer], k: int) -> dict[str, Any]:
-    """pass@k, pass@1 (both unbiased) and majority-vote accuracy over the questions of
-    ``samples`` (rows with ``question_id``, ``sample``, ``predicted``, ``correct``)."""
+def sampling_columns(samples: Sequence[Answer], k: int, scores: Sequence[VerifierScore] = ()) -> dict[str, Any]:
+    """pass@k, pass@1 (both unbiased), majority-vote accuracy and the first sample's accuracy
+    over the questions of ``samples`` (rows with ``question_id``, ``sample``, ``predicted``,
+    ``correct``); with ``scores``, verifier@k too."""
     by_q: dict[str, list[Answer]] = defaultdict(list)
     for r in samples:
         by_q[r.question_id].append(r)
@@ -77,7 +109,9 @@ def sampling_columns(samples: Sequence[Answer], k: int) -> dict[str, Any]:
     counts = [(len(v), sum(bool(r.correct) for r in v)) for v in by_q.values()]
     return {"pass_k": k, "pass_at_k": sum(pass_at_k(m, c, k) for m, c in counts) / len(counts),
             "pass_at_1": sum(pass_at_k(m, c, 1) for m, c in counts) / len(counts),
-            "majority": sum(majority_correct(v) for v in by_q.values()) / len(by_q)}
+            "majority": sum(majority_correct(v) for v in by_q.values()) / len(by_q),
+            "first_sample": sum(min(v, key=lambda r: cast(int, r.sample)).correct for v in by_q.values()) / len(by_q),
+            **({"verifier_at_k": verifier_at_k(samples, scores, k)} if scores else {})}
 
 
 def exploration_columns(rationales: Sequence[Rationale], kept_lengths: Sequence[int]) -> dict[str, Any]:
@@ -92,12 +126,21 @@ def exploration_columns(rationales: Sequence[Rationale], kept_lengths: Sequence[
             "kept_len_std": statistics.pstdev(kept_lengths) if kept_lengths else None}
 
 
-def iteration_rows(n: int, rationales: Sequence[Rationale], evals: dict[str, Sequence[Evaluation]],
-                   train: dict[str, Any], cover: dict[str, float], seconds: float,
-                   sampled: dict[str, Sequence[Evaluation]] | None = None,
-                   pass_k: int = 1, lengths: Sequence[int] = ()) -> list[dict]:
-    """One row per split and class. ``sampled``: the sampled evaluation's rows per split (pass@k
-    with ``pass_k``, majority vote); ``lengths``: the tokens of each of ``rationales``."""
+@dataclass(frozen=True)
+class Evaluated:
+    """An iteration's evaluation: per split, the greedy answers, the sampled ones
+    (``evaluation.samples_per_question`` > 1) and the verifier's scores of those (``[verifier]``)."""
+
+    greedy: Mapping[str, Sequence[Evaluation]] = field(default_factory=dict)
+    sampled: Mapping[str, Sequence[Evaluation]] = field(default_factory=dict)
+    scores: Mapping[str, Sequence[VerifierScore]] = field(default_factory=dict)
+
+
+def iteration_rows(n: int, rationales: Sequence[Rationale], evals: Evaluated, train: dict[str, Any],
+                   cover: dict[str, float], seconds: float, pass_k: int = 1, lengths: Sequence[int] = ()) -> list[dict]:
+    """One row per split and class. ``evals``: the evaluation (pass@k with ``pass_k``, majority
+    vote, verifier@k); ``lengths``: the tokens of each of ``rationales``; ``train``: the
+    fine-tuning stage's record (``train.json``), with the tuned ``temperature`` when a tuner chose it."""
     losses = train.get("losses") or []
     tail = losses[-max(1, len(losses) // 10):] if losses else []
     common = {"iteration": n, "train_steps": int(train.get("steps", 0)), "train_tokens": int(train.get("tokens", 0)),
@@ -115,13 +158,16 @@ def iteration_rows(n: int, rationales: Sequence[Rationale], evals: dict[str, Seq
                                  generated=len(g), correct=sum(r.correct for r in g),
                                  accuracy=sum(r.correct for r in g) / len(g) if g else None,
                                  rationalized=sum(r.correct for r in h), kept=len(k), coverage=cover.get(c, None),
-                                 prompts_truncated=truncated(g), **_train_sampling(rationales, lengths, c)))
+                                 prompts_truncated=truncated(g), temperature=train.get("temperature"),
+                                 rejected=rejections([r for r in rationales if c == "all" or r.cls == c]),
+                                 **groups(g), **_train_sampling(rationales, lengths, c)))
             if h:  # hinted generations are tallied under their own class, as in the original
                 rows.append(_metrics(common, split="train", cls=f"{c}_r", n=len(h), generated=len(h),
                                      correct=sum(r.correct for r in h), accuracy=sum(r.correct for r in h) / len(h),
                                      rationalized=sum(r.correct for r in h), kept=sum(r.kept for r in h),
                                      coverage=None, prompts_truncated=truncated(h)))
-    for split, ev in evals.items():
+    for split, ev in evals.greedy.items():
+        sampled, scores = evals.sampled.get(split, ()), evals.scores.get(split, ())
         for c in _classes(ev):
             e = [r for r in ev if c == "all" or r.cls == c]
             rows.append(_metrics(common, split=split, cls=c, n=len(e), generated=len(e),
@@ -129,9 +175,30 @@ def iteration_rows(n: int, rationales: Sequence[Rationale], evals: dict[str, Seq
                                  accuracy=sum(r.correct for r in e) / len(e) if e else None,
                                  rationalized=0, kept=0, coverage=cover.get("all", None), checkers=checker_columns(e),
                                  prompts_truncated=truncated(e),
-                                 **sampling_columns([r for r in (sampled or {}).get(split, ())
-                                                     if c == "all" or r.cls == c], pass_k)))
+                                 **sampling_columns([r for r in sampled if c == "all" or r.cls == c], pass_k, scores)))
     return rows
+
+
+def groups(plain: Sequence[Rationale]) -> dict[str, int | None]:
+    """The questions whose hint-free samples (``plain``) were all right, and all wrong: null with
+    one sample per question (every question is one or the other)."""
+    by_q: dict[str, list[bool]] = defaultdict(list)
+    for r in plain:
+        by_q[r.question_id].append(bool(r.correct))
+    if not by_q or max(map(len, by_q.values())) < 2:
+        return {}
+    return {"groups_all_right": sum(all(v) for v in by_q.values()),
+            "groups_all_wrong": sum(not any(v) for v in by_q.values())}
+
+
+def rejections(rows: Sequence[Rationale]) -> tuple[FilterCount, ...]:
+    """What each filter rejected among ``rows`` (the checker's rejections are not a filter's), in
+    the order the filters first appear."""
+    hits: dict[str, list[str]] = {}
+    for r in rows:
+        if r.rejected_by and r.rejected_by != "checker":
+            hits.setdefault(r.rejected_by, []).append(r.question_id)
+    return tuple(FilterCount(filter=name, examples=len(qs), questions=len(set(qs))) for name, qs in hits.items())
 
 
 def truncated(rows: Sequence[Answer]) -> int | None:

@@ -237,6 +237,37 @@ class CheckerAccuracy:
 
 
 @dataclass(frozen=True, kw_only=True)
+class VerifierScore:
+    """The verifier's score of one sampled evaluation answer: ``iterations/NNN/verifier_<split>.parquet``
+    (one row per row of ``eval_<split>_samples.parquet``). ``logp``: the log-probability the verifier
+    gives the answer after its prompt; ``logp_reference``: the frozen reference's (the model the
+    verifier started from); ``score``: what ranks the answers (``verifier.score``: "reward",
+    DPO's implicit reward ``logp - logp_reference`` (beta omitted: the order is the same); or
+    "likelihood", ``logp``)."""
+
+    question_id: str
+    cls: str = column("class")
+    iteration: Int32
+    sample: Int32
+    split: str
+    score: float
+    logp: float
+    logp_reference: float
+    verifier_checkpoint: str
+    reference_checkpoint: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class FilterCount:
+    """What one rationale filter rejected in an iteration (of a class): an item of
+    ``Metrics.rejected`` (a struct in the ``rejected`` column)."""
+
+    filter: str
+    examples: int  # rationales it rejected
+    questions: int  # questions with at least one rationale it rejected
+
+
+@dataclass(frozen=True, kw_only=True)
 class Metrics:
     """A row of ``metrics.parquet``: one per iteration x split x class (null where a value does
     not apply)."""
@@ -276,6 +307,18 @@ class Metrics:
     # "gold"), "gold_fallback" (--smoke: nothing was kept, the task's gold completions instead);
     # null when it did not train (iteration 0, or no steps).
     trained_on: str | None = None
+    # Eval rows with a sampled evaluation: the first sample's accuracy (sample 0 of each question),
+    # and with a [verifier], verifier@k: the verifier's top-ranked of k samples is right (unbiased
+    # estimate from the samples, as pass@k; k = pass_k).
+    first_sample: float | None = None
+    verifier_at_k: float | None = None
+    # Train rows: the temperature the iteration sampled at when generation.tuner chose it; the
+    # questions whose hint-free samples were all right / all wrong (with more than one sample
+    # per question); what each filter rejected.
+    temperature: float | None = None
+    groups_all_right: int | None = None
+    groups_all_wrong: int | None = None
+    rejected: tuple[FilterCount, ...] = ()
 
 
 def training_examples(rows: Sequence[Rationale]) -> list[TrainExample]:

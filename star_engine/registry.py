@@ -40,6 +40,7 @@ KINDS = {  # kind -> the register_* hook that fills it
     "filter": "register_filters",
     "schedule": "register_schedules",
     "sampler": "register_samplers",
+    "tuner": "register_tuners",
     "backend": "register_backends",
     "command": "register_commands",
 }

@@ -39,6 +39,8 @@ def check_backend(exp: Experiment) -> None:
     seed, bt, tr = cfg.experiment.seed, cfg.base_training, cfg.training
     training = {"base_training": bt.train_spec(bt.steps, derive_seed(seed, 0, "base_training"))} if bt.steps else {}
     training["training"] = tr.train_spec(0, derive_seed(seed, 1, "train"))
+    if cfg.verifier.enabled:
+        training["verifier"] = cfg.verifier.train_spec()
     with exp.calling(backend, "validate_run"):
         backend.validate_run(generation=generation, training=training)
 

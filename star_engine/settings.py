@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Annotated, Any, Literal
 
-from .api import GenSpec, Loss, Packing, TrainSpec
+from .api import GenSpec, Loss, Packing, PreferenceSpec, TrainSpec
 from .errors import UserError
-from .schema import Component, Components, Fraction, NonNegFloat, NonNegInt, PosInt, between, declared
+from .schema import Component, Components, Fraction, NonNegFloat, NonNegInt, PosInt, above, between, declared
 
 
 class Section:
@@ -88,6 +88,7 @@ class TaskSection(Section):
     data_root: str = ""  # the folder task.data and the task's file options are relative to
     data: dict = field(default_factory=dict)
     checker: Component = ""
+    reward: Component = ""  # what decides which training samples are right (default: the checker)
     hint: Component = ""
     filters: Components = field(default_factory=list)
     direct: bool = False
@@ -106,6 +107,7 @@ class Generation(Section):
     samples_per_question: PosInt = 1
     n_train_samples: NonNegInt = 0
     sampler: Component = ""
+    tuner: Component = ""  # chooses each iteration's temperature (SamplingTuner); "": generation.temperature
     chunk_size: PosInt = 256
 
     def gen_spec(self, stop: tuple[str, ...]) -> GenSpec:
@@ -199,3 +201,31 @@ class EvaluationSection(Section):
         ``sample_temperature``, with ``[generation]``'s ``top_p``."""
         greedy = self.gen_spec(generation, stop)
         return GenSpec(greedy.max_new_tokens, self.sample_temperature, generation.top_p, stop, greedy.batch_size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verifier(Section):
+    """``[verifier]``: after each iteration's fine-tuning, a verifier trained by DPO on that
+    iteration's pairs (V-STaR), which ranks the sampled evaluation's answers (verifier@k)."""
+
+    enabled: bool = False
+    init: Literal["generator", "base"] = "generator"  # what it starts from (and its frozen reference)
+    beta: Annotated[float, above(0)] = 0.1
+    steps: NonNegInt = 100
+    batch_size: PosInt = 8
+    grad_accum: PosInt = 1
+    max_pairs_per_question: NonNegInt = 4  # 0: every pair
+    score: Literal["reward", "likelihood"] = "reward"
+    optimizer: dict = field(default_factory=dict)
+    adapter: dict = field(default_factory=dict)
+
+    def preference_spec(self, steps: int, seed: int) -> PreferenceSpec:
+        """The backend's DPO job (``optimizer`` as the backend completed it)."""
+        return PreferenceSpec(steps, self.batch_size, self.grad_accum, seed, copy.deepcopy(self.optimizer),
+                              self.beta, copy.deepcopy(self.adapter) if self.adapter else None)
+
+    def train_spec(self) -> TrainSpec:
+        """What the backend's ``validate_run`` checks of the job (its optimizer and adapter
+        tables), as a ``TrainSpec`` under the key "verifier": one pair's sequences per row."""
+        return TrainSpec(0, self.batch_size, self.grad_accum, 0, copy.deepcopy(self.optimizer), packing="none",
+                         adapter=copy.deepcopy(self.adapter) if self.adapter else None)

@@ -14,23 +14,27 @@ import hashlib
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
-from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
 
 import pyarrow.parquet as pq
 import structlog
 
 from . import ui
-from .api import Example, GenRequest, GenSpec, TrainExample, TrainSpec, Verdict
-from .capabilities import RecordsCheckpoints, Trims
+from .api import CheckContext, Example, GenRequest, GenSpec, Progress, TrainExample, TrainResult, TrainSpec, Verdict
+from .capabilities import RecordsCheckpoints, SeesRejected, Trims
 from .experiment import Experiment, prompt_kinds
 from .ledger import LEDGER_SCHEMA, ledger_rows
+from .metrics import Evaluated
 from .questions import draw
 from .records import GREEDY, UNSELECTED, Chunk, Evaluation, Rationale
 from .seeds import coin, derive_seed
 from .store import RunStore, disk_full, loading_checkpoint
 from .tokens import Truncation, count_tokens
 from .verdicts import Judge
+
+if TYPE_CHECKING:
+    from .verifying import Verifying
 
 log = structlog.get_logger("star_engine")
 
@@ -52,7 +56,8 @@ class Stages:
         self.sample_spec = self.cfg.generation.gen_spec(self.stop)
         self.eval_spec = self.cfg.evaluation.gen_spec(self.cfg.generation, self.stop)
         self.kind, self.hint_kind = prompt_kinds(self.cfg)
-        self.judge = Judge(exp.checker, exp.checker_name, exp.panel, exp.registry)
+        reward = (exp.reward, self.cfg.task.reward["name"]) if exp.reward is not None else None
+        self.judge = Judge(exp.checker, exp.checker_name, exp.panel, exp.registry, reward)
         self.truncation = Truncation(self.backend, exp.registry)  # the prompts the backend cuts, per stage
         self.timings: dict[str, float] = {}
         # questions.parquet is rewritten as the loop goes, so whether to rewrite it is decided
@@ -177,25 +182,37 @@ class Stages:
             self.store.write_table("questions.parquet", list(rows), LEDGER_SCHEMA)
             self._ledger_on_disk = len(rows)
 
+    def stored_context(self, ex: Example) -> str:
+        """``ex``'s hint-free prompt as a rationale of it is stored (and trained on)."""
+        return self._stored_prompt(self._context(ex), self.kind)
+
     def _stored_prompt(self, context: str, kind: str) -> str:
         return (self._prompt(kind) + context) if self.cfg.task.few_shot_train else context
 
-    def _judge(self, text: str, gold: str) -> tuple[str, str | None, Verdict]:
-        """(the generation as the task keeps it, the task's extraction, the checker's verdict)."""
+    def _judge(self, text: str, gold: str, where: CheckContext) -> tuple[str, str | None, Verdict]:
+        """(the generation as the task keeps it, the task's extraction, the verdict that decides:
+        ``verdicts.Judge``'s, told ``where`` the generation comes from)."""
         text = self._trim(text)
         with self.exp.calling(self.task, "extract"):
             extracted = self.task.extract(text)
-        return text, extracted, self.judge(text, extracted, gold)
+        return text, extracted, self.judge(text, extracted, gold, where)
+
+    def where(self, n: int, ex: Example, s: int, stage: str, split: str = "train") -> CheckContext:
+        return CheckContext(self.seed, n, ex.id, s, stage, split)
 
     def _row(self, n: int, ex: Example, s: int, text: str, stored: str, full: str, seed: int, hinted: bool,
              model_id: str, cut: bool | None, leaks: Sequence[str] = ()) -> Rationale:
-        text, _, verdict = self._judge(text, ex.answer)
-        return _rationale(n, ex, s, stored, text, verdict, was_hinted=hinted, checker=self.exp.checker_name,
+        stage = "rationalize" if hinted else "generate"
+        text, _, verdict = self._judge(text, ex.answer, self.where(n, ex, s, stage))
+        return _rationale(n, ex, s, stored, text, verdict, was_hinted=hinted, checker=self.judge.name_for(stage),
                           model_checkpoint=model_id, prompt_hash=prompt_hash(full), seed=seed,
                           leak_strings=tuple(leaks), prompt_truncated=cut)
 
     # -- 1. rationale generation ----------------------------------------------------
-    def generate(self, n: int, model: str, questions: Sequence[Example]) -> list[Rationale]:
+    def generate(self, n: int, model: str, questions: Sequence[Example], spec: GenSpec | None = None
+                 ) -> list[Rationale]:
+        """``generation.samples_per_question`` rationales per question, sampled by ``spec``
+        (default: ``[generation]``'s; a tuner's temperature, ``tuning.tune``)."""
         rel = f"{it_dir(n)}/generated.parquet"
         if self.store.done(rel):
             return self._stored(rel, f"{it_dir(n)}/generate", Rationale)
@@ -204,8 +221,9 @@ class Stages:
         prefix = self._prompt(self.kind)
         prompts = [prefix + self._context(ex) for ex, _ in items]
         seeds = [derive_seed(self.seed, n, ex.id, s, "generate") for ex, s in items]
-        cut = self.truncation.flags(prompts, self.sample_spec, "generate", n)
-        texts = self._generate(f"{it_dir(n)}/generate", prompts, seeds, self.sample_spec, model,
+        spec = spec or self.sample_spec
+        cut = self.truncation.flags(prompts, spec, "generate", n)
+        texts = self._generate(f"{it_dir(n)}/generate", prompts, seeds, spec, model,
                                f"iter {n}: generate")
         mid = self.checkpoint_id(model)
         rows = [self._row(n, ex, s, text, self._stored_prompt(self._context(ex), self.kind), full, seed,
@@ -216,7 +234,8 @@ class Stages:
         return self._finish(rel, rows, Rationale, f"{it_dir(n)}/generate", UNSELECTED)
 
     # -- 3. rationalization ---------------------------------------------------------
-    def rationalize(self, n: int, model: str, wrong: Sequence[Example]) -> list[Rationale]:
+    def rationalize(self, n: int, model: str, wrong: Sequence[Example], spec: GenSpec | None = None
+                    ) -> list[Rationale]:
         rel = f"{it_dir(n)}/rationalized.parquet"
         if self.store.done(rel):
             return self._stored(rel, f"{it_dir(n)}/rationalize", Rationale)
@@ -231,8 +250,9 @@ class Stages:
             hinted = [hint.context(self.task, ex) for ex, _ in items]
         prompts = [prefix + h for h in hinted]
         seeds = [derive_seed(self.seed, n, ex.id, s, "rationalize") for ex, s in items]
-        cut = self.truncation.flags(prompts, self.sample_spec, "rationalize", n)
-        texts = self._generate(f"{it_dir(n)}/rationalize", prompts, seeds, self.sample_spec, model,
+        spec = spec or self.sample_spec
+        cut = self.truncation.flags(prompts, spec, "rationalize", n)
+        texts = self._generate(f"{it_dir(n)}/rationalize", prompts, seeds, spec, model,
                                f"iter {n}: rationalize")
         mid = self.checkpoint_id(model)
         rows = []
@@ -266,8 +286,13 @@ class Stages:
         for name, flt in self.exp.filters:
             alive = [i for i, r in enumerate(rows) if r.kept]
             candidates = [rows[i].candidate() for i in alive]
-            with self.exp.calling(flt, "keep"):
-                flags = flt.keep(candidates, history)
+            if isinstance(flt, SeesRejected):  # a group filter: the question's other samples too
+                others = [r.candidate() for r in rows if not r.kept]
+                with self.exp.calling(flt, "keep_among"):
+                    flags = flt.keep_among(candidates, others, history)
+            else:
+                with self.exp.calling(flt, "keep"):
+                    flags = flt.keep(candidates, history)
             if len(flags) != len(alive):
                 raise RuntimeError(f"filter '{name}' returned {len(flags)} flags for {len(alive)} candidates")
             for i, ok in zip(alive, flags):
@@ -300,6 +325,16 @@ class Stages:
                   trained_on: str = "kept") -> tuple[str, dict[str, Any]]:
         """Train ``examples`` from ``init`` (``train.json`` records it, with ``trained_on``: what the
         examples are, for ``metrics.parquet``)."""
+        def train(out: Path, advance: Progress) -> TrainResult:
+            return self.backend.train(self.path(init), out, examples, spec, progress=advance)
+
+        return self.trained(rel_dir, init, spec.steps, len(examples), trained_on, ("train", train))
+
+    def trained(self, rel_dir: str, init: str, steps: int, count: int, trained_on: str,
+                job: tuple[str, Callable[[Path, Progress], TrainResult]]) -> tuple[str, dict[str, Any]]:
+        """A training stage, resumable: ``job`` = (the backend's method, a call of it writing
+        ``<rel_dir>/model`` from ``init``) on ``count`` items in ``steps`` steps, recorded in
+        ``<rel_dir>/train.json``; none (``init`` recorded) when there are no steps or items."""
         rel = f"{rel_dir}/train.json"
         model_rel = f"{rel_dir}/model"
         if self.store.done(rel):
@@ -308,19 +343,18 @@ class Stages:
                 return self._recorded(info, model_rel)
             self.store.forget(rel)
         t0 = time.perf_counter()
-        if spec.steps == 0 or not examples:
+        if steps == 0 or not count:
             info = {"checkpoint": init, "checkpoint_id": self.checkpoint_id(init), "steps": 0, "tokens": 0,
-                    "losses": [], "examples": len(examples)}
+                    "losses": [], "examples": count}
         else:
             self.store.remove(model_rel)  # a stale, unrecorded attempt
-            with ui.progress(f"{rel_dir}: train", spec.steps, "step") as advance, disk_full(self.store.root / model_rel), \
+            with ui.progress(f"{rel_dir}: train", steps, "step") as advance, disk_full(self.store.root / model_rel), \
                     loading_checkpoint(Path(self.path(init)), not Path(init).is_absolute()), \
-                    self.exp.calling(self.backend, "train"):
-                res = self.backend.train(self.path(init), self.store.root / model_rel, examples, spec,
-                                         progress=advance)
+                    self.exp.calling(self.backend, job[0]):
+                res = job[1](self.store.root / model_rel, advance)
             self.store.record_checkpoint(model_rel, res.checkpoint_id)
             info = {"checkpoint": model_rel, "checkpoint_id": res.checkpoint_id, "steps": res.steps,
-                    "tokens": res.tokens, "losses": list(res.losses), "examples": len(examples)}
+                    "tokens": res.tokens, "losses": list(res.losses), "examples": count}
         info["seconds"] = time.perf_counter() - t0
         info["trained_on"] = trained_on
         self.store.write_json(rel, info)
@@ -387,22 +421,27 @@ class Stages:
         mid = self.checkpoint_id(model)
         rows = []
         for (ex, s), text, full, c in zip(items, texts, prompts, cut):
-            text, extracted, v = self._judge(text, ex.answer)
+            where = self.where(n, ex, s, "evaluate_sampled" if k else "evaluate", split)
+            text, extracted, v = self._judge(text, ex.answer, where)
             rows.append(Evaluation(question_id=ex.id, cls=ex.cls, iteration=n, sample=s if k else None, split=split,
                                    generation=text, predicted=v.predicted, gold=ex.answer, correct=bool(v.correct),
                                    checker=self.exp.checker_name, model_checkpoint=mid, prompt_hash=prompt_hash(full),
-                                   verdicts=self.judge.others(split, ex, text, extracted, v), prompt_truncated=c))
+                                   verdicts=self.judge.others(split, ex, text, extracted, v, where),
+                                   prompt_truncated=c))
         self.judge.flush("evaluate_sampled" if k else "evaluate", n, split)
         self._timed("evaluate", t0)
         return self._finish(rel, rows, Evaluation, f"{it_dir(n)}/{name}", () if k else GREEDY)
 
-    def evaluate_all(self, n: int, model: str) -> tuple[dict[str, list[Evaluation]], dict[str, list[Evaluation]]]:
-        """Every evaluation split, greedy, and sampled when ``evaluation.samples_per_question`` > 1."""
+    def evaluate_all(self, n: int, model: str, verifier: Verifying | None = None) -> Evaluated:
+        """Every evaluation split, greedy, and sampled when ``evaluation.samples_per_question`` > 1
+        (or a ``verifier`` ranks the samples: ``verifying.Verifying``, its scores of them)."""
         splits = self.cfg.evaluation.splits
         greedy = {s: self.evaluate(n, model, s) for s in splits}
-        sampled = ({s: self.evaluate_sampled(n, model, s) for s in splits}
-                   if self.cfg.evaluation.samples_per_question > 1 else {})
-        return greedy, sampled
+        if self.cfg.evaluation.samples_per_question <= 1 and verifier is None:
+            return Evaluated(greedy)
+        sampled = {s: self.evaluate_sampled(n, model, s) for s in splits}
+        scores = {s: verifier.score(self, n, s, sampled[s]) for s in splits} if verifier is not None else {}
+        return Evaluated(greedy, sampled, scores)
 
 
 def _rationale(n: int, ex: Example, s: int, prompt: str, text: str, verdict: Verdict, **rest: Any) -> Rationale:

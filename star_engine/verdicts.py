@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 
 import structlog
 
-from .api import Checker, Example, Verdict
-from .capabilities import ChecksGold
+from .api import CheckContext, Checker, Example, Verdict
+from .capabilities import ChecksGold, ChecksInContext
 from .errors import PluginError, UserError
 from .records import CheckerVerdict
 from .registry import Registry
@@ -130,25 +130,49 @@ def log_skipped(panel: Panel) -> None:
         log.warning("gold_skipped", **event)
 
 
+TRAINING_STAGES = ("generate", "rationalize", "tune")
+"""The stages whose verdicts decide what is trained on: ``task.reward`` judges them when set."""
+
+
+def _check(checker: Checker, where: CheckContext | None, text: str, extracted: str | None, gold: str) -> Verdict:
+    """``checker``'s verdict, told ``where`` the generation comes from when it asks
+    (``Checker.check_in``, ``capabilities.ChecksInContext``)."""
+    if where is not None and isinstance(checker, ChecksInContext):
+        return checker.check_in(where, text, extracted, gold)
+    return checker.check(text, extracted, gold)
+
+
 class Judge:
     """What the stages judge a trimmed generation with; counts the verdicts that timed out
-    (``flush`` logs them as a ``checker_timeouts`` event per stage)."""
+    (``flush`` logs them as a ``checker_timeouts`` event per stage). ``reward`` (``task.reward``,
+    named ``reward_name``): what judges the training stages' generations instead of the task's
+    checker (``TRAINING_STAGES``); the evaluation is always the task's checker's."""
 
-    def __init__(self, checker: Checker, checker_name: str, panel: Panel, registry: Registry):
+    def __init__(self, checker: Checker, checker_name: str, panel: Panel, registry: Registry,
+                 reward: tuple[Checker, str] | None = None):
         self.checker, self.name, self.panel, self.registry = checker, checker_name, panel, registry
+        self.reward = reward
         self.timeouts: Counter[str] = Counter()
 
-    def __call__(self, text: str, extracted: str | None, gold: str) -> Verdict:
-        """The task's checker's verdict: the one that decides (an answer it gave up on is wrong)."""
-        with self.registry.calling(self.checker, "check"):
-            v = self.checker.check(text, extracted, gold)
+    def name_for(self, stage: str) -> str:
+        """The name of what judges ``stage``'s generations (recorded with them)."""
+        return self.reward[1] if self.reward and stage in TRAINING_STAGES else self.name
+
+    def __call__(self, text: str, extracted: str | None, gold: str, where: CheckContext | None = None) -> Verdict:
+        """The verdict that decides (an answer the checker gave up on is wrong): the task's
+        checker's, or ``task.reward``'s for a training stage (``where.stage``)."""
+        checker, name = self.checker, self.name
+        if self.reward and where is not None and where.stage in TRAINING_STAGES:
+            checker, name = self.reward
+        with self.registry.calling(checker, "check_in" if isinstance(checker, ChecksInContext) else "check"):
+            v = _check(checker, where, text, extracted, gold)
         if getattr(v, "timed_out", False):
-            self.timeouts[self.name] += 1
+            self.timeouts[name] += 1
             return Verdict(v.predicted, False, timed_out=True)
         return v
 
-    def others(self, split: str, ex: Example, text: str, extracted: str | None, own: Verdict
-               ) -> tuple[CheckerVerdict, ...]:
+    def others(self, split: str, ex: Example, text: str, extracted: str | None, own: Verdict,
+               where: CheckContext | None = None) -> tuple[CheckerVerdict, ...]:
         """Each ``[evaluation] checkers`` entry's verdict on an answer to ``ex`` (``own``: the task's)."""
         out = []
         for e in self.panel.entries:
@@ -159,7 +183,7 @@ class Judge:
                 v = own
             else:
                 with self.registry.calling(e.checker, "check"):
-                    v = e.checker.check(text, extracted, ex.answer)
+                    v = _check(e.checker, where, text, extracted, ex.answer)
             timed_out = bool(getattr(v, "timed_out", False))
             if not e.is_task_checker:
                 self.timeouts[e.label] += timed_out

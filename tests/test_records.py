@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from star_engine.api import Candidate
 from star_engine.errors import IntegrityError
-from star_engine.records import (GREEDY, CheckerAccuracy, CheckerVerdict, Chunk, Evaluation, Metrics, Question,
+from star_engine.records import (GREEDY, CheckerAccuracy, CheckerVerdict, Chunk, Evaluation, FilterCount, Metrics, Question, VerifierScore,
                                  Rationale, read, row, schema, table)
 
 s, i32, i64, f64, b = pa.string(), pa.int32(), pa.int64(), pa.float64(), pa.bool_()
@@ -46,7 +46,13 @@ FORMAT = {
         ("correct", i64), ("rationalized", i64), ("kept", i64), ("train_steps", i64), ("train_tokens", i64),
         ("train_loss", f64), ("wall_seconds", f64), ("coverage", f64), ("pass_k", i64), ("pass_at_k", f64),
         ("pass_at_1", f64), ("majority", f64), ("distinct_correct", f64), ("kept_len_mean", f64),
-        ("kept_len_std", f64), ("checkers", accuracies), ("prompts_truncated", i64), ("trained_on", s)]),
+        ("kept_len_std", f64), ("checkers", accuracies), ("prompts_truncated", i64), ("trained_on", s),
+        ("first_sample", f64), ("verifier_at_k", f64), ("temperature", f64), ("groups_all_right", i64),
+        ("groups_all_wrong", i64),
+        ("rejected", pa.list_(pa.struct([("filter", s), ("examples", i64), ("questions", i64)])))]),
+    "verifier_scores": (schema(VerifierScore), [
+        ("question_id", s), ("class", s), ("iteration", i32), ("sample", i32), ("split", s), ("score", f64),
+        ("logp", f64), ("logp_reference", f64), ("verifier_checkpoint", s), ("reference_checkpoint", s)]),
 }
 
 
@@ -74,7 +80,7 @@ floats = st.floats(allow_nan=False)
 def records_of(kind: type) -> st.SearchStrategy:
     """Any record of ``kind``: each field drawn by its column's Arrow type (null where the field allows it)."""
     fields = {}
-    items = {"verdicts": CheckerVerdict, "checkers": CheckerAccuracy}  # the lists of records
+    items = {"verdicts": CheckerVerdict, "checkers": CheckerAccuracy, "rejected": FilterCount}  # the lists of records
     for f, col in ((f, f.metadata.get("column", f.name)) for f in dataclasses.fields(kind)):
         typ = schema(kind).field(col).type
         base = (i32s if typ == i32 else i64s if typ == i64 else floats if typ == f64 else st.booleans() if typ == b

@@ -253,6 +253,52 @@ class ScriptedBackend:
         return {"backend": "scripted", "easy_mod": self.easy_mod}
 
 
+class ScriptedVerifierBackend(ScriptedBackend):
+    """The scripted backend that also trains verifiers (``Backend.train_preferences``, ``score``):
+    a verifier trained on at least one pair "knows" arithmetic: it scores an answer's text
+    (``... a plus b. The answer is c.``) 1 above the reference's score when c = a + b. Every
+    model scores a text -0.01 per character (its log-likelihood)."""
+
+    def train_preferences(self, init, out, pairs, spec, progress=None):
+        model = self._load(init)
+        for _ in range(spec.steps):
+            maybe_kill("train_step")
+            if progress:
+                progress(1)
+        new = {**model, "verifier": bool(pairs) and spec.steps > 0, "pairs": [[p.prompt, p.chosen, p.rejected]
+                                                                             for p in pairs],
+               "beta": spec.beta, "seed": spec.seed, "lineage": model["lineage"] + [self.checkpoint_id(init)[:8]]}
+        self._write(Path(out), new)
+        losses = tuple(round(0.69 / (i + 1), 6) for i in range(spec.steps))
+        return TrainResult(str(out), self.checkpoint_id(str(out)), spec.steps,
+                           sum(len(p.chosen) + len(p.rejected) for p in pairs), losses)
+
+    def generate(self, checkpoint, requests, spec, progress=None):
+        """As the scripted model, but sampling (temperature > 0) a wrong answer is made right one
+        time in three (by the request's seed): a question's samples differ, as a verifier needs."""
+        out = super().generate(checkpoint, requests, spec, progress)
+        if spec.temperature == 0:
+            return out
+        fixed = []
+        for req, text in zip(requests, out):
+            m = re.search(r"(\d+) plus (\d+)\. The answer is (\d+)", text)
+            if m and random.Random(req.seed ^ 0x5EED).random() < 1 / 3:
+                text = text.replace(f"is {m.group(3)}", f"is {int(m.group(1)) + int(m.group(2))}")
+            fixed.append(text)
+        return fixed
+
+    def score(self, checkpoint, examples, batch_size, progress=None):
+        model = self._load(checkpoint)
+        out = []
+        for ex in examples:
+            m = re.search(r"(\d+) plus (\d+)\. The answer is (\d+)", ex.completion)
+            right = bool(m) and int(m.group(1)) + int(m.group(2)) == int(m.group(3))
+            out.append(-0.01 * len(ex.completion) + (1.0 if model.get("verifier") and right else 0.0))
+            if progress:
+                progress(1)
+        return out
+
+
 class ScriptedContextBackend(ScriptedBackend):
     """The scripted backend with a context of ``context`` characters (``Backend.prompt_capacity``:
     the context less ``max_new_tokens``; ``count_tokens``: characters): what is longer counts as
@@ -299,3 +345,4 @@ def register_schedules(register):
 def register_backends(register):
     register("scripted", ScriptedBackend)
     register("scripted_ctx", ScriptedContextBackend)
+    register("scripted_verifier", ScriptedVerifierBackend)

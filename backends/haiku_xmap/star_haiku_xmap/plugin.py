@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Mapping, Sequence
 
-from star_engine import (GenRequest, GenSpec, Progress, TrainExample, TrainResult, TrainSpec, UserError,
-                         hookimpl)
+from star_engine import (GenRequest, GenSpec, PreferencePair, PreferenceSpec, Progress, TrainExample, TrainResult,
+                         TrainSpec, UserError, hookimpl)
 
 from .options import AdamW, DecodeConfig, ModelOptions, TrainConfig, resolve
 from .sampling.text import generate_text
@@ -213,6 +213,22 @@ class HaikuXmapBackend:
         self._cache = ((str(out.resolve()), ckpt_id), self.config.dtype, compute)
         return TrainResult(checkpoint=str(out), checkpoint_id=ckpt_id, steps=spec.steps, tokens=tokens,
                            losses=tuple(losses))
+
+    def train_preferences(self, init: str, out: Path, pairs: Sequence[PreferencePair], spec: PreferenceSpec,
+                          progress: Progress | None = None) -> TrainResult:
+        """Train a verifier by DPO from ``init``, its frozen reference (``preference.py``): a
+        checkpoint like ``train``'s (``extra.stage = "verifier"``), resumable mid-stage."""
+        from .preference import train_preferences
+
+        return train_preferences(self, init, Path(out), pairs, spec, progress)
+
+    def score(self, checkpoint: str, examples: Sequence[TrainExample], batch_size: int,
+              progress: Progress | None = None) -> list[float]:
+        """Per example, fp32 log p(completion + end-of-text | prompt) under ``checkpoint``
+        (``preference.score``): what DPO's policy term computes for the same text."""
+        from .preference import score
+
+        return score(self, checkpoint, examples, batch_size, progress)
 
     def checkpoint_recorded(self, checkpoint: str) -> None:
         """The run has recorded the stage that wrote ``checkpoint`` (``Backend.checkpoint_recorded``):

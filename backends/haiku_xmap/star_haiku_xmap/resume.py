@@ -86,10 +86,13 @@ def leaf_paths(tree: Any) -> list[tuple[str, ...]]:
     return paths
 
 
-def stage_snapshots(backend: Any, init: str, out: str | Path, spec: Any, encoded: Sequence[Any]) -> Snapshots:
+def stage_snapshots(backend: Any, init: str, out: str | Path, spec: Any, encoded: Sequence[Any],
+                    objective: Mapping[str, Any] | None = None) -> Snapshots:
     """The snapshots of the ``HaikuXmapBackend.train`` stage that writes ``out`` from
     checkpoint ``init`` with ``spec`` (a ``TrainSpec``): keyed by everything that
     decides its steps, so that only a rerun of the very same stage loads one.
+    ``objective``: what else decides them, for a stage that is not ``train``'s (the
+    verifier's DPO: ``{"kind": "dpo", "beta": ...}``, ``encoded`` its pairs' sequences).
     ``model.train_checkpoint_minutes`` None: ``default_minutes`` for the backend's model."""
     import jax
 
@@ -106,6 +109,8 @@ def stage_snapshots(backend: Any, init: str, out: str | Path, spec: Any, encoded
            "mesh": mesh, "processes": jax.process_count()}
     if spec.adapter is not None:  # a LoRA stage (lora_stage.py)
         key["adapter"] = dict(spec.adapter)
+    if objective is not None:
+        key["objective"] = dict(objective)
     minutes = o.train_checkpoint_minutes
     return Snapshots(snapshot_dir(out), key, steps=spec.steps, every_steps=o.train_checkpoint_steps,
                      every_minutes=default_minutes(param_count(backend.config)) if minutes is None else minutes,

@@ -168,11 +168,11 @@ def _build_state(params: Any, tx: optax.GradientTransformation, state_sh: Any) -
 # ----------------------------------------------------------------------------- loss / step
 
 
-def token_loss(params, batch: Mapping[str, jax.Array], config: GPTJConfig, remat: bool = False,
-               adapters: Any = None, adapter: lora.LoraSpec | None = None):
-    """(sum of fp32 next-token NLL over the weighted targets, number of them) for one
-    micro-batch of (B, T) arrays (``packing.KEYS``). ``remat``: the backward pass
-    keeps only each block's input and recomputes the rest of the block. ``adapter``:
+def token_logp(params, batch: Mapping[str, jax.Array], config: GPTJConfig, remat: bool = False,
+               adapters: Any = None, adapter: lora.LoraSpec | None = None) -> jax.Array:
+    """fp32 log p(target) (B, T) of every target of one micro-batch of (B, T) arrays
+    (``packing.KEYS``; unweighted: padding's too). ``remat``: the backward pass keeps
+    only each block's input and recomputes the rest of the block. ``adapter``:
     ``params`` is the frozen base and ``adapters`` its LoRA adapters (``lora.py``)."""
     def forward(p, ad, tokens, positions, segments):
         if adapter is None:
@@ -185,18 +185,29 @@ def token_loss(params, batch: Mapping[str, jax.Array], config: GPTJConfig, remat
     # log p(target) = (x - max)[target] - log sum exp(x - max), as log_softmax
     # computes it; the one-hot product picks the target exactly, and its gradient
     # stays elementwise (take_along_axis's would be a scatter).
-    w_BT = batch["weights"].astype(jnp.float32)
     shifted_BTV = logits_BTV - jax.lax.stop_gradient(jnp.max(logits_BTV, axis=-1, keepdims=True))
     onehot_BTV = jax.nn.one_hot(batch["targets"], logits_BTV.shape[-1], dtype=jnp.float32)
-    logp_BT = jnp.sum(shifted_BTV * onehot_BTV, axis=-1) - jnp.log(jnp.sum(jnp.exp(shifted_BTV), axis=-1))
+    return jnp.sum(shifted_BTV * onehot_BTV, axis=-1) - jnp.log(jnp.sum(jnp.exp(shifted_BTV), axis=-1))
+
+
+def token_loss(params, batch: Mapping[str, jax.Array], config: GPTJConfig, remat: bool = False,
+               adapters: Any = None, adapter: lora.LoraSpec | None = None):
+    """(sum of fp32 next-token NLL over the weighted targets, number of them) for one
+    micro-batch (``token_logp``'s arguments): ``make_update``'s default objective."""
+    logp_BT = token_logp(params, batch, config, remat, adapters, adapter)
+    w_BT = batch["weights"].astype(jnp.float32)
     return -jnp.sum(logp_BT * w_BT), jnp.sum(w_BT)
 
 
 def make_update(config: GPTJConfig, tx: optax.GradientTransformation, mesh=None,
                 state_example: TrainState | None = None, state_shardings: Any = None, *,
                 accum_dtype: str = "float32", remat: bool = False,
-                adapter: lora.LoraSpec | None = None) -> Callable:
+                adapter: lora.LoraSpec | None = None, objective: Callable = token_loss) -> Callable:
     """``update(state, batch) -> (state, metrics)``, jit'd with the state donated.
+
+    ``objective(params, micro_batch, config, remat, adapters, adapter) -> (loss sum, count)``:
+    what the step minimises, ``loss sum / count`` over its micro-batches (``token_loss``;
+    ``preference.dpo_objective`` counts pairs instead of tokens).
 
     ``adapter`` (LoRA): the state's params are the fp32 adapters (the only thing
     trained, with their own Adam state) and ``update(state, batch, base)`` takes the
@@ -215,9 +226,9 @@ def make_update(config: GPTJConfig, tx: optax.GradientTransformation, mesh=None,
     compute = model.dtype_of(config)
     accum = jnp.dtype(accum_dtype)
     if adapter is None:
-        grad_fn = jax.value_and_grad(lambda p, mb, base: token_loss(p, mb, config, remat), has_aux=True)
+        grad_fn = jax.value_and_grad(lambda p, mb, base: objective(p, mb, config, remat), has_aux=True)
     else:
-        grad_fn = jax.value_and_grad(lambda ad, mb, base: token_loss(base, mb, config, remat, ad, adapter),
+        grad_fn = jax.value_and_grad(lambda ad, mb, base: objective(base, mb, config, remat, ad, adapter),
                                      has_aux=True)
 
     def update(state: TrainState, batch: Mapping[str, jax.Array], base: Any = None):
@@ -268,8 +279,8 @@ def dims(config: GPTJConfig) -> tuple[int, int, int, int]:
 
 
 def train(params: Any, config: GPTJConfig, encoded: Sequence[Encoded], job: TrainConfig, *, mesh=None,
-          progress: Callable[[int], None] | None = None, snapshots: Any = None,
-          adapters: Any = None) -> tuple[Any, list[float], int]:
+          progress: Callable[[int], None] | None = None, snapshots: Any = None, adapters: Any = None,
+          batches: Iterable[dict] | None = None, objective: Callable = token_loss) -> tuple[Any, list[float], int]:
     """Run ``job.steps`` optimizer steps from ``params`` (left intact). Returns (master
     params in ``job.master_dtype``, per-step losses, number of loss tokens). Each step
     takes batch_size x grad_accum examples (``packing = "stream"``: chunks).
@@ -285,7 +296,11 @@ def train(params: Any, config: GPTJConfig, encoded: Sequence[Encoded], job: Trai
     ``job.adapter`` (``lora.LoraSpec``): ``params`` is the frozen base, kept in its own
     dtype (cast to the compute dtype only where that differs), and the LoRA adapters
     are trained instead, starting from ``adapters`` (default: fresh ones drawn from
-    the seed, the identity); returns the trained adapters in place of the params."""
+    the seed, the identity); returns the trained adapters in place of the params.
+
+    ``batches`` / ``objective``: another job's host batches (A, R, T) and what its steps
+    minimise (``make_update``), in place of ``encoded``'s ``packing`` batches and the token loss
+    (``preference.py``'s DPO)."""
     check_dtypes(config, job.master_dtype, job.accum_dtype)
     if job.zero and mesh is None:
         raise ValueError("zero = 1 splits the optimizer state over a mesh's dp axis: it needs a mesh")
@@ -294,9 +309,10 @@ def train(params: Any, config: GPTJConfig, encoded: Sequence[Encoded], job: Trai
         return (params if adapter is None else
                 adapters if adapters is not None else fresh_adapters(config, adapter, job.seed)), [], 0
     rows = 1 if mesh is None else sharding.dp_size(mesh)
-    batches = packing_batches(encoded, steps=job.steps, batch_size=job.batch_size, grad_accum=job.grad_accum,
-                              seed=job.seed, seq_len=job.seq_len, pad_id=job.pad_id, dp=rows, packing=job.packing,
-                              loss=job.loss, config=config)
+    if batches is None:
+        batches = packing_batches(encoded, steps=job.steps, batch_size=job.batch_size, grad_accum=job.grad_accum,
+                                  seed=job.seed, seq_len=job.seq_len, pad_id=job.pad_id, dp=rows,
+                                  packing=job.packing, loss=job.loss, config=config)
     tx = with_state_dtype(make_optimizer(job.optimizer, job.steps), job.opt_state_dtype)
     compute = model.dtype_of(config)
     base = None
@@ -309,7 +325,7 @@ def train(params: Any, config: GPTJConfig, encoded: Sequence[Encoded], job: Trai
     del params  # the state holds the (master) copy
     put = (lambda batch: batch) if mesh is None else _put_batch(sharding.batch_sharding(mesh, batch_axis=1, ndim=3))
     update = make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=job.accum_dtype, remat=job.remat,
-                         adapter=adapter)
+                         adapter=adapter, objective=objective)
     if base is not None:
         update = functools.partial(update, base=base)
     state, metrics, n_tokens = run_steps(update, state, batches, mesh=mesh, put=put, progress=progress,

@@ -1,0 +1,94 @@
+"""Sampling tuners in the loop (``generation.tuner``; B-STaR, Zeng et al. 2025): before an
+iteration generates, its tuner probes the iteration's model at a few temperatures on some of
+the drawn questions and chooses the temperature the iteration samples at.
+
+The probes are generated in stored chunks like every stage (``iterations/NNN/tune/``, dropped
+once the choice is stored) and judged as the iteration's samples are (``task.reward`` when set);
+the choice and every candidate's scores are stored in ``iterations/NNN/tuning.parquet`` (a
+``chosen`` column marks the one used), which a resumed run reads back without asking again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import replace
+from typing import TYPE_CHECKING
+from collections.abc import Sequence
+
+import pyarrow as pa
+
+from .api import Example, GenSpec, ProbeSample, TuningChoice
+from .errors import PluginError
+from .seeds import derive_seed
+
+if TYPE_CHECKING:
+    from .stages import Stages
+
+
+def tune(st: Stages, n: int, model: str, questions: Sequence[Example]) -> GenSpec | None:
+    """The spec iteration ``n`` samples with when a tuner chooses its temperature (None: no
+    tuner, ``[generation]``'s)."""
+    tuner = st.exp.tuner
+    if tuner is None:
+        return None
+    rel = f"iterations/{n:03d}/tuning.parquet"
+    if st.store.done(rel):
+        chosen = [r["temperature"] for r in st.store.read_rows(rel) if r["chosen"]]
+        return replace(st.sample_spec, temperature=chosen[0])
+    by_id = {ex.id: ex for ex in questions}
+
+    name = st.cfg.generation.tuner["name"]
+
+    def probe(temperature: float, ids: Sequence[str], samples: int) -> list[list[ProbeSample]]:
+        unknown = [i for i in ids if i not in by_id]
+        if unknown or len(set(ids)) != len(ids) or samples < 1 or not temperature >= 0:
+            raise PluginError(f"tuner '{name}': probe({temperature!r}, {len(ids)} ids, {samples!r}) asks for "
+                              f"{'questions not drawn: ' + repr(unknown[:3]) if unknown else 'a question twice' if len(set(ids)) != len(ids) else 'no sample or a negative temperature'}")
+        return _probe(st, n, model, [by_id[i] for i in ids], float(temperature), int(samples))
+
+    with st.exp.calling(tuner, "tune"):
+        choice = tuner.tune(n, list(questions), probe, st.seed)
+    rows = _rows(name, choice)
+    names = sorted({k for r in rows for k in r} - {"chosen"})
+    schema = pa.schema([(k, pa.float64()) for k in names] + [("chosen", pa.bool_())])
+    st.store.write_table(rel, [{k: r.get(k) for k in schema.names} for r in rows], schema)
+    st._drop_chunks(f"iterations/{n:03d}/tune")
+    return replace(st.sample_spec, temperature=choice.temperature)
+
+
+def _rows(name: str, choice: TuningChoice) -> list[dict]:
+    """The candidates' rows, the chosen one marked; a choice that is no temperature, or a
+    candidate that is not a table of numbers, is the tuner's error."""
+    t = choice.temperature
+    if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
+        raise PluginError(f"tuner '{name}': chose temperature {t!r}, not a number >= 0")
+    rows = []
+    for c in choice.candidates:
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in c.values()) or \
+                "temperature" not in c:
+            raise PluginError(f"tuner '{name}': a candidate must map names to numbers, with a temperature: {c!r}")
+        rows.append({**{k: float(v) for k, v in c.items()}, "chosen": float(c["temperature"]) == float(t)})
+    if not any(r["chosen"] for r in rows):
+        rows.append({"temperature": float(t), "chosen": True})
+    return rows
+
+
+def _probe(st: Stages, n: int, model: str, questions: Sequence[Example], temperature: float,
+           samples: int) -> list[list[ProbeSample]]:
+    """``samples`` answers to each of ``questions`` at ``temperature`` (stored chunks keyed by the
+    request, so a rerun finds them), judged as a training sample is (stage "tune")."""
+    key = hashlib.sha256(repr((temperature, [q.id for q in questions], samples)).encode()).hexdigest()[:12]
+    spec = replace(st.sample_spec, temperature=temperature)
+    items = [(ex, s) for ex in questions for s in range(samples)]
+    prefix = st._prompt(st.kind)
+    prompts = [prefix + st._context(ex) for ex, _ in items]
+    seeds = [derive_seed(st.seed, n, ex.id, s, "tune", temperature) for ex, s in items]
+    texts = st._generate(f"iterations/{n:03d}/tune/{key}", prompts, seeds, spec, model,
+                         f"iter {n}: tune t={temperature:g}")
+    out: dict[str, list[ProbeSample]] = {ex.id: [] for ex in questions}
+    for (ex, s), text in zip(items, texts):
+        kept, _, v = st._judge(text, ex.answer, st.where(n, ex, s, "tune"))
+        out[ex.id].append(ProbeSample(ex.id, s, kept, v.predicted, bool(v.correct)))
+    st.judge.flush("tune", n)
+    return [out[ex.id] for ex in questions]
