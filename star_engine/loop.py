@@ -80,10 +80,11 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
         t0 = time.perf_counter()
         exp.notify("on_iteration_start", run_dir=store.root, iteration=n)
         D = stages.train_questions(n, ledger)                                 # question sampler
+        T = None  # the spec a tuner chose (None: [generation]'s)
         if tr.source == "gold":
             rationales = stages.gold(n, D)
         else:
-            T = tune(stages, n, M, D)                                         # temperature (a tuner's, or None)
+            T = tune(stages, n, M, D)                                         # temperature (B-STaR)
             R = stages.generate(n, M, D, T)                                   # rationale generation
             right = {r.question_id for r in R if r.correct}
             solved |= right
@@ -102,9 +103,9 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
         seed = derive_seed(cfg.experiment.seed, n, "train")
         M, train = stages.fine_tune(it_dir(n), init, kept, tr.train_spec(steps, seed), trained_on)
         due = n % ev.every == 0 or n == N
-        V = train_verifier(stages, n, M, M0, rationales)[0] if cfg.verifier.enabled and due else None  # verifier
+        V = train_verifier(stages, n, M, M0, rationales)[0] if cfg.verifier.enabled and due else None  # V-STaR
         evals = stages.evaluate_all(n, M, V) if due else Evaluated()          # evaluate
-        if tr.source != "gold" and T is not None:
+        if T is not None:
             train = {**train, "temperature": T.temperature}
         rows = record(n, D, rationales, train, evals, solved, t0)
 

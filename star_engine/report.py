@@ -25,7 +25,8 @@ MAX_ROWS = 1_000_000
 MAX_BYTES = 1 << 30  # uncompressed, as the file's footer declares it
 _REQUIRED = ("iteration", "split", "class")  # never null
 _NUMBERS = ("accuracy", "coverage", "train_loss", "wall_seconds", "pass_at_k", "pass_at_1", "majority",
-            "distinct_correct", "kept_len_mean", "kept_len_std")  # null or finite
+            "distinct_correct", "kept_len_mean", "kept_len_std", "first_sample", "verifier_at_k",
+            "temperature")  # null or finite
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -147,6 +148,39 @@ def sampling_table(rows: Sequence[dict], name: str) -> list[str]:
     return out
 
 
+def successors_table(rows: Sequence[dict], name: str) -> list[str]:
+    """Markdown: what STaR's successors add, per iteration, where the run has it: the verifier's
+    top-ranked answer (verifier@k) beside the first sample, the tuned temperature, the groups of
+    samples all right / all wrong and what the filters dropped (nothing when the run has none)."""
+    split = eval_split(rows)
+    by_it: dict[int, dict[str, dict]] = {}
+    for r in rows:
+        if r["class"] == "all":
+            by_it.setdefault(r["iteration"], {})[r["split"]] = r
+    cols = [("verifier_at_k", split, f"{split} verifier@k"), ("first_sample", split, f"{split} first sample"),
+            ("temperature", "train", "temperature"), ("groups_all_right", "train", "groups all right"),
+            ("groups_all_wrong", "train", "groups all wrong")]
+    shown = [c for c in cols if any((d.get(c[1]) or {}).get(c[0]) is not None for d in by_it.values())]
+    dropped = any((d.get("train") or {}).get("rejected") for d in by_it.values())
+    if not any(c[0] in ("verifier_at_k", "temperature", "groups_all_right") for c in shown):
+        return []
+
+    def cell(key: str, r: dict) -> str:
+        v = r.get(key)
+        return "–" if v is None else f"{100 * v:.1f}" if key in ("verifier_at_k", "first_sample") else f"{v:g}"
+
+    head = [label for _, _, label in shown] + (["filters: examples (questions) dropped"] if dropped else [])
+    out = ["", f"{name}, STaR's successors (docs/successors.md):", "", "| iteration | " + " | ".join(head) + " |",
+           "| ---: |" + " ---: |" * len(head)]
+    for n in sorted(by_it):
+        cells = [cell(key, by_it[n].get(where) or {}) for key, where, _ in shown]
+        if dropped:
+            rej = (by_it[n].get("train") or {}).get("rejected") or []
+            cells.append(", ".join(f"{c['filter']} {c['examples']} ({c['questions']})" for c in rej) or "–")
+        out.append(f"| {n} | " + " | ".join(cells) + " |")
+    return out
+
+
 def checker_tables(rows: Sequence[dict], name: str, own: str = "") -> list[str]:
     """Markdown: the eval accuracy (%) under each ``[evaluation] checkers`` entry beside the task's
     checker's (``own``) per iteration, with the answers it gave up on; per class when there are
@@ -194,7 +228,8 @@ def markdown(rows: Sequence[dict], name: str, other: Sequence[dict] | None, othe
         lines.append(f"| {n} | {fmt(d and d['accuracy'])} | {fmt(t and t['accuracy'])} | "
                      f"{t['rationalized'] if t else '–'} | {t['kept'] if t else '–'} | "
                      f"{(t or d or {}).get('train_steps', '–')} | {fmt(t and t['coverage'])} |")
-    lines += ["", *class_table(rows, name), *sampling_table(rows, name), *checker_tables(rows, name, own)]
+    lines += ["", *class_table(rows, name), *sampling_table(rows, name), *successors_table(rows, name),
+              *checker_tables(rows, name, own)]
     if other is not None:
         xa, ya = series(rows, split, "all")
         xb, yb = series(other, eval_split(other), "all")

@@ -314,7 +314,7 @@ def test_contracts_lists_the_built_in_component_names():
     listed = {m.group(1): set(re.findall(r"`(\w+)`", m.group(2)))
               for m in re.finditer(r"^- ([\w ]+): (.*)$", text, re.MULTILINE)}
     kinds = {"tasks": "task", "hint formatters": "hint", "checkers": "checker", "filters": "filter",
-             "schedules": "schedule", "question samplers": "sampler"}
+             "schedules": "schedule", "question samplers": "sampler", "sampling tuners": "tuner"}
     reg = registry.Registry(autoload=True, blocked=set())
     for label, kind in kinds.items():
         built_in = {name for name, comp in reg.components[kind].items()

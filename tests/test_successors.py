@@ -146,6 +146,8 @@ def test_the_verifier_is_trained_on_the_iterations_pairs_and_ranks_the_samples(s
     # the scripted verifier knows arithmetic: its top-ranked of the 3 is right whenever one is
     assert later and all(r["verifier_at_k"] == pytest.approx(r["pass_at_k"]) for r in later)
     assert any(r["verifier_at_k"] > r["first_sample"] for r in later)
+    report = (run / "report.md").read_text()
+    assert "| iteration | dev verifier@k | dev first sample |" in report
 
 
 def test_a_run_killed_while_training_its_verifier_resumes_to_the_same_files(toy_toml):
@@ -206,6 +208,7 @@ def test_the_group_filter_drops_all_right_questions_and_is_counted(successors, t
     assert row["groups_all_wrong"] == sum(not any(v) for v in plain.values())
     group = next(c for c in row["rejected"] if c["filter"] == "group")
     assert group == {"filter": "group", "examples": sum(len(plain[q]) for q in all_right), "questions": len(all_right)}
+    assert f"group {group['examples']} ({group['questions']})" in (run / "report.md").read_text()
 
 
 def test_the_random_reward_judges_training_samples_and_leaves_the_evaluation_alone(successors, toy_toml):
@@ -252,12 +255,22 @@ def test_a_tuner_chooses_each_iterations_temperature(successors, toy_toml, gener
     assert len(generate_calls) == before
 
 
-def test_a_tuner_that_chooses_no_temperature_is_named(successors, toy_toml, monkeypatch):
-    from star_successors.balance import BalanceTuner
 
-    from star_engine.api import TuningChoice
 
-    monkeypatch.setattr(BalanceTuner, "tune", lambda self, *a: TuningChoice(-1.0, []))
-    path = sampled_toml(toy_toml, "run")
-    path.write_text(path.read_text().replace("samples_per_question = 3\n", "samples_per_question = 3\n" + TUNER))
-    assert main(["run", str(path), "--quiet"]) != 0
+def test_a_third_party_tuner_registered_by_register_tuners(scripted, toy_toml):
+    """star_testkit.scripted's ``register_tuners`` hook: the same path a plugin package takes."""
+    path = toy_toml("run", "")
+    path.write_text(path.read_text().replace("batch_size = 4\n", 'batch_size = 4\ntuner = "toy_tuner"\n', 1))
+    assert main(["run", str(path), "--quiet"]) == 0
+    run = path.parent / "run"
+    assert rows(run, "iterations/002/tuning.parquet")[0]["temperature"] == 0.5
+    config = json.loads((run / "config.json").read_text())
+    assert config["generation"]["tuner"] == {"name": "toy_tuner"}
+
+
+def test_a_tuner_probing_a_question_not_drawn_is_named(toy_toml):
+    path = toy_toml("run", "")
+    path.write_text(path.read_text().replace(
+        "batch_size = 4\n", 'batch_size = 4\ntuner = { name = "toy_tuner", ask = "nope" }\n', 1))
+    res = cli("run", str(path), "--quiet", env=env())
+    assert res.returncode != 0 and "tuner 'toy_tuner'" in res.stderr and "questions not drawn" in res.stderr

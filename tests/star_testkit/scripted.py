@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from star_engine import hookimpl
-from star_engine.api import Example, TrainExample, TrainResult, Verdict
+from star_engine.api import Example, TrainExample, TrainResult, TuningChoice, Verdict
 from star_engine.errors import UserError
 from star_engine.schema import above, at_least, between
 from star_engine.settings import Section
@@ -339,6 +339,24 @@ def register_filters(register):
 @hookimpl
 def register_schedules(register):
     register("toy_linear", ToyLinear)
+
+
+class ToyTuner:
+    """Probes the first drawn question (or ``ask``, an id it names) twice at ``temperature`` and
+    chooses it: a third-party tuner, registered through ``register_tuners``."""
+
+    def __init__(self, temperature: float = 0.5, ask: str = ""):
+        self.temperature, self.ask = temperature, ask
+
+    def tune(self, iteration, questions, probe, seed):
+        answers = probe(self.temperature, [self.ask or questions[0].id], 2)
+        return TuningChoice(self.temperature, [{"temperature": self.temperature,
+                                                "score": sum(a.correct for a in answers[0])}])
+
+
+@hookimpl
+def register_tuners(register):
+    register("toy_tuner", ToyTuner)
 
 
 @hookimpl
