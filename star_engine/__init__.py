@@ -25,10 +25,12 @@ hookimpl = pluggy.HookimplMarker("star_engine")
 _SURFACE: dict[str, str] = {
     # records and protocols: what the core hands a plugin and expects back
     **dict.fromkeys((
-        "Example", "DataFile", "TrainExample", "Candidate", "Verdict", "GenSpec", "GenRequest", "TrainSpec",
-        "TrainResult", "Progress", "Task", "Checker", "HintFormatter", "RationaleFilter", "StepSchedule",
-        "QuestionSampler", "Backend", "MultiProcess", "Packing", "Loss", "PACKINGS", "LOSSES", "PreferencePair",
-        "PreferenceSpec", "CheckContext", "ProbeSample", "Probe", "TuningChoice", "SamplingTuner"), "api"),
+        "Example", "DataFile", "TrainExample", "Candidate", "Verdict", "Progress", "Task", "Checker",
+        "HintFormatter", "RationaleFilter", "StepSchedule", "QuestionSampler", "Backend", "MultiProcess",
+        "CheckContext", "ProbeSample", "Probe", "TuningChoice", "SamplingTuner"), "api"),
+    # the jobs a backend is given, and what it returns
+    **dict.fromkeys(("GenSpec", "GenRequest", "TrainSpec", "TrainResult", "Packing", "Loss", "PACKINGS", "LOSSES",
+                     "PreferencePair", "PreferenceSpec"), "jobs"),
     # failures that end a command with one line
     **dict.fromkeys(("UserError", "IntegrityError", "PluginError", "ProcessLost"), "errors"),
     # declaring options (types, ranges) and checking a table of them
@@ -83,10 +85,11 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what the names are, for type checkers and editors
-    from .api import (LOSSES, PACKINGS, Backend, Candidate, CheckContext, Checker, DataFile, Example, GenRequest,
-                      GenSpec, HintFormatter, Loss, MultiProcess, Packing, PreferencePair, PreferenceSpec, Probe,
+    from .api import (Backend, Candidate, CheckContext, Checker, DataFile, Example, HintFormatter, MultiProcess, Probe,
                       ProbeSample, Progress, QuestionSampler, RationaleFilter, SamplingTuner, StepSchedule, Task,
-                      TrainExample, TrainResult, TrainSpec, TuningChoice, Verdict)
+                      TrainExample, TuningChoice, Verdict)
+    from .jobs import (LOSSES, PACKINGS, GenRequest, GenSpec, Loss, Packing, PreferencePair, PreferenceSpec,
+                       TrainResult, TrainSpec)
     from .boundary import run_command
     from .config import check_table, load_experiment
     from .datafiles import (DATA_MAX, PROMPT_KINDS, check_option_path, few_shot_prompts, get, prompt_files,

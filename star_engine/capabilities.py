@@ -13,7 +13,8 @@ from typing import Protocol, runtime_checkable
 
 from pathlib import Path
 
-from .api import Candidate, CheckContext, GenSpec, PreferencePair, PreferenceSpec, Progress, TrainExample, TrainResult, TrainSpec, Verdict
+from .api import Candidate, CheckContext, Progress, TrainExample, Verdict
+from .jobs import GenSpec, PreferencePair, PreferenceSpec, TrainResult, TrainSpec
 
 
 @runtime_checkable

@@ -31,7 +31,8 @@ from .errors import UserError
 from .experiment import Experiment
 from .metrics import METRICS_SCHEMA, Evaluated, coverage, dev_accuracy, iteration_rows
 from .records import Rationale, training_examples
-from .stages import Stages, derive_seed, it_dir
+from .seeds import derive_seed
+from .stages import Stages, it_dir
 from .store import RunStore
 from .tuning import tune
 from .verifying import train_verifier

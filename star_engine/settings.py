@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Annotated, Any, Literal
 
-from .api import GenSpec, Loss, Packing, PreferenceSpec, TrainSpec
+from .jobs import GenSpec, Loss, Packing, PreferenceSpec, TrainSpec
 from .errors import UserError
 from .schema import Component, Components, Fraction, NonNegFloat, NonNegInt, PosInt, above, between, declared
 

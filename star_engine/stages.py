@@ -1,212 +1,37 @@
-"""The stages of one STaR iteration, each resumable and idempotent.
+"""The stages of one STaR iteration, each resumable and idempotent, in the order of Algorithm 1
+(``loop.run_star``): rationale generation, rationalization, selection (checker and filters),
+fine-tuning, evaluation; what they stand on is ``stagebase.StageBase``.
 
-A stage first asks the store whether its output is already there (and intact);
-if so it returns it without touching the model. Generation is split into
-fixed chunks, each stored on its own, so a killed run loses at most one chunk.
-Every random choice takes its seed from (experiment seed, iteration, question,
-sample, purpose), never from batch position, so results do not depend on
-batching or on where a run was interrupted.
+A stage first asks the store whether its output is already there (and intact); if so it returns
+it without touching the model.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Sequence
 
-import pyarrow.parquet as pq
-import structlog
-
 from . import ui
-from .api import CheckContext, Example, GenRequest, GenSpec, Progress, TrainExample, TrainResult, TrainSpec, Verdict
-from .capabilities import RecordsCheckpoints, SeesRejected, Trims
-from .experiment import Experiment, prompt_kinds
-from .ledger import LEDGER_SCHEMA, ledger_rows
+from .api import Example, Progress, TrainExample, Verdict
+from .capabilities import RecordsCheckpoints, SeesRejected
+from .jobs import GenSpec, TrainResult, TrainSpec
 from .metrics import Evaluated
-from .questions import draw
-from .records import GREEDY, UNSELECTED, Chunk, Evaluation, Rationale
+from .records import GREEDY, UNSELECTED, Evaluation, Rationale
 from .seeds import coin, derive_seed
-from .store import RunStore, disk_full, loading_checkpoint
-from .tokens import Truncation, count_tokens
-from .verdicts import Judge
+from .stagebase import StageBase, it_dir, prompt_hash, rationale_of
+from .store import disk_full, loading_checkpoint
 
 if TYPE_CHECKING:
     from .verifying import Verifying
 
-log = structlog.get_logger("star_engine")
+__all__ = ["Stages", "derive_seed", "it_dir", "prompt_hash"]
 
 
-def prompt_hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def it_dir(n: int) -> str:
-    return f"iterations/{n:03d}"
-
-
-class Stages:
-    def __init__(self, exp: Experiment, store: RunStore):
-        self.exp, self.store, self.cfg = exp, store, exp.config
-        self.seed = self.cfg.experiment.seed
-        self.task, self.backend = exp.task, exp.backend
-        self.stop = tuple(self.task.stop)
-        self.sample_spec = self.cfg.generation.gen_spec(self.stop)
-        self.eval_spec = self.cfg.evaluation.gen_spec(self.cfg.generation, self.stop)
-        self.kind, self.hint_kind = prompt_kinds(self.cfg)
-        reward = (exp.reward, self.cfg.task.reward["name"]) if exp.reward is not None else None
-        self.judge = Judge(exp.checker, exp.checker_name, exp.panel, exp.registry, reward)
-        self.truncation = Truncation(self.backend, exp.registry)  # the prompts the backend cuts, per stage
-        self.timings: dict[str, float] = {}
-        # questions.parquet is rewritten as the loop goes, so whether to rewrite it is decided
-        # from its row count read here, before any process can change it, and from the counts
-        # written since: every process decides alike (star_engine.procs).
-        self._ledger_on_disk = -1
-        if store.done("questions.parquet"):
-            self._ledger_on_disk = pq.ParquetFile(store.root / "questions.parquet").metadata.num_rows
-        store.processes.sync("ledger counted")
-
-    # -- references to checkpoints (relative inside the run directory) -------------
-    def _ref(self, path: str | Path) -> str:
-        p = Path(path).resolve()
-        root = self.store.root.resolve()
-        return str(p.relative_to(root)) if p.is_relative_to(root) else str(p)
-
-    def path(self, ref: str) -> str:
-        return str(self.store.root / ref) if not Path(ref).is_absolute() else ref
-
-    def checkpoint_id(self, ref: str) -> str:
-        return self._checkpoint_id(self.path(ref))
-
-    def _checkpoint_id(self, path: str) -> str:
-        with self.exp.calling(self.backend, "checkpoint_id"):
-            return self.backend.checkpoint_id(path)
-
-    # -- the task's methods, a failure named after its plugin ---------------------------
-    def _prompt(self, kind: str) -> str:
-        with self.exp.calling(self.task, "prompt"):
-            return self.task.prompt(kind)
-
-    def _context(self, ex: Example) -> str:
-        with self.exp.calling(self.task, "context"):
-            return self.task.context(ex)
-
-    def _trim(self, text: str) -> str:
-        """The part of a generation that is checked and stored (the optional ``Task.trim``)."""
-        if not isinstance(self.task, Trims):
-            return text
-        with self.exp.calling(self.task, "trim"):
-            return self.task.trim(text)
-
-    # -- timing --------------------------------------------------------------------
-    def _timed(self, name: str, start: float) -> None:
-        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
-
-    def pop_truncations(self) -> dict[str, int]:
-        """Prompts the backend cut per stage since the last call (``tokens.Truncation``)."""
-        return self.truncation.pop()
-
-    def pop_timings(self) -> dict[str, float]:
-        """Seconds spent in each stage (generate, rationalize, train, evaluate) since the
-        last call, rounded to 0.01 s; stages replayed from stored files take ~0."""
-        out = {k: round(v, 2) for k, v in self.timings.items()}
-        self.timings.clear()
-        return out
-
-    # -- generation in stored chunks ----------------------------------------------
-    def _generate(self, rel_dir: str, prompts: Sequence[str], seeds: Sequence[int], spec: GenSpec,
-                  model: str, what: str) -> list[str]:
-        size = self.cfg.generation.chunk_size
-        texts: list[str] = []
-        with ui.progress(what, len(prompts)) as advance:
-            for i, start in enumerate(range(0, len(prompts), size)):
-                rel = f"{rel_dir}/chunk-{i:05d}.parquet"
-                if not self.store.done(rel):
-                    reqs = [GenRequest(p, s) for p, s in zip(prompts[start:start + size], seeds[start:start + size])]
-                    with loading_checkpoint(Path(self.path(model)), not Path(model).is_absolute()), \
-                            self.exp.calling(self.backend, "generate"):
-                        out = self.backend.generate(self.path(model), reqs, spec, progress=advance)
-                    if len(out) != len(reqs):
-                        raise RuntimeError(f"backend returned {len(out)} texts for {len(reqs)} requests")
-                    self.store.write_records(rel, [Chunk(index=start + j, text=t) for j, t in enumerate(out)], Chunk)
-                else:
-                    advance(min(size, len(prompts) - start))
-                texts.extend(c.text for c in self.store.read_records(rel, Chunk))
-        return texts
-
-    def _finish(self, rel: str, rows: list, kind: type, chunk_dir: str | None, omit: tuple[str, ...] = ()) -> list:
-        self.store.write_records(rel, rows, kind, omit)
-        if chunk_dir:
-            self._drop_chunks(chunk_dir)
-        return rows
-
-    def _stored(self, rel: str, chunk_dir: str, kind: type) -> list:
-        """A finished stage's rows; chunks left by a run killed just after the stage's
-        file was written are dropped now (their rows are in that file)."""
-        if (self.store.root / chunk_dir).exists():
-            self._drop_chunks(chunk_dir)
-        return self.store.read_records(rel, kind)
-
-    def _drop_chunks(self, chunk_dir: str) -> None:
-        self.store.forget(chunk_dir + "/")  # the chunks are inside the stage's file
-        self.store.remove(chunk_dir)
-
-    # -- the train questions of an iteration ----------------------------------------
-    def train_questions(self, n: int, ledger: Sequence[dict]) -> list[Example]:
-        """The questions iteration ``n`` draws (``star_engine.questions``), in the split's order."""
-        qs, sampler = self.exp.splits["train"], self.cfg.generation.sampler
-        k = min(self.cfg.generation.n_train_samples or len(qs), len(qs))
-        return draw(qs, k, self.exp.sampler, sampler.get("name", ""), n, ledger, self.seed, self.exp.registry)
-
-    def count_tokens(self, texts: Sequence[str]) -> list[int]:
-        """Tokens per text: the backend's optional ``count_tokens``, else UTF-8 bytes."""
-        return count_tokens(self.backend, texts, self.exp.registry)
-
-    def ledger(self, n: int, questions: Sequence[Example], rationales: Sequence[Rationale],
-               before: Sequence[dict]) -> list[dict]:
-        """Iteration ``n``'s rows of the per-question ledger (``star_engine.ledger``)."""
-        rel = f"{it_dir(n)}/questions.parquet"
-        if self.store.done(rel):
-            return self.store.read_rows(rel)
-        rows = ledger_rows(n, questions, rationales, before, self.count_tokens)
-        self.store.write_table(rel, rows, LEDGER_SCHEMA)
-        return rows
-
-    def save_ledger(self, rows: Sequence[dict]) -> None:
-        """The run's ledger so far, ``questions.parquet``: written when it holds fewer rows (a
-        resumed run replaying finished iterations leaves the whole file alone). The count is
-        this object's, not the file's: another process may be rewriting the file meanwhile."""
-        if len(rows) > self._ledger_on_disk:
-            self.store.write_table("questions.parquet", list(rows), LEDGER_SCHEMA)
-            self._ledger_on_disk = len(rows)
-
-    def stored_context(self, ex: Example) -> str:
-        """``ex``'s hint-free prompt as a rationale of it is stored (and trained on)."""
-        return self._stored_prompt(self._context(ex), self.kind)
-
-    def _stored_prompt(self, context: str, kind: str) -> str:
-        return (self._prompt(kind) + context) if self.cfg.task.few_shot_train else context
-
-    def _judge(self, text: str, gold: str, where: CheckContext) -> tuple[str, str | None, Verdict]:
-        """(the generation as the task keeps it, the task's extraction, the verdict that decides:
-        ``verdicts.Judge``'s, told ``where`` the generation comes from)."""
-        text = self._trim(text)
-        with self.exp.calling(self.task, "extract"):
-            extracted = self.task.extract(text)
-        return text, extracted, self.judge(text, extracted, gold, where)
-
-    def where(self, n: int, ex: Example, s: int, stage: str, split: str = "train") -> CheckContext:
-        return CheckContext(self.seed, n, ex.id, s, stage, split)
-
-    def _row(self, n: int, ex: Example, s: int, text: str, stored: str, full: str, seed: int, hinted: bool,
-             model_id: str, cut: bool | None, leaks: Sequence[str] = ()) -> Rationale:
-        stage = "rationalize" if hinted else "generate"
-        text, _, verdict = self._judge(text, ex.answer, self.where(n, ex, s, stage))
-        return _rationale(n, ex, s, stored, text, verdict, was_hinted=hinted, checker=self.judge.name_for(stage),
-                          model_checkpoint=model_id, prompt_hash=prompt_hash(full), seed=seed,
-                          leak_strings=tuple(leaks), prompt_truncated=cut)
+class Stages(StageBase):
+    """The stages, in the order of Algorithm 1 (``loop.run_star``)."""
 
     # -- 1. rationale generation ----------------------------------------------------
     def generate(self, n: int, model: str, questions: Sequence[Example], spec: GenSpec | None = None
@@ -314,7 +139,7 @@ class Stages:
             ctx = self._stored_prompt(self._context(ex), self.kind)
             with self.exp.calling(self.task, "gold_completion"):
                 completion = self.task.gold_completion(ex, direct)
-            rows.append(_rationale(n, ex, 0, ctx, completion, Verdict(ex.answer, True),
+            rows.append(rationale_of(n, ex, 0, ctx, completion, Verdict(ex.answer, True),
                                    was_hinted=False, kept=True, checker="gold", model_checkpoint="",
                                    prompt_hash=prompt_hash(ctx), seed=0))
         self.store.write_records(rel, rows, Rationale)
@@ -442,9 +267,3 @@ class Stages:
         sampled = {s: self.evaluate_sampled(n, model, s) for s in splits}
         scores = {s: verifier.score(self, n, s, sampled[s]) for s in splits} if verifier is not None else {}
         return Evaluated(greedy, sampled, scores)
-
-
-def _rationale(n: int, ex: Example, s: int, prompt: str, text: str, verdict: Verdict, **rest: Any) -> Rationale:
-    """Sample ``s`` of iteration ``n`` for question ``ex``: ``text`` stored with ``prompt``, judged ``verdict``."""
-    return Rationale(question_id=ex.id, cls=ex.cls, iteration=n, sample=s, prompt=prompt, rationale=text,
-                     predicted=verdict.predicted, gold=ex.answer, correct=bool(verdict.correct), **rest)

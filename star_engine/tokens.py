@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 import structlog
 
-from .api import Backend, GenSpec
+from .api import Backend
+from .jobs import GenSpec
 from .capabilities import CapsPrompts, CountsTokens
 from .errors import PluginError
 from .registry import Registry

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from .api import Example, GenSpec, ProbeSample, TuningChoice
+from .api import Example, ProbeSample, TuningChoice
+from .jobs import GenSpec
 from .errors import PluginError
 from .seeds import derive_seed
 

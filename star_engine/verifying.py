@@ -24,7 +24,7 @@ from .capabilities import TrainsVerifiers
 from .preferences import pair_up
 from .records import Evaluation, Rationale, VerifierScore
 from .seeds import derive_seed
-from .stages import it_dir
+from .stagebase import it_dir
 from .store import loading_checkpoint
 
 if TYPE_CHECKING:
