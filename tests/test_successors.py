@@ -212,11 +212,10 @@ def test_the_group_filter_drops_all_right_questions_and_is_counted(successors, t
 
 
 def test_the_random_reward_judges_training_samples_and_leaves_the_evaluation_alone(successors, toy_toml):
-    real = sampled_toml(toy_toml, "real", name_free := "")
+    real = sampled_toml(toy_toml, "real")
     assert main(["run", str(real), "--quiet"]) == 0
-    control = sampled_toml(toy_toml, "control", name_free)
-    control = control.rename(control.with_name("control.toml"))
-    assert main(["run", str(control), "--quiet", "--set", "task.reward=random_reward",
+    # the same file, its control by one override (and another run directory)
+    assert main(["run", str(real), "--quiet", "--set", "task.reward=random_reward",
                  "--set", "experiment.output_dir=" + str(real.parent / "control")]) == 0
     a, b = real.parent / "real", real.parent / "control"
     gen = rows(b, "iterations/001/generated.parquet")
