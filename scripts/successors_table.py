@@ -35,6 +35,9 @@ def main(runs: list[str]) -> None:
                 f"{n}: {train[n]['groups_all_right']}/{train[n]['groups_all_wrong']}" for n in sorted(train)))
             print("   rejected " + "; ".join(f"{n}: " + ", ".join(f"{c['filter']} {c['examples']} ({c['questions']})"
                                                              for c in train[n]["rejected"] or []) for n in sorted(train)))
+        per_class = [r for r in rows if r["split"] == "dev" and r["iteration"] == last and r["class"] != "all"]
+        print(f"   iteration {last}, dev accuracy per class: "
+              + ", ".join(f"{r['class']}: {pct(r['accuracy'])}" for r in per_class))
         sampled = [r for r in rows if r["split"] == "dev" and r["iteration"] == last and r["pass_k"] is not None]
         if sampled:
             print(f"   iteration {last}, per class: class | greedy | first sample | pass@1 | majority@k | "
