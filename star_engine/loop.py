@@ -104,7 +104,7 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
         seed = derive_seed(cfg.experiment.seed, n, "train")
         M, train = stages.fine_tune(it_dir(n), init, kept, tr.train_spec(steps, seed), trained_on)
         due = n % ev.every == 0 or n == N
-        V = train_verifier(stages, n, M, M0, rationales)[0] if cfg.verifier.enabled and due else None  # V-STaR
+        V = train_verifier(stages, n, M, M0, rationales) if cfg.verifier.enabled and due else None  # V-STaR
         evals = stages.evaluate_all(n, M, V) if due else Evaluated()          # evaluate
         if T is not None:
             train = {**train, "temperature": T.temperature}

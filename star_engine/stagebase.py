@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import time
 from pathlib import Path
+from contextlib import AbstractContextManager
 from typing import Any
 from collections.abc import Sequence
 
@@ -72,6 +73,11 @@ class StageBase:
     def path(self, ref: str) -> str:
         return str(self.store.root / ref) if not Path(ref).is_absolute() else ref
 
+    def loading(self, ref: str) -> AbstractContextManager[None]:
+        """``store.loading_checkpoint`` of the checkpoint ``ref`` names (a damaged one in the run
+        directory is named as such)."""
+        return loading_checkpoint(Path(self.path(ref)), not Path(ref).is_absolute())
+
     def checkpoint_id(self, ref: str) -> str:
         return self._checkpoint_id(self.path(ref))
 
@@ -120,7 +126,7 @@ class StageBase:
                 rel = f"{rel_dir}/chunk-{i:05d}.parquet"
                 if not self.store.done(rel):
                     reqs = [GenRequest(p, s) for p, s in zip(prompts[start:start + size], seeds[start:start + size])]
-                    with loading_checkpoint(Path(self.path(model)), not Path(model).is_absolute()), \
+                    with self.loading(model), \
                             self.exp.calling(self.backend, "generate"):
                         out = self.backend.generate(self.path(model), reqs, spec, progress=advance)
                     if len(out) != len(reqs):

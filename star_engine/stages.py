@@ -22,7 +22,7 @@ from .metrics import Evaluated
 from .records import GREEDY, UNSELECTED, Evaluation, Rationale
 from .seeds import coin, derive_seed
 from .stagebase import StageBase, it_dir, prompt_hash, rationale_of
-from .store import disk_full, loading_checkpoint
+from .store import disk_full
 
 if TYPE_CHECKING:
     from .verifying import Verifying
@@ -174,7 +174,7 @@ class Stages(StageBase):
         else:
             self.store.remove(model_rel)  # a stale, unrecorded attempt
             with ui.progress(f"{rel_dir}: train", steps, "step") as advance, disk_full(self.store.root / model_rel), \
-                    loading_checkpoint(Path(self.path(init)), not Path(init).is_absolute()), \
+                    self.loading(init), \
                     self.exp.calling(self.backend, job[0]):
                 res = job[1](self.store.root / model_rel, advance)
             self.store.record_checkpoint(model_rel, res.checkpoint_id)

@@ -22,6 +22,7 @@ from .api import Example, ProbeSample, TuningChoice
 from .jobs import GenSpec
 from .errors import PluginError
 from .seeds import derive_seed
+from .stagebase import it_dir
 
 if TYPE_CHECKING:
     from .stages import Stages
@@ -33,7 +34,7 @@ def tune(st: Stages, n: int, model: str, questions: Sequence[Example]) -> GenSpe
     tuner = st.exp.tuner
     if tuner is None:
         return None
-    rel = f"iterations/{n:03d}/tuning.parquet"
+    rel = f"{it_dir(n)}/tuning.parquet"
     if st.store.done(rel):
         chosen = [r["temperature"] for r in st.store.read_rows(rel) if r["chosen"]]
         return replace(st.sample_spec, temperature=chosen[0])
@@ -43,9 +44,11 @@ def tune(st: Stages, n: int, model: str, questions: Sequence[Example]) -> GenSpe
 
     def probe(temperature: float, ids: Sequence[str], samples: int) -> list[list[ProbeSample]]:
         unknown = [i for i in ids if i not in by_id]
-        if unknown or len(set(ids)) != len(ids) or samples < 1 or not temperature >= 0:
-            raise PluginError(f"tuner '{name}': probe({temperature!r}, {len(ids)} ids, {samples!r}) asks for "
-                              f"{'questions not drawn: ' + repr(unknown[:3]) if unknown else 'a question twice' if len(set(ids)) != len(ids) else 'no sample or a negative temperature'}")
+        wrong = ("questions not drawn: " + repr(unknown[:3]) if unknown else
+                 "a question twice" if len(set(ids)) != len(ids) else
+                 "no sample or a negative temperature" if samples < 1 or not temperature >= 0 else "")
+        if wrong:
+            raise PluginError(f"tuner '{name}': probe({temperature!r}, {len(ids)} ids, {samples!r}) asks for {wrong}")
         return _probe(st, n, model, [by_id[i] for i in ids], float(temperature), int(samples))
 
     with st.exp.calling(tuner, "tune"):
@@ -54,7 +57,7 @@ def tune(st: Stages, n: int, model: str, questions: Sequence[Example]) -> GenSpe
     names = sorted({k for r in rows for k in r} - {"chosen"})
     schema = pa.schema([(k, pa.float64()) for k in names] + [("chosen", pa.bool_())])
     st.store.write_table(rel, [{k: r.get(k) for k in schema.names} for r in rows], schema)
-    st._drop_chunks(f"iterations/{n:03d}/tune")
+    st._drop_chunks(f"{it_dir(n)}/tune")
     return replace(st.sample_spec, temperature=choice.temperature)
 
 
@@ -85,11 +88,11 @@ def _probe(st: Stages, n: int, model: str, questions: Sequence[Example], tempera
     prefix = st._prompt(st.kind)
     prompts = [prefix + st._context(ex) for ex, _ in items]
     seeds = [derive_seed(st.seed, n, ex.id, s, "tune", temperature) for ex, s in items]
-    texts = st._generate(f"iterations/{n:03d}/tune/{key}", prompts, seeds, spec, model,
+    texts = st._generate(f"{it_dir(n)}/tune/{key}", prompts, seeds, spec, model,
                          f"iter {n}: tune t={temperature:g}")
     out: dict[str, list[ProbeSample]] = {ex.id: [] for ex in questions}
     for (ex, s), text in zip(items, texts):
-        kept, _, v = st._judge(text, ex.answer, st.where(n, ex, s, "tune"))
-        out[ex.id].append(ProbeSample(ex.id, s, kept, v.predicted, bool(v.correct)))
+        trimmed, _, v = st._judge(text, ex.answer, st.where(n, ex, s, "tune"))
+        out[ex.id].append(ProbeSample(ex.id, s, trimmed, v.predicted, bool(v.correct)))
     st.judge.flush("tune", n)
     return [out[ex.id] for ex in questions]

@@ -134,12 +134,16 @@ TRAINING_STAGES = ("generate", "rationalize", "tune")
 """The stages whose verdicts decide what is trained on: ``task.reward`` judges them when set."""
 
 
-def _check(checker: Checker, where: CheckContext | None, text: str, extracted: str | None, gold: str) -> Verdict:
+def _check(registry: Registry, checker: Checker, where: CheckContext | None, text: str, extracted: str | None,
+           gold: str) -> Verdict:
     """``checker``'s verdict, told ``where`` the generation comes from when it asks
-    (``Checker.check_in``, ``capabilities.ChecksInContext``)."""
+    (``Checker.check_in``, ``capabilities.ChecksInContext``); a failure names its plugin and the
+    method called (``Registry.calling``)."""
     if where is not None and isinstance(checker, ChecksInContext):
-        return checker.check_in(where, text, extracted, gold)
-    return checker.check(text, extracted, gold)
+        with registry.calling(checker, "check_in"):
+            return checker.check_in(where, text, extracted, gold)
+    with registry.calling(checker, "check"):
+        return checker.check(text, extracted, gold)
 
 
 class Judge:
@@ -154,18 +158,20 @@ class Judge:
         self.reward = reward
         self.timeouts: Counter[str] = Counter()
 
+    def _deciding(self, stage: str | None) -> tuple[Checker, str]:
+        """(what judges ``stage``'s generations, its name): ``task.reward`` for a training stage
+        when set, else the task's checker."""
+        return self.reward if self.reward and stage in TRAINING_STAGES else (self.checker, self.name)
+
     def name_for(self, stage: str) -> str:
         """The name of what judges ``stage``'s generations (recorded with them)."""
-        return self.reward[1] if self.reward and stage in TRAINING_STAGES else self.name
+        return self._deciding(stage)[1]
 
     def __call__(self, text: str, extracted: str | None, gold: str, where: CheckContext | None = None) -> Verdict:
         """The verdict that decides (an answer the checker gave up on is wrong): the task's
         checker's, or ``task.reward``'s for a training stage (``where.stage``)."""
-        checker, name = self.checker, self.name
-        if self.reward and where is not None and where.stage in TRAINING_STAGES:
-            checker, name = self.reward
-        with self.registry.calling(checker, "check_in" if isinstance(checker, ChecksInContext) else "check"):
-            v = _check(checker, where, text, extracted, gold)
+        checker, name = self._deciding(where.stage if where is not None else None)
+        v = _check(self.registry, checker, where, text, extracted, gold)
         if getattr(v, "timed_out", False):
             self.timeouts[name] += 1
             return Verdict(v.predicted, False, timed_out=True)
@@ -182,8 +188,7 @@ class Judge:
             if e.is_task_checker:
                 v = own
             else:
-                with self.registry.calling(e.checker, "check"):
-                    v = _check(e.checker, where, text, extracted, ex.answer)
+                v = _check(self.registry, e.checker, where, text, extracted, ex.answer)
             timed_out = bool(getattr(v, "timed_out", False))
             if not e.is_task_checker:
                 self.timeouts[e.label] += timed_out

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from collections.abc import Sequence
 
 from . import ui
@@ -25,7 +25,6 @@ from .preferences import pair_up
 from .records import Evaluation, Rationale, VerifierScore
 from .seeds import derive_seed
 from .stagebase import it_dir
-from .store import loading_checkpoint
 
 if TYPE_CHECKING:
     from .stages import Stages
@@ -66,7 +65,7 @@ def _logps(st: Stages, model: str, examples: Sequence[TrainExample], what: str) 
     backend = st.backend
     assert isinstance(backend, TrainsVerifiers)  # experiment.build refuses [verifier] otherwise
     with ui.progress(what, len(examples)) as advance, \
-            loading_checkpoint(Path(st.path(model)), not Path(model).is_absolute()), \
+            st.loading(model), \
             st.exp.calling(backend, "score"):
         out = backend.score(st.path(model), examples, st.cfg.generation.batch_size, progress=advance)
     if len(out) != len(examples):
@@ -74,8 +73,7 @@ def _logps(st: Stages, model: str, examples: Sequence[TrainExample], what: str) 
     return [float(x) for x in out]
 
 
-def train_verifier(st: Stages, n: int, generator: str, base: str, rationales: Sequence[Rationale]
-                   ) -> tuple[Verifying, dict[str, Any]]:
+def train_verifier(st: Stages, n: int, generator: str, base: str, rationales: Sequence[Rationale]) -> Verifying:
     """V_n: DPO on iteration ``n``'s pairs (of ``rationales``, its rows of ``rationales.parquet``)
     from ``generator`` (M_n) or ``base`` (``verifier.init``), recorded in
     ``iterations/NNN/verifier/train.json``."""
@@ -90,6 +88,6 @@ def train_verifier(st: Stages, n: int, generator: str, base: str, rationales: Se
         assert isinstance(backend, TrainsVerifiers)  # experiment.build refuses [verifier] otherwise
         return backend.train_preferences(st.path(init), out, pairs, spec, progress=advance)
 
-    checkpoint, info = st.trained(f"{it_dir(n)}/verifier", init, spec.steps, len(pairs), "pairs",
-                                  ("train_preferences", train))
-    return Verifying(checkpoint, init, v.score), info
+    checkpoint, _ = st.trained(f"{it_dir(n)}/verifier", init, spec.steps, len(pairs), "pairs",
+                               ("train_preferences", train))
+    return Verifying(checkpoint, init, v.score)

@@ -96,3 +96,18 @@ def load_script(path: Path) -> types.ModuleType:
     finally:
         sys.path.remove(str(path.parent))
     return module
+
+
+class Killed(Exception):
+    """What ``killer``'s callback raises: a stage stopped mid-way, as a kill would."""
+
+
+def killer(after: int, calls: list):
+    """A progress callback that records its calls in ``calls`` and raises ``Killed`` once
+    ``after`` steps are done (a training stage interrupted, for the resume tests)."""
+    def progress(n: int) -> None:
+        calls.append(n)
+        if sum(calls) >= after:
+            raise Killed
+
+    return progress

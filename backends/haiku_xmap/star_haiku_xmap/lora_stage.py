@@ -82,14 +82,12 @@ def train_adapters(backend: Any, init: str, out: Path, encoded: Sequence[Any], s
     except pk.PackingError as exc:
         raise UserError(f"training.packing: {exc}", key="training.packing") from None
     out.parent.mkdir(parents=True, exist_ok=True)
-    backend._save(out, trained, {"kind": "lora", "lora": want.to_dict(), "base": backend.checkpoint_id(base),
-                                 "base_path": os.path.relpath(Path(base).resolve(), out.resolve()),
-                                 "init": backend.checkpoint_id(init), "steps": spec.steps, "seed": spec.seed,
-                                 "examples": len(encoded), "packing": spec.packing, "loss": spec.loss,
-                                 "compute_dtype": backend.config.dtype},
-                  specs=lora.adapter_specs(backend.config, want))
-    ckpt_id = backend.checkpoint_id(str(out))
-    backend._cache = ((str(out.resolve()), ckpt_id), backend.config.dtype,
-                      lora.merge(frozen, trained, want, backend.config.dtype))
+    ckpt_id = backend._keep_written(
+        out, trained, {"kind": "lora", "lora": want.to_dict(), "base": backend.checkpoint_id(base),
+                       "base_path": os.path.relpath(Path(base).resolve(), out.resolve()),
+                       "init": backend.checkpoint_id(init), "steps": spec.steps, "seed": spec.seed,
+                       "examples": len(encoded), "packing": spec.packing, "loss": spec.loss,
+                       "compute_dtype": backend.config.dtype},
+        specs=lora.adapter_specs(backend.config, want), compute=lora.merge(frozen, trained, want, backend.config.dtype))
     return TrainResult(checkpoint=str(out), checkpoint_id=ckpt_id, steps=spec.steps, tokens=tokens,
                        losses=tuple(losses))

@@ -87,6 +87,26 @@ class HaikuXmapBackend:
         save_checkpoint(path, params, model_config=config.to_dict(), tokenizer=self.tokenizer.to_dict(),
                         extra=extra, mp_split=int(self.mesh.shape["mp"]), specs=specs)
 
+    def _keep_written(self, out: Path, params: Any, extra: dict, *, dtype: str | None = None, specs: Any = None,
+                      compute: Any = None) -> str:
+        """Write a stage's checkpoint ``out`` of ``params`` (``_save``'s arguments) and keep its
+        weights on the devices for the generation or scoring that follows, in the compute dtype:
+        ``compute`` when the caller has them so (merged LoRA adapters), else ``params`` cast,
+        laid out by the rule table (ZeRO-1 returns fp32 masters split over dp). Returns its id."""
+        import jax
+        import jax.numpy as jnp
+
+        from . import sharding
+
+        self._save(out, params, extra, dtype=dtype, specs=specs)
+        ckpt_id = self.checkpoint_id(str(out))
+        if compute is None:
+            cast = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(jnp.dtype(self.config.dtype)), p),
+                           out_shardings=sharding.tree_shardings(params, self.mesh))
+            compute = cast(params)
+        self._cache = ((str(out.resolve()), ckpt_id), self.config.dtype, compute)
+        return ckpt_id
+
     def checkpoint_id(self, checkpoint: str) -> str:
         from .checkpoint.format import manifest_sha256
 
@@ -168,10 +188,8 @@ class HaikuXmapBackend:
         run continuing from it starts from exactly them, generation casts them. Its
         training snapshot stays until the run has recorded it (``checkpoint_recorded``)."""
         import jax
-        import jax.numpy as jnp
 
         from . import packing as pk
-        from . import sharding
         from . import train as tr
         from .resume import stage_snapshots
 
@@ -200,17 +218,10 @@ class HaikuXmapBackend:
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
         stored = str(jax.tree.leaves(params)[0].dtype)
-        self._save(out, params, {"kind": "finetune", "init": self.checkpoint_id(init), "steps": spec.steps,
-                                 "seed": spec.seed, "examples": len(encoded), "packing": spec.packing,
-                                 "loss": spec.loss, "compute_dtype": self.config.dtype}, dtype=stored)
-        ckpt_id = self.checkpoint_id(str(out))
-        # Cached for generation in the compute dtype, laid out by the rule table (ZeRO-1
-        # returns fp32 masters split over dp).
-        cast = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(jnp.dtype(self.config.dtype)), p),
-                       out_shardings=sharding.tree_shardings(params, self.mesh))
-        compute = cast(params)
-        del params
-        self._cache = ((str(out.resolve()), ckpt_id), self.config.dtype, compute)
+        ckpt_id = self._keep_written(out, params, {"kind": "finetune", "init": self.checkpoint_id(init),
+                                                   "steps": spec.steps, "seed": spec.seed, "examples": len(encoded),
+                                                   "packing": spec.packing, "loss": spec.loss,
+                                                   "compute_dtype": self.config.dtype}, dtype=stored)
         return TrainResult(checkpoint=str(out), checkpoint_id=ckpt_id, steps=spec.steps, tokens=tokens,
                            losses=tuple(losses))
 

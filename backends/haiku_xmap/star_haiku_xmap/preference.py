@@ -215,20 +215,14 @@ def train_preferences(backend: Any, init: str, out: Path, pairs: Sequence[Prefer
              "steps": spec.steps, "seed": spec.seed, "batch_size": spec.batch_size, "grad_accum": spec.grad_accum,
              "pairs": len(pairs), "compute_dtype": config.dtype}
     if want is not None:
-        backend._save(out, trained, {"kind": "lora", "lora": want.to_dict(), "base": init_id,
-                                     "base_path": os.path.relpath(Path(init).resolve(), out.resolve()), **extra},
-                      specs=lora.adapter_specs(config, want))
-        compute = lora.merge(frozen, trained, want, config.dtype)
+        ckpt_id = backend._keep_written(
+            out, trained, {"kind": "lora", "lora": want.to_dict(), "base": init_id,
+                           "base_path": os.path.relpath(Path(init).resolve(), out.resolve()), **extra},
+            specs=lora.adapter_specs(config, want), compute=lora.merge(frozen, trained, want, config.dtype))
     else:
-        backend._save(out, trained, {"kind": "verifier", **extra}, dtype=str(jax.tree.leaves(trained)[0].dtype))
-        # Cached for scoring in the compute dtype, laid out by the rule table (ZeRO-1
-        # returns fp32 masters split over dp).
-        cast = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(jnp.dtype(config.dtype)), p),
-                       out_shardings=sharding.tree_shardings(trained, mesh))
-        compute = cast(trained)
+        ckpt_id = backend._keep_written(out, trained, {"kind": "verifier", **extra},
+                                        dtype=str(jax.tree.leaves(trained)[0].dtype))
     del trained, frozen
-    ckpt_id = backend.checkpoint_id(str(out))
-    backend._cache = ((str(out.resolve()), ckpt_id), config.dtype, compute)
     return TrainResult(checkpoint=str(out), checkpoint_id=ckpt_id, steps=spec.steps, tokens=tokens,
                        losses=tuple(losses))
 

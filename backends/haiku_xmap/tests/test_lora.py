@@ -23,6 +23,7 @@ from star_haiku_xmap import lora, model, plugin, resume, train
 from star_haiku_xmap.config import preset
 from star_haiku_xmap.checkpoint.format import read_manifest
 from star_haiku_xmap.tokenizer import ByteTokenizer
+from star_testkit import Killed, killer
 
 TOK = ByteTokenizer()
 CONFIGS = {  # GPT-J, Llama, Qwen2 (q/k/v biases, tied embeddings), Mistral (sliding window)
@@ -126,18 +127,6 @@ SPEC = TrainSpec(steps=7, batch_size=2, grad_accum=2, seed=5, optimizer={"lr": 1
                  adapter=ADAPTER)
 
 
-class Killed(Exception):
-    pass
-
-
-def _killer(after: int, calls: list):
-    def progress(n: int) -> None:
-        calls.append(n)
-        if sum(calls) >= after:
-            raise Killed
-    return progress
-
-
 @pytest.fixture(scope="module")
 def stage(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora")
@@ -164,7 +153,7 @@ def test_killed_lora_stage_resumes_bit_identical(stage, tmp_path):
     b = plugin.HaikuXmapBackend.from_table(**SMALL, train_checkpoint_steps=2, train_checkpoint_minutes=0)
     out = tmp_path / "model"
     with pytest.raises(Killed):
-        b.train(base, out, EXAMPLES, SPEC, progress=_killer(5, []))
+        b.train(base, out, EXAMPLES, SPEC, progress=killer(5, []))
     snap = resume.snapshot_dir(out)
     assert read_manifest(snap)["extra"]["step"] == 4 and not out.exists()
     calls: list = []

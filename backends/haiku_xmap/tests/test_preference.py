@@ -24,6 +24,7 @@ from star_haiku_xmap import model, plugin, preference, resume
 from star_haiku_xmap.checkpoint.format import load_checkpoint, read_manifest
 from star_haiku_xmap.config import GPTJConfig
 from star_haiku_xmap.tokenizer import ByteTokenizer
+from star_testkit import Killed, killer
 
 CFG = GPTJConfig(n_layer=2, d_model=64, n_head=4, d_head=16, d_ff=128, rotary_dim=8, n_ctx=64, vocab=264)
 TOK = ByteTokenizer()
@@ -33,18 +34,6 @@ PAIRS = [PreferencePair(f"Q: {i} + {i}\nA:", f" {2 * i}\n", f" {2 * i + 1}\n") f
 SPEC = PreferenceSpec(steps=6, batch_size=2, grad_accum=2, seed=5, optimizer={"lr": 1e-3, "warmup_steps": 0},
                       beta=0.5)
 ADAPTER = {"kind": "lora", "rank": 4, "alpha": 8}
-
-
-class Killed(Exception):
-    pass
-
-
-def _killer(after: int, calls: list):
-    def progress(n: int) -> None:
-        calls.append(n)
-        if sum(calls) >= after:
-            raise Killed
-    return progress
 
 
 def hand_logp(params, cfg, prompt: str, completion: str) -> tuple[float, int]:
@@ -215,7 +204,7 @@ def test_killed_stage_resumes_bit_identical(stage, tmp_path):
     b = plugin.HaikuXmapBackend.from_table(**SMALL, train_checkpoint_steps=2, train_checkpoint_minutes=0)
     out = tmp_path / "verifier"
     with pytest.raises(Killed):
-        b.train_preferences(base, out, PAIRS, SPEC, progress=_killer(3, []))
+        b.train_preferences(base, out, PAIRS, SPEC, progress=killer(3, []))
     snap = resume.snapshot_dir(out)
     assert read_manifest(snap)["extra"]["step"] == 2 and not out.exists()
     # Another beta or other pairs never resume this snapshot (deleted, started over).
@@ -228,7 +217,7 @@ def test_killed_stage_resumes_bit_identical(stage, tmp_path):
     for pairs, spec in ((PAIRS, dataclasses.replace(SPEC, beta=0.25)), (PAIRS[:7], SPEC)):
         out = tmp_path / f"v{len(pairs)}"
         with pytest.raises(Killed):
-            b.train_preferences(base, out, PAIRS, SPEC, progress=_killer(3, []))
+            b.train_preferences(base, out, PAIRS, SPEC, progress=killer(3, []))
         calls = []
         b.train_preferences(base, out, pairs, spec, progress=calls.append)
         assert calls[0] == 1  # from step 0

@@ -20,26 +20,13 @@ from star_engine.api import GenRequest, GenSpec, TrainExample, TrainSpec
 from star_engine.errors import UserError
 from star_haiku_xmap import plugin, resume
 from star_haiku_xmap.checkpoint.format import load_checkpoint, read_manifest
+from star_testkit import Killed, killer
 
 SMALL = dict(preset="tiny", n_layer=1, d_model=64, n_head=4, d_head=16, d_ff=128, rotary_dim=8, n_ctx=64,
              seq_len=48)
 EXAMPLES = [TrainExample(f"Q: {i} + {i}\nA:", f" {2 * i} because {i} and {i}\nQ") for i in range(12)]
 SPEC = TrainSpec(steps=9, batch_size=2, grad_accum=2, seed=5,
                  optimizer={"lr": 1e-2, "warmup_steps": 2, "schedule": "cosine", "end_lr": 1e-3})
-
-
-class Killed(Exception):
-    pass
-
-
-def killer(after: int, calls: list):
-    """A progress callback that records its calls and raises once ``after`` steps are done."""
-    def progress(n: int) -> None:
-        calls.append(n)
-        if sum(calls) >= after:
-            raise Killed
-
-    return progress
 
 
 def arrays(path) -> dict[str, np.ndarray]:
