@@ -84,6 +84,41 @@ def test_plan_an_experiment_plans_what_it_will_run(tmp_path):
     assert bad.returncode == 2 and "--set: only with an experiment file" in bad.stderr
 
 
+def test_plan_an_experiment_plans_its_base_and_verifier_steps():
+    """``--what base,verifier``: the [base_training] step at its own shape and the verifier's DPO
+    step (B pairs: 2B rows with their reference log-probabilities), which needs more than the [training] step of B rows; the default plan names the steps it leaves
+    out; a step the experiment does not run is refused, naming how to plan it."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    exp = str(ROOT / "experiments" / "addition_verifier.toml")
+    small = ["--set", "model.seq_len=64", "--set", "training.batch_size=2", "--set", "base_training.batch_size=3",
+             "--set", "verifier.batch_size=2"]
+    out = subprocess.run([sys.executable, "-m", "star_engine", "plan", exp, "--json", *small,
+                          "--what", "train,base,verifier"], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    train, base, dpo = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
+    assert [r["program"] for r in (train, base, dpo)] == ["train step", "[base_training] train step",
+                                                          "[verifier] DPO step"]
+    assert [r["shape"] for r in (train, base, dpo)] == ["1 x 2 x 64", "1 x 3 x 64", "1 x 4 x 64"]
+    assert dpo["temp"] > train["temp"]
+    text = subprocess.run([sys.executable, "-m", "star_engine", "plan", exp, *small, "--what", "sample"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert text.returncode == 0, text.stderr[-3000:]
+    for w in ("train", "base", "verifier"):
+        assert f"plan it with --what {w}" in text.stdout
+    for name, args, says in (
+            ("addition.toml", ["--what", "verifier"], "--set verifier.enabled=true"),
+            ("gsm8k_qwen.toml", ["--what", "base"], "--set base_training.steps="),
+            ("addition_verifier.toml", [*small, "--what", "train,critic"],
+             "--what: a comma-separated list of train, base, verifier")):
+        bad = subprocess.run([sys.executable, "-m", "star_engine", "plan", str(ROOT / "experiments" / name), *args],
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert bad.returncode == 2 and says in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "star_engine", "plan", "--what", "verifier"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "an experiment's steps" in bad.stderr
+
+
 @pytest.mark.parametrize("name,layers,mesh,batch,seq_len,opt,adapter", [
     ("cqa.toml", 28, (1, 8), (1, 64), 1536, "bfloat16", None),  # GPT-J-6B: its preset, the checkpoint not converted
     ("cqa_llama.toml", 28, (1, 1), (1, 64), 1536, "float32", None),

@@ -83,7 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                                      "default 8)")
     parser.add_argument("--prompt-len", type=int, default=None, help="sampling prompt length (default 1536)")
     parser.add_argument("--new-tokens", type=int, default=None, help="tokens generated per prompt (default 96)")
-    parser.add_argument("--what", default="train,sample", help="comma-separated: train, sample")
+    parser.add_argument("--what", default="train,sample",
+                        help="comma-separated: train, sample; with an experiment file also base (the "
+                             "[base_training] step) and verifier (the [verifier]'s DPO step)")
     parser.add_argument("--device-gib", type=float, default=16.0, help="memory per device to check against")
     parser.add_argument("--platform", default="cpu", choices=("cpu", "default"),
                         help="cpu: simulated host devices (default); default: the machine's accelerators")
@@ -111,6 +113,9 @@ def _check_args(args: argparse.Namespace):
     if not args.device_gib > 0 or args.device_gib == float("inf"):
         raise UserError(f"--device-gib: must be a positive number, got {args.device_gib}")
     what = tuple(w.strip() for w in args.what.split(",") if w.strip())
+    if set(what) & {"base", "verifier"}:
+        raise UserError(f"--what: base and verifier are an experiment's steps: plan EXPERIMENT.toml --what "
+                        f"{args.what}")
     if not what or set(what) - {"train", "sample"}:
         raise UserError(f"--what: a comma-separated list of train, sample; got {args.what!r}")
     config = preset(args.preset, n_layer=args.n_layer, dtype=args.dtype)
@@ -178,26 +183,35 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_experiment(args: argparse.Namespace) -> int:
-    """``plan EXPERIMENT``: the experiment's train step and sampler (``experiment.py``)."""
-    from .experiment import job  # jax (haiku, via lora), as run
+    """``plan EXPERIMENT``: the experiment's train steps and sampler (``experiment.py``)."""
+    from .experiment import SECTIONS, job, load, unplanned  # jax (haiku, via lora), as run
     from .memory import _setup_devices, plan_one
 
-    config, kw, line = job(args)
     what = tuple(w.strip() for w in args.what.split(",") if w.strip())
-    if not what or set(what) - {"train", "sample"}:
-        raise UserError(f"--what: a comma-separated list of train, sample; got {args.what!r}")
+    if not what or set(what) - {*SECTIONS, "sample"}:
+        raise UserError(f"--what: a comma-separated list of {', '.join(SECTIONS)}, sample; got {args.what!r}")
     if not args.device_gib > 0 or args.device_gib == float("inf"):
         raise UserError(f"--device-gib: must be a positive number, got {args.device_gib}")
+    cfg = load(args)
+    trains = [w for w in what if w in SECTIONS]
+    jobs = [job(args, w, cfg) for w in trains or ["train"]]  # every program refused before any compiles
+    config, kw, _ = jobs[0]
     _setup_devices(kw["dp"] * kw["mp"], args.platform)
     if not args.json:
-        print(line)
+        for _, _, line in jobs:
+            print(line)
+        for w in unplanned(cfg, what):
+            print(f"# the experiment also runs the {SECTIONS[w][2] or '[training]'} step: plan it with --what {w}")
         print(HEADER)
-    for r in plan_one(config=config, what=what, **kw):
-        if args.json:
-            print(json.dumps({**r, "device_gib": args.device_gib, "fits": r["peak"] <= args.device_gib * GIB}),
-                  flush=True)
-        else:
-            print(_row(r, args.device_gib), flush=True)
+    programs = [(kw, ("train",)) for _, kw, _ in jobs] if trains else []
+    programs += [(kw, ("sample",))] if "sample" in what else []
+    for kw, todo in programs:
+        for r in plan_one(config=config, what=todo, **kw):
+            if args.json:
+                print(json.dumps({**r, "device_gib": args.device_gib, "fits": r["peak"] <= args.device_gib * GIB}),
+                      flush=True)
+            else:
+                print(_row(r, args.device_gib), flush=True)
     return 0
 
 

@@ -11,7 +11,10 @@ The experiment is read as ``run`` reads it (``star_engine.config.load_experiment
   most each device can need), ``zero``, ``opt_state_dtype``, ``master_dtype``,
   ``grad_accum_dtype``, ``remat``;
 - the train step of ``[training]``: ``batch_size`` x ``grad_accum`` of ``model.seq_len``
-  (default the context) tokens, with its LoRA ``adapter`` when it has one;
+  (default the context) tokens, with its LoRA ``adapter`` when it has one; with ``--what``
+  ``base`` / ``verifier``, the step of ``[base_training]`` (when its ``steps`` > 0) and the
+  verifier's DPO step (``batch_size`` pairs, their chosen and rejected rows, when
+  ``[verifier] enabled``), each with its own shape and adapter (``SECTIONS``);
 - the sampler of ``[generation]``: ``batch_size`` rows of the longest prompt the backend keeps
   (the context less ``max_new_tokens``) and ``max_new_tokens`` new tokens.
 """
@@ -75,16 +78,44 @@ def _mesh(model: dict[str, Any]) -> tuple[int, int, str]:
     return (1, mp, " (dp = -1: every device; planned as one replica)") if dp == -1 else (dp, mp, "")
 
 
-def job(args: argparse.Namespace) -> tuple[Any, dict[str, Any], str]:
-    """(model config, ``plan_one``'s keyword arguments, a line saying what is planned) for the
-    experiment ``args.experiment`` with ``args.overrides``."""
+# --what's train programs: (the section whose step it is, its objective, its name in the plan)
+SECTIONS = {"train": ("training", "tokens", ""), "base": ("base_training", "tokens", "[base_training]"),
+            "verifier": ("verifier", "dpo", "[verifier]")}
 
+
+def runs(cfg: dict[str, Any], section: str) -> bool:
+    """Whether the experiment runs ``section``'s train step at all."""
+    return {"training": True, "base_training": cfg["base_training"]["steps"] > 0,
+            "verifier": bool(cfg["verifier"]["enabled"])}[section]
+
+
+def unplanned(cfg: dict[str, Any], what: tuple[str, ...]) -> list[str]:
+    """The ``--what`` names of the train steps the experiment runs and ``what`` leaves out."""
+    return [w for w, (section, _, _) in SECTIONS.items() if w not in what and runs(cfg, section)]
+
+
+def load(args: argparse.Namespace) -> dict[str, Any]:
+    """The experiment ``args.experiment`` with ``args.overrides``, as ``run`` loads it."""
     given = [flag for flag, attr in DECIDED if getattr(args, attr, None) not in (None, False)]
     if given:
         raise UserError(f"{given[0]}: not with an experiment file, which decides it (change the experiment with "
                         f"--set, e.g. --set model.mesh='{{dp = 1, mp = 8}}')")
-    cfg = load_experiment(args.experiment, args.overrides, None, Registry())
-    model, tr, g = cfg["model"], cfg["training"], cfg["generation"]
+    return load_experiment(args.experiment, args.overrides, None, Registry())
+
+
+def job(args: argparse.Namespace, what: str = "train",
+        cfg: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any], str]:
+    """(model config, ``plan_one``'s keyword arguments, a line saying what is planned) for the
+    experiment ``args.experiment`` with ``args.overrides`` (``cfg``: it, loaded already); the
+    train step is ``what``'s (``SECTIONS``: "train" is ``[training]``'s)."""
+
+    cfg = load(args) if cfg is None else cfg
+    section, objective, label = SECTIONS[what]
+    model, tr, g = cfg["model"], cfg[section], cfg["generation"]
+    if not runs(cfg, section):
+        raise UserError(f"--what: {what}: the experiment runs no {label} step (" + (
+            "[base_training] steps is 0" if section == "base_training" else "[verifier] enabled is false") +
+            f"); plan it with --set {section}.{'steps=100' if section == 'base_training' else 'enabled=true'}")
     if model.get("backend") != "haiku_xmap":
         raise UserError(f"{args.experiment}: model.backend is {model.get('backend')!r}; plan plans the haiku_xmap "
                         f"backend's programs")
@@ -98,15 +129,15 @@ def job(args: argparse.Namespace) -> tuple[Any, dict[str, Any], str]:
         raise UserError(f"generation.max_new_tokens: {new_tokens} leaves no room for a prompt in n_ctx={config.n_ctx}")
     adapter = None
     if tr["adapter"]:
-
-        adapter = check_table({k: v for k, v in tr["adapter"].items()}, config, "training.adapter")
+        adapter = check_table({k: v for k, v in tr["adapter"].items()}, config, f"{section}.adapter")
     kw = dict(dp=dp, mp=mp, zero=model.get("zero", 0), opt_state_dtype=model.get("opt_state_dtype", "float32"),
               master_dtype=model.get("master_dtype", "float32"), accum_dtype=model.get("grad_accum_dtype", "float32"),
               remat=bool(model.get("remat", False)), batch=tr["batch_size"], grad_accum=tr["grad_accum"],
               seq_len=seq_len, gen_batch=g["batch_size"], prompt_len=config.n_ctx - new_tokens,
-              new_tokens=new_tokens, adapter=adapter)
+              new_tokens=new_tokens, adapter=adapter, objective=objective, section=label)
+    unit = " pairs" if objective == "dpo" else ""
     line = (f"# {args.experiment}: {where}, {config.n_layer} layers, d_model {config.d_model}, {config.dtype}; "
-            f"mesh {dp}x{mp}{note}; [training] {tr['batch_size']} x {tr['grad_accum']} x {seq_len} tokens"
+            f"mesh {dp}x{mp}{note}; [{section}] {tr['batch_size']}{unit} x {tr['grad_accum']} x {seq_len} tokens"
             f"{', LoRA r=' + str(adapter.rank) if adapter else ''}; [generation] {g['batch_size']} x "
             f"({config.n_ctx - new_tokens} + {new_tokens}) tokens")
     return config, kw, line

@@ -7,6 +7,7 @@ start only after ``_setup_devices`` has asked for the simulated devices.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Any
@@ -17,7 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from star_engine import UserError
 
-from .. import model, packing, sharding
+from .. import model, packing, preference, sharding
 from .. import train as tr
 from ..config import architecture as arch
 from ..sampling import static
@@ -73,10 +74,13 @@ def _stats(compiled) -> dict[str, int]:
 def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch: int, grad_accum: int,
              seq_len: int, gen_batch: int, prompt_len: int, new_tokens: int, what: tuple[str, ...],
              master_dtype: str = "float32", accum_dtype: str = "float32", remat: bool = False,
-             adapter: Any = None) -> list[dict]:
+             adapter: Any = None, objective: str = "tokens", section: str = "") -> list[dict]:
     """Compile the requested programs for one mesh; a list of result dicts. ``adapter``
     (``lora.LoraSpec``): the train step of LoRA adapters over the frozen base (in the
-    compute dtype), their state fp32 (``master_dtype`` does not apply)."""
+    compute dtype), their state fp32 (``master_dtype`` does not apply). ``objective``:
+    "tokens" (the token loss) or "dpo" (the verifier's step: ``batch`` pairs a micro-batch,
+    their chosen and rejected rows and reference log-probabilities, ``preference.py``).
+    ``section`` (e.g. "[verifier]") heads the train step's program name."""
     mesh = sharding.make_mesh({"dp": dp, "mp": mp}, devices=jax.devices()[:dp * mp])
     params_abs = jax.eval_shape(lambda k: model.init_params(config, k), jax.random.key(0))
     params_sh = sharding.tree_shardings(params_abs, mesh)
@@ -90,19 +94,29 @@ def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch
             master_abs = jax.eval_shape(lambda: tr.fresh_adapters(config, adapter, 0))
         state_abs = jax.eval_shape(lambda p: tr.init_state(p, tx), master_abs)
         state_sh = tr.state_shardings(state_abs, mesh, zero, model.dtype_of(config))
+        extra: dict[str, Any] = {}
+        rows = -(-batch // dp) * dp
+        if objective == "dpo":
+            extra["objective"] = functools.partial(preference.dpo_objective, beta=0.1)
+            rows *= 2  # each pair's chosen and rejected sequences
+        elif objective != "tokens":
+            raise ValueError(f"objective: 'tokens' or 'dpo', got {objective!r}")
         update = tr.make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=accum_dtype, remat=remat,
-                                adapter=adapter)
+                                adapter=adapter, **extra)
         frozen = () if adapter is None else (_abstract(params_abs, params_sh),)
         bsh = sharding.batch_sharding(mesh, batch_axis=1, ndim=3)
-        rows = -(-batch // dp) * dp
         batch_abs = {k: jax.ShapeDtypeStruct((grad_accum, rows, seq_len), jnp.bool_ if k == "weights" else jnp.int32,
                                              sharding=bsh) for k in packing.KEYS}
+        if objective == "dpo":
+            batch_abs["ref"] = jax.ShapeDtypeStruct((grad_accum, rows, 1), jnp.float32, sharding=bsh)
         t0 = time.perf_counter()
         lowered = update.lower(_abstract(state_abs, state_sh), batch_abs, *frozen)
         t1 = time.perf_counter()
         compiled = lowered.compile()
         t2 = time.perf_counter()
-        results.append({**base, "program": "train step" if adapter is None else f"LoRA r={adapter.rank} train step",
+        program = ("" if adapter is None else f"LoRA r={adapter.rank} ") + ("DPO step" if objective == "dpo" else
+                                                                            "train step")
+        results.append({**base, "program": f"{section} {program}" if section else program,
                         "zero": zero, "opt_state_dtype": opt_state_dtype,
                         "master_dtype": master_dtype if adapter is None else "-", "accum_dtype": accum_dtype, "remat": remat,
                         "shape": f"{grad_accum} x {rows} x {seq_len}", "lower_s": round(t1 - t0, 1),
