@@ -43,6 +43,10 @@ class Experiment:
     its ``[model]`` options (``registry.option_defaults``); ``rundir.inspect`` reads a run
     directory written before they were recorded (``config.json`` with ``{}``, a ``[model]``
     without them) through it."""
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each component's options as it runs (``component_options``: key path -> the options
+    written and its factory's defaults of the others); the manifest records them and a
+    resumed run compares them (``rundir.inspect``), so a plugin's changed default is seen."""
     processes: procs.Processes = field(default_factory=procs.Processes)
     """The backend's process layout (``procs.configure``): who writes the run directory."""
     panel: Panel = field(default_factory=Panel)
@@ -119,11 +123,36 @@ def build(cfg: dict[str, Any], registry: Registry, load_data: bool = True) -> Ex
         with registry.calling(task, "prompt"):
             task.prompt(hinted)
     exp = Experiment(config, registry, task, checker, resolved["checker"]["name"], hint, filters, schedule, sampler,
-                     backend, {}, defaults, procs.configure(backend, registry.origin(backend)), panel, reward,
-                     tuner)
+                     backend, {}, defaults, component_options(config, registry),
+                     procs.configure(backend, registry.origin(backend)), panel, reward, tuner)
     if load_data:
         exp.splits = load_splits(config, task, checker, panel, registry)
     return exp
+
+
+COMPONENTS = (("task.options", "task"), ("task.checker", "checker"), ("task.hint", "hint"),
+              ("task.reward", "checker"), ("task.filters", "filter"), ("training.schedule", "schedule"),
+              ("generation.sampler", "sampler"), ("generation.tuner", "tuner"), ("evaluation.checkers", "checker"))
+"""The configuration's component tables (key path, kind): a table ``{"name": ..., **options}``,
+a list of them, or ``task.options`` (the task's, named by ``task.dataset``)."""
+
+
+def component_options(config: Config, registry: Registry) -> dict[str, dict[str, Any]]:
+    """Key path (``"task.filters[1]"``) -> the options of the component there as it runs: those
+    written and its factory's defaults of the others (``registry.option_defaults``)."""
+    cfg, out = config.as_dict(), {}
+    for path, kind in COMPONENTS:
+        section, key = path.split(".")
+        node = cfg[section][key]
+        entries = list(enumerate(node)) if isinstance(node, list) else [(None, node)]
+        for i, table in entries:
+            name = cfg["task"]["dataset"] if path == "task.options" else (table or {}).get("name")
+            if not isinstance(table, dict) or not name:
+                continue  # "" or {}: no component there
+            where = path if i is None else f"{path}[{i}]"
+            found = option_defaults(registry.get(kind, name, where if kind != "task" else "task.dataset").factory)
+            out[where] = {**found, **{k: v for k, v in table.items() if k != "name"}}
+    return out
 
 
 def prompt_kinds(config: Config) -> tuple[str, str]:

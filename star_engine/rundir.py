@@ -13,7 +13,9 @@ only read and never lock.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,10 +87,14 @@ def _check_usable(root: Path) -> None:
         raise UserError(f"experiment.output_dir: {root} cannot be created: no permission to write in {parent}", key='experiment.output_dir')
 
 
-def inspect(cfg: dict[str, Any], defaults: Mapping[str, Any] | None = None) -> RunDir:
+def inspect(cfg: dict[str, Any], defaults: Mapping[str, Any] | None = None,
+            options: Mapping[str, Mapping[str, Any]] | None = None) -> RunDir:
     """What the run directory of ``cfg`` holds, refusing what a run must not touch (reads only).
     ``defaults`` (``Experiment.defaults``) is what an empty ``task.checker`` / ``task.hint``
-    stood for in a ``config.json`` written before the resolved names were recorded."""
+    stood for in a ``config.json`` written before the resolved names were recorded.
+    ``options`` (``Experiment.options``): each component's options as it will run, compared
+    with those the manifest recorded (``component_options``) when it has them, so that a
+    plugin's default that changed since the run began is a changed configuration."""
     root = Path(cfg["experiment"]["output_dir"])
     _check_usable(root)
     cfg_file = root / "config.json"
@@ -97,15 +103,64 @@ def inspect(cfg: dict[str, Any], defaults: Mapping[str, Any] | None = None) -> R
         if not isinstance(old, dict):
             raise UserError(f"{cfg_file}: unreadable config.json (not a JSON object); move the run directory away "
                             f"to start over")
-        changed = [k for k in diff(_with_defaults(old, cfg, defaults or {}), cfg) if k not in RESUMABLE_CHANGES]
+        manifest = read_manifest(root)
+        ran = (manifest or {}).get("component_options")
+        old, new = _with_defaults(old, cfg, defaults or {}), cfg
+        if isinstance(ran, dict) and options is not None:  # compare what ran with what will run
+            # an option the run's plugin did not have yet (nor the experiment writes) ran as its default
+            filled = {w: {**{k: v for k, v in opts.items() if k not in (_table(cfg, w) or {})}, **ran[w]}
+                      for w, opts in options.items() if isinstance(ran.get(w), dict)}
+            old, new = with_options(old, filled), with_options(cfg, options)
+        changed = [k for k in diff(old, new) if k not in RESUMABLE_CHANGES]
         if changed:
             shown = ", ".join(changed[:10]) + (f" and {len(changed) - 10} more" if len(changed) > 10 else "")
+            note = _defaults_note(changed, cfg, ran)
             raise UserError(f"{root}: holds a run of a different configuration (changed: {shown}); "
-                            f"set experiment.output_dir to a new folder")
-        return RunDir(root, True, read_manifest(root))
+                            f"{note + ', or ' if note else ''}set experiment.output_dir to a new folder")
+        return RunDir(root, True, manifest)
     if root.is_dir() and _names(root) and not killed_at_start(root):
         raise UserError(f"{root}: exists and is not a star-engine run directory; choose another experiment.output_dir")
     return RunDir(root, False, None)
+
+
+def _table(cfg: Any, where: str) -> Any:
+    """The table at key path ``where`` (``"task.filters[1]"``) of ``cfg``, or None."""
+    node = cfg
+    for part in re.split(r"[.\[\]]+", where):
+        if not part:
+            continue
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return None
+    return node
+
+
+def with_options(cfg: dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``cfg`` whose component tables (``options``: key path -> options as run) name
+    every option, written or defaulted."""
+    cfg = json.loads(json.dumps(cfg))
+    for where, opts in options.items():
+        table = _table(cfg, where)
+        if isinstance(table, dict) and isinstance(opts, dict):
+            table.update({k: v for k, v in opts.items() if k not in table})
+    return cfg
+
+
+def _defaults_note(changed: list[str], cfg: dict[str, Any], ran: Any) -> str:
+    """For a changed option the experiment does not write (a plugin's default that changed
+    since the run began): what the run used and how to resume with it."""
+    if not isinstance(ran, dict):
+        return ""
+    for key in changed:
+        where, _, opt = key.rpartition(".")
+        table, used = _table(cfg, where), ran.get(where)
+        if isinstance(table, dict) and opt not in table and isinstance(used, dict) and opt in used:
+            return (f"{key} is a default of the installed plugin, not the one the run used "
+                    f"({json.dumps(used[opt])}): write {key} = {json.dumps(used[opt])} to resume as it ran")
+    return ""
 
 
 def _with_defaults(old: dict[str, Any], cfg: dict[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:

@@ -49,7 +49,7 @@ def preflight(exp: Experiment) -> rundir.RunDir:
     """Every check a run makes before it writes anything (reads only): the backend's, then the
     run directory's. ``validate`` and ``run`` both call it."""
     check_backend(exp)
-    return rundir.inspect(exp.config.as_dict(), exp.defaults)
+    return rundir.inspect(exp.config.as_dict(), exp.defaults, exp.options)
 
 
 def open_run_dir(exp: Experiment, state: rundir.RunDir, toml_path: Path) -> RunStore:
@@ -74,7 +74,7 @@ def open_run_dir(exp: Experiment, state: rundir.RunDir, toml_path: Path) -> RunS
     store.set_header(star_engine_version=__version__, config_sha256=describe["config_sha256"],
                      experiment=exp.config.experiment.name, python=sys.version.split()[0],
                      platform=platform.platform(), plugins=exp.registry.describe(),
-                     requirements=exp.registry.requirements(), backend=backend,
+                     requirements=exp.registry.requirements(), backend=backend, component_options=exp.options,
                      finished=False)
     store.write_bytes(root / "requirements.txt", ("\n".join(exp.registry.requirements()) + "\n").encode())
     return store
@@ -87,7 +87,7 @@ def prepare_run_dir(exp: Experiment, toml_path: Path) -> RunStore:
     if p.primary:
         runlock.lock(exp.run_dir)  # before the first write; refused at once when another run holds it
     p.sync("run directory locked")
-    state = rundir.inspect(exp.config.as_dict(), exp.defaults)
+    state = rundir.inspect(exp.config.as_dict(), exp.defaults, exp.options)
     # Several processes: all of them look at the folder before process 0 changes it.
     p.sync("start")
     return open_run_dir(exp, state, toml_path)

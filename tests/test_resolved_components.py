@@ -70,3 +70,38 @@ def test_a_run_directory_from_before_the_names_were_recorded_resumes(scripted, t
     assert config(run)["task"]["checker"] == {"name": "toy_exact"}
     metrics = pq.read_table(run / "metrics.parquet").to_pylist()
     assert {r["iteration"] for r in metrics} == {0, 1, 2, 3} and (run / "report.md").exists()
+
+
+def test_a_plugins_changed_default_is_a_changed_configuration(scripted, toy_toml, capsys, monkeypatch):
+    """The manifest records each component's options as it ran, defaults included
+    (``component_options``); a resumed run whose installed plugin has another default for an
+    option the experiment leaves out is refused, naming the option and the value the run used;
+    written out, the run resumes. An option the run's plugin did not have yet is not a change."""
+    from star_testkit import scripted as plugin
+
+    path = toy_toml()
+    assert main(["run", str(path), "--quiet", "--set", "experiment.iterations=1"]) == 0
+    run = path.parent / "run"
+    ran = json.loads((run / "manifest.json").read_text())["component_options"]
+    assert ran["task.checker"] == {"strip": True} and "training.schedule" in ran and "task.options" in ran
+    assert config(run)["task"]["checker"] == {"name": "toy_exact"}  # config.json: as written (resolved names)
+    monkeypatch.setattr(plugin.ToyExact.__init__, "__defaults__", (False,))
+    assert main(["run", str(path), "--quiet", "--set", "experiment.iterations=2"]) == 2
+    err = capsys.readouterr().err
+    assert "(changed: task.checker.strip)" in err and err.count("\n") == 1, err
+    assert "task.checker.strip is a default of the installed plugin, not the one the run used (true): write " \
+           "task.checker.strip = true to resume as it ran" in err
+    assert not (run / "iterations" / "002").exists()
+    assert main(["run", str(path), "--quiet", "--set", "experiment.iterations=2",
+                 "--set", 'task.checker={name = "toy_exact", strip = true}']) == 0
+    assert (run / "iterations" / "002").is_dir()
+
+    class Newer(plugin.ToyExact):  # a later version with one more option, at its default
+        def __init__(self, strip: bool = True, casefold: bool = False):
+            super().__init__(strip)
+
+    monkeypatch.setattr(plugin.ToyExact.__init__, "__defaults__", (True,))
+    monkeypatch.setattr(plugin, "ToyExact", Newer)
+    assert main(["run", str(path), "--quiet", "--set", "experiment.iterations=3"]) == 0, capsys.readouterr().err
+    after = json.loads((run / "manifest.json").read_text())["component_options"]
+    assert after["task.checker"] == {"strip": True, "casefold": False}
