@@ -19,9 +19,11 @@ anything else: a bug                              1        the traceback, then o
                                                            code raised it)
 ==============================================  =========  =========================================
 
-A message is always one line (line breaks inside it are shown as ``\\n``). A run whose
-directory already belongs to it (its event log is open: after the run directory was
-checked and locked) also gets the failure as a ``fatal`` event in ``events.jsonl``:
+A message is always one line (line breaks inside it are shown as ``\\n``). A plugin's
+failure (a ``PluginError`` raised from what the plugin raised) keeps that exception's
+traceback for its author: in the ``fatal`` event, and on stderr before the line with
+``STAR_ENGINE_TRACEBACK=1``. A run whose directory already belongs to it (its event log is
+open: after the run directory was checked and locked) also gets the failure as a ``fatal`` event in ``events.jsonl``:
 kind, message, exit code and, for a bug, the traceback. In a multi-process run the
 other processes are told to stop, with the same line (``procs.Processes.stopping_others_on_failure``).
 """
@@ -38,7 +40,7 @@ from importlib import metadata
 from collections.abc import Callable, Iterator
 
 from . import __version__, ui
-from .errors import ProcessLost, StarEngineError
+from .errors import PluginError, ProcessLost, StarEngineError
 from .runlock import release_locks
 
 # errno values that say the filesystem or the machine refused something, not that the code is wrong
@@ -114,6 +116,10 @@ def report(e: BaseException) -> int:
     tb_text = "".join(traceback.format_exception(e)) if kind == "bug" else None
     if tb_text is not None:
         sys.stderr.write(tb_text)
+    elif isinstance(e, PluginError) and e.__cause__ is not None:  # what a plugin raised: for its author
+        tb_text = "".join(traceback.format_exception(e.__cause__))
+        if os.environ.get("STAR_ENGINE_TRACEBACK", "") not in ("", "0"):
+            sys.stderr.write(tb_text)
     print(f"{'' if code >= 130 else 'error: '}{message}", file=sys.stderr, flush=True)
     ui.log_fatal(kind=kind, message=message, exit_code=code, traceback=tb_text)
     return code

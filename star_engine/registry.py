@@ -8,6 +8,8 @@ broken plugin might have provided them).
 
 Environment switches:
     STAR_ENGINE_DISABLE_AUTOLOAD=1   load no entry points (tests register by hand)
+    STAR_ENGINE_TRACEBACK=1          a plugin's failure prints the traceback of what it raised
+                                     (``boundary.report``; the run's ``fatal`` event has it anyway)
     STAR_ENGINE_BLOCK_PLUGINS=a,b    skip the named entry points
     STAR_ENGINE_PLUGINS=mod1,mod2    also load these importable modules as plugins
 """
@@ -195,10 +197,16 @@ class Registry:
 
     # -- lookup -------------------------------------------------------------------
     def names(self, kind: str) -> list[str]:
+        self._kind(kind)
         return sorted(self.components[kind])
+
+    def _kind(self, kind: str) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"unknown component kind {kind!r}; kinds: {', '.join(KINDS)}")
 
     def get(self, kind: str, name: str, key: str) -> Component:
         """The component ``name`` of ``kind``; ``key`` is the TOML key path for errors."""
+        self._kind(kind)
         if (kind, name) in self.conflicts:
             who = " and ".join(f"{p.distribution} {p.version}" for p in self.conflicts[(kind, name)])
             raise PluginError(f"{key}: {kind} '{name}' is registered by both {who}; block one with "
@@ -232,7 +240,7 @@ class Registry:
             raise _within(e, okey, checked) from None
         except Exception as e:  # noqa: BLE001
             raise PluginError(f"{key}: {comp.plugin.label} failed to create {kind} '{name}': {_short_error(e)}",
-                              key=key) from None
+                              key=key) from e
         self._built.append((obj, comp))
         return obj
 
@@ -247,6 +255,17 @@ class Registry:
         component's method, it calls it so."""
         return calling(self.origin(obj), method)
 
+    def returned(self, obj: Any, method: str, value: Any, ok: bool, expected: str) -> Any:
+        """``value``, what ``obj.method`` returned, when ``ok``; else a ``PluginError`` naming the
+        plugin that provides ``obj`` (a component broke its protocol: its fault, not the core's)."""
+        if not ok:
+            comp = self.origin(obj)
+            who = comp.label if comp is not None else type(obj).__name__
+            shown = repr(value)
+            raise PluginError(f"{who}.{method} returned {shown[:200]}{'...' if len(shown) > 200 else ''}, "
+                              f"expected {expected}")
+        return value
+
     # -- observers ----------------------------------------------------------------
     def notify(self, hook: str, **kwargs: Any) -> None:
         """Call an observer hook on every plugin, naming the plugin if one fails
@@ -260,7 +279,7 @@ class Registry:
                 raise
             except Exception as e:  # noqa: BLE001
                 label = info.label if info else repr(impl.plugin)
-                raise PluginError(f"{label} failed in hook {hook}: {_short_error(e)}") from None
+                raise PluginError(f"{label} failed in hook {hook}: {_short_error(e)}") from e
 
     def describe(self) -> list[dict[str, Any]]:
         return [self.plugins[n].as_dict() for n in sorted(self.plugins)]

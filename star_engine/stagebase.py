@@ -129,8 +129,9 @@ class StageBase:
                     with self.loading(model), \
                             self.exp.calling(self.backend, "generate"):
                         out = self.backend.generate(self.path(model), reqs, spec, progress=advance)
-                    if len(out) != len(reqs):
-                        raise RuntimeError(f"backend returned {len(out)} texts for {len(reqs)} requests")
+                    self.exp.registry.returned(
+                        self.backend, "generate", out, hasattr(out, "__len__") and len(out) == len(reqs) and all(
+                            isinstance(t, str) for t in out), f"one text per request ({len(reqs)})")
                     self.store.write_records(rel, [Chunk(index=start + j, text=t) for j, t in enumerate(out)], Chunk)
                 else:
                     advance(min(size, len(prompts) - start))
@@ -196,6 +197,8 @@ class StageBase:
         text = self._trim(text)
         with self.exp.calling(self.task, "extract"):
             extracted = self.task.extract(text)
+        self.exp.registry.returned(self.task, "extract", extracted, extracted is None or isinstance(extracted, str),
+                                   "the answer (a str) or None")
         return text, extracted, self.judge(text, extracted, gold, where)
 
     def where(self, n: int, ex: Example, s: int, stage: str, split: str = "train") -> CheckContext:

@@ -118,8 +118,10 @@ class Stages(StageBase):
             else:
                 with self.exp.calling(flt, "keep"):
                     flags = flt.keep(candidates, history)
-            if len(flags) != len(alive):
-                raise RuntimeError(f"filter '{name}' returned {len(flags)} flags for {len(alive)} candidates")
+            method = "keep_among" if isinstance(flt, SeesRejected) else "keep"
+            flags = self.exp.registry.returned(
+                flt, method, flags, hasattr(flags, "__len__") and len(flags) == len(alive),
+                f"one flag per candidate ({len(alive)})")
             for i, ok in zip(alive, flags):
                 if not ok:
                     rows[i] = replace(rows[i], kept=False, rejected_by=name)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import structlog
 
 from .api import CheckContext, Checker, Example, Verdict
@@ -139,11 +140,16 @@ def _check(registry: Registry, checker: Checker, where: CheckContext | None, tex
     """``checker``'s verdict, told ``where`` the generation comes from when it asks
     (``Checker.check_in``, ``capabilities.ChecksInContext``); a failure names its plugin and the
     method called (``Registry.calling``)."""
-    if where is not None and isinstance(checker, ChecksInContext):
-        with registry.calling(checker, "check_in"):
-            return checker.check_in(where, text, extracted, gold)
-    with registry.calling(checker, "check"):
-        return checker.check(text, extracted, gold)
+    method = "check"
+    with registry.calling(checker, "check_in" if where is not None and isinstance(checker, ChecksInContext)
+                          else method):
+        if where is not None and isinstance(checker, ChecksInContext):
+            method, v = "check_in", checker.check_in(where, text, extracted, gold)
+        else:
+            v = checker.check(text, extracted, gold)
+    ok = isinstance(v, Verdict) and isinstance(v.correct, bool | np.bool_) and (
+        v.predicted is None or isinstance(v.predicted, str))
+    return registry.returned(checker, method, v, ok, "a star_engine.Verdict(predicted: str | None, correct: bool)")
 
 
 class Judge:
