@@ -8,8 +8,6 @@ broken plugin might have provided them).
 
 Environment switches:
     STAR_ENGINE_DISABLE_AUTOLOAD=1   load no entry points (tests register by hand)
-    STAR_ENGINE_TRACEBACK=1          a plugin's failure prints the traceback of what it raised
-                                     (``boundary.report``; the run's ``fatal`` event has it anyway)
     STAR_ENGINE_BLOCK_PLUGINS=a,b    skip the named entry points
     STAR_ENGINE_PLUGINS=mod1,mod2    also load these importable modules as plugins
 """
