@@ -4,7 +4,8 @@ The default run kills the shortened embedded-default experiment 5 times (at the 
 of the run directory, right after iteration 1's checkpoint appears, and at 3 seeded random
 moments in the rest of the run) and checks that the resumed run ends with the reference's
 rows, train.json files and bit-identical parameters, with no temporary file left. The full
-matrix (every stage boundary + 20 random moments) is ``pytest -m slow``.
+matrix (every stage boundary + 20 random moments) and the chain killed every half of the base
+training's time are ``pytest -m slow``.
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ def test_full_kill_matrix(tmp_path):
     assert kills >= 20 + len(km.BOUNDARIES)
 
 
+@pytest.mark.slow  # a chain of a dozen or more starts, each compiling again: minutes
 def test_kills_more_often_than_base_training_lasts_and_still_finishes(shared):
     """Killed every half of the reference's base-training time (its longest stage), the run
     only finishes because fine-tuning resumes from its snapshots (resume.py), and ends
