@@ -10,15 +10,24 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import NoReturn
 from pathlib import Path
 
 from .errors import PluginError, UserError
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's rule for bad input: one line on stderr, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {self.prog}: {message} (see {self.prog} --help)".replace("\n", " "), file=sys.stderr)
+        sys.exit(2)
+
+
 def _parser(commands: dict | None = None) -> argparse.ArgumentParser:
     from . import __version__
 
-    p = argparse.ArgumentParser(prog="star-engine", description="Run STaR (Self-Taught Reasoner) experiments.")
+    p = _Parser(prog="star-engine", description="Run STaR (Self-Taught Reasoner) experiments.")
     p.add_argument("--version", action="version", version=f"star-engine {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -213,6 +222,13 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:  # no command: the usage, and every command with what it does (a usage error)
         parser.print_help(sys.stderr)
         return 2
+    for arg in argv:  # bytes that are not UTF-8 (surrogate escapes): no file, log or plot can hold them
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = arg.encode("utf-8", "backslashreplace").decode()
+            print(f"error: argument {shown}: not valid UTF-8", file=sys.stderr)
+            return 2
     args = parser.parse_args(argv)
     if args.command in commands:
         return run_command(lambda: commands[args.command].run(args))

@@ -76,6 +76,11 @@ def check_table(data: Any, table: dict[str, Any], key: str) -> dict[str, Any]:
 
 def parse_override(item: str) -> tuple[list[str], Any]:
     """``a.b.c=value`` -> (["a","b","c"], value); the value is read as TOML, else as a string."""
+    try:
+        item.encode("utf-8")
+    except UnicodeEncodeError:  # bytes the command line had that are not UTF-8 (surrogate escapes)
+        shown = item.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
+        raise UserError(f"--set {shown}: not valid UTF-8") from None
     if "=" not in item:
         raise UserError(f"--set {item}: expected dotted.key=value")
     key, raw = item.split("=", 1)
@@ -137,6 +142,8 @@ def load_toml(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise UserError(f"{path}: no such file")
     data = read_capped(path, TOML_MAX)
+    if data.startswith(b"\xef\xbb\xbf"):  # a byte-order mark some editors write: not TOML, but harmless
+        data = data[3:]
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

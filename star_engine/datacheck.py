@@ -42,6 +42,8 @@ def command(experiment: Path | None, overrides: list[str], root: Path | None,
                             f"variable {ENV}")
         found = absolute(Path.cwd(), str(root), "--root") if root is not None else absolute(Path.cwd(), env, ENV)
         where = "--root" if root is not None else ENV
+        if not found.is_dir():
+            raise UserError(f"{where}: {found} is not a folder" + ("" if found.exists() else " (no such path)"))
         statuses = [status(f"task {task}", found / rel, found, known) for rel, (task, _) in sorted(known.items())]
         failed = [s for s in statuses if s.state == "different"]  # a file nobody runs on may be absent
     if statuses:

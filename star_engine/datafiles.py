@@ -96,10 +96,22 @@ def read_jsonl(path: str | Path, max_bytes: int | None = None,
             raise UserError(f"{where}: invalid JSON: {e}") from None
         if not isinstance(obj, dict):
             raise UserError(f"{where}: expected a JSON object, got {_type_name(obj)}")
+        if b"\\u" in raw and _lone_surrogate(obj):  # "\ud800" alone: JSON allows it, text has none
+            raise UserError(f"{where}: invalid JSON: a string escapes a lone UTF-16 surrogate (\\ud800-\\udfff "
+                            f"not in a pair), which is no character")
         rows.append((where, obj))
     if not rows:
         raise UserError(f"{p}: no examples (the file is empty)")
     return rows
+
+
+def _lone_surrogate(obj: Any) -> bool:
+    """Whether a string of ``obj`` (keys included) holds a code point no UTF-8 text can."""
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def get(obj: dict[str, Any], key: str, typ: type, where: str, name: str | None = None,

@@ -31,7 +31,7 @@ from .preferences import pair_up, unique
 from .records import Rationale, read
 from .registry import Registry
 from .seeds import coin
-from .store import atomic_write_bytes, read_json_file, read_manifest
+from .store import atomic_write_bytes, check_regular, read_json_file, read_manifest
 
 SFT_FORMATS = ("prompt-completion", "messages")
 PAIR_FIELDS = ("question_id", "class", "prompt", "gold", "chosen", "rejected", "chosen_iteration",
@@ -63,6 +63,7 @@ def _rationale_files(root: Path) -> list[str]:
 
 
 def _rows(path: Path) -> list[Rationale]:
+    check_regular(path, "Parquet file")
     try:
         if pq.ParquetFile(path).metadata.num_rows > MAX_ROWS:
             raise IntegrityError(f"{path}: more than {MAX_ROWS} rows")

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from .errors import IntegrityError, UserError
 from .metrics import LATER_COLUMNS, METRICS_SCHEMA, classes, eval_split, has_exploration, series, train_counts
-from .store import atomic_write_bytes, read_json_file
+from .store import atomic_write_bytes, check_regular, read_json_file
 
 MAX_ROWS = 1_000_000
 MAX_BYTES = 1 << 30  # uncompressed, as the file's footer declares it
@@ -40,6 +40,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
     def bad(why: str) -> IntegrityError:
         return IntegrityError(f"{path}: not a readable star-engine metrics file ({why})")
 
+    check_regular(path, "metrics file")
     try:
         meta = pq.ParquetFile(path).metadata
         declared = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))

@@ -20,6 +20,7 @@ import errno
 import io
 import json
 import os
+import stat
 import re
 import shutil
 from pathlib import Path
@@ -107,8 +108,20 @@ MANIFEST_MAX = 1 << 30
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
+def check_regular(path: Path, what: str) -> None:
+    """``path``, when it exists, is a regular file (a FIFO or a device would block a reader or
+    never end): IntegrityError naming it otherwise; checked before opening."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return  # missing or unreadable: the reader says so
+    if not stat.S_ISREG(st.st_mode):
+        raise IntegrityError(f"{path}: unreadable {what} (not a regular file)")
+
+
 def read_json_file(path: Path, max_bytes: int, what: str) -> Any:
     """A JSON file of at most ``max_bytes``; IntegrityError naming it when unreadable."""
+    check_regular(path, what)
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -246,6 +259,7 @@ class RunStore:
 
     def read_table(self, rel: str) -> pa.Table:
         path = self.root / rel
+        check_regular(path, "Parquet file")
         try:
             return pq.read_table(path)
         except (pa.ArrowInvalid, OSError) as e:

@@ -22,6 +22,8 @@ dtype), so it runs at the plain model's speed.
 
 from __future__ import annotations
 
+import math
+
 import difflib
 import functools
 from dataclasses import dataclass
@@ -98,6 +100,8 @@ def check_table(table: Any, config: ModelConfig, key: str) -> LoraSpec:
     alpha = 2 * rank if alpha is None else alpha
     if not is_number(alpha) or not alpha > 0:
         raise UserError(f"{key}.alpha: must be a number > 0, got {alpha!r}")
+    if not math.isfinite(alpha):
+        raise UserError(f"{key}.alpha: must be a finite number > 0, got {alpha!r}")
     rslora = table.get("rslora", False)
     if not isinstance(rslora, bool):
         raise UserError(f"{key}.rslora: must be true or false, got {rslora!r}")

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from star_engine import UserError, is_int
 
 from . import distributed as dist
+from .options import MAX_CPU_DEVICES
 
 HUGETLB = "glibc.malloc.hugetlb=1"
 OPT_OUT = "STAR_ENGINE_HUGEPAGES"
@@ -118,8 +119,9 @@ def set_cpu_devices(n: Any) -> None:
     device (its intra-op threads barely help at these sizes), so on 2 cores a
     2-device mesh decodes ~1.6x faster than one device. Must run before jax
     starts its backends; later, the process must already have ``n`` CPU devices."""
-    if not is_int(n) or n < 1:
-        raise UserError(f"model.cpu_devices: must be an int >= 1, got {n!r}", key="model.cpu_devices")
+    if not is_int(n) or not 1 <= n <= MAX_CPU_DEVICES:
+        raise UserError(f"model.cpu_devices: must be an int in [1, {MAX_CPU_DEVICES}], got {n!r}",
+                        key="model.cpu_devices")  # the [model] table is checked alike (options.resolve)
     import jax  # this module loads with the plugin, which must not import jax (discovery stays fast)
 
     try:

@@ -25,6 +25,9 @@ GENERATION = ("continuous", "static")
 OPT_STATE_DTYPES = get_args(OptStateDtype)
 SHAPE = ("n_layer", "d_model", "n_head", "d_head", "d_ff", "rotary_dim", "n_ctx", "n_kv_head", "vocab")
 Size = Annotated[int | None, at_least(1)]  # None: the preset's, or the checkpoint's
+MAX_LAYERS = 1024  # model.n_layer: tracing a deeper model takes minutes (plan caps --n-layer alike)
+MAX_CONTEXT = 1 << 20  # model.n_ctx: tokens; a training row of the context is allocated
+MAX_CPU_DEVICES = 1024  # [model] cpu_devices: XLA:CPU's collectives fail at 4096 devices (jax 0.10), it crashes at 10^5
 
 
 @dataclass(frozen=True)
@@ -218,6 +221,11 @@ def resolve(o: ModelOptions) -> Model:
 
     base, stored_tok = base_config(o)
     overrides = {k: getattr(o, k) for k in SHAPE if getattr(o, k) is not None}
+    for key, most in (("n_layer", MAX_LAYERS), ("n_ctx", MAX_CONTEXT)):
+        if overrides.get(key, 0) > most:
+            raise _fail(key, f"at most {most}, got {overrides[key]}")
+    if (o.cpu_devices or 0) > MAX_CPU_DEVICES:
+        raise _fail("cpu_devices", f"at most {MAX_CPU_DEVICES}, got {o.cpu_devices}")
     fields = {f.name for f in dataclasses.fields(base)}
     for key in overrides:
         if key not in fields:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from star_engine import GenSpec, IntegrityError, TrainSpec, UserError
 
 from .checkpoint.format import MANIFEST, checked_manifest
-from .checkpoint.safeio import check_alloc, np_dtype
+from .checkpoint.safeio import MAX_BUFFER, check_alloc, memory_available, np_dtype
 
 
 def check_generation(key: str, spec: GenSpec, n_ctx: int) -> None:
@@ -43,6 +43,33 @@ def validate_run(backend: Any, generation: Mapping[str, GenSpec], training: Mapp
             check_table(tspec.adapter, backend.config, f"{key}.adapter")
     if backend.checkpoint_path:
         check_checkpoint(backend.checkpoint_path)
+    else:
+        check_model_memory(backend.config, (backend._processes or {}).get("num_processes") or 1)
+
+
+def check_model_memory(config: Any, processes: int = 1) -> None:
+    """A model built from its config (no checkpoint whose leaves ``check_checkpoint`` checks)
+    fits in this process's memory once, in its dtype (its share when ``processes`` split it),
+    and no leaf exceeds ``MAX_BUFFER``: counted from abstract shapes, before anything is
+    allocated and without starting jax's backends; UserError naming [model] otherwise."""
+    import jax
+    import jax.numpy as jnp
+
+    from .model import init_params
+
+    shapes = jax.eval_shape(lambda k: init_params(config, k), jax.ShapeDtypeStruct((2,), jnp.uint32))
+    sizes = [math.prod(x.shape) for x in jax.tree.leaves(shapes)]
+    itemsize = np_dtype(config.dtype).itemsize
+    what = (f"model: the model of {sum(sizes):,} parameters (n_layer {config.n_layer}, d_model {config.d_model}, "
+            f"vocab {config.vocab})")
+    if max(sizes, default=0) * itemsize > MAX_BUFFER:
+        raise UserError(f"{what} has a weight of {max(sizes) * itemsize:,} bytes, more than the limit of "
+                        f"{MAX_BUFFER:,} for one buffer", key="model")
+    need, available = sum(sizes) * itemsize // max(1, processes), memory_available()
+    if available is not None and need > available:
+        raise UserError(f"{what} needs {need / 2**30:.1f} GiB in {config.dtype}, more than the "
+                        f"{available / 2**30:.1f} GiB of memory this process can allocate; choose a smaller model",
+                        key="model")
 
 
 def check_checkpoint(path: str | os.PathLike) -> dict:

@@ -101,6 +101,7 @@ def test_a_bf16_base_stays_bf16_and_the_adapters_and_their_moments_are_fp32():
     ({"kind": "dora", "rank": 4}, "training.adapter.kind: must be \"lora\""),
     ({"kind": "lora", "rnak": 4}, "training.adapter.rnak: unknown option; did you mean 'rank'?"),
     ({"kind": "lora", "alpha": -1}, "training.adapter.alpha: must be a number > 0"),
+    ({"kind": "lora", "alpha": float("inf")}, "training.adapter.alpha: must be a finite number > 0, got inf"),
     ({"kind": "lora", "targets": []}, "training.adapter.targets: must be a non-empty list"),
 ])
 def test_adapter_tables_are_checked_against_the_model(table, message):

@@ -76,6 +76,28 @@ def test_validate_and_run_refuse_before_writing(tmp_path, star, sets, expected):
     assert not (tmp_path / "run").exists()  # run used to create it (base checkpoint, events, config) first
 
 
+@pytest.mark.parametrize("sets,expected", [
+    (["model.vocab=100000000000"], "model: the model of 25,700,000,395,264 parameters (n_layer 2, d_model 128, "
+                                   "vocab 100000000000) has a weight of 51,200,000,000,000 bytes, more than the limit"),
+    (["model.n_layer=1000", "model.d_model=8192", "model.n_head=64", "model.d_head=128", "model.d_ff=32768"],
+     "GiB of memory this process can allocate; choose a smaller model"),
+    (["model.n_layer=1000000"], "model.n_layer: at most 1024, got 1000000"),
+    (["model.n_ctx=100000000000"], "model.n_ctx: at most 1048576, got 100000000000"),
+    (["model.cpu_devices=100000"], "model.cpu_devices: at most 1024, got 100000"),
+], ids=["vocab", "memory", "layers", "context", "cpu_devices"])
+def test_a_model_the_machine_cannot_hold_is_refused_before_anything_is_allocated(tmp_path, star, sets, expected):
+    """Sizes that would hang jax (a 10^6-layer trace), crash XLA:CPU (10^5 devices) or exhaust
+    the memory (a 10^11-token vocabulary) are one line naming [model], from validate and from run
+    before it writes anything; counted from abstract shapes without starting jax's backends."""
+    toml = tmp_path / "exp.toml"
+    toml.write_text(EXPERIMENT.format(out=(tmp_path / "run").as_posix()))
+    args = [a for s in sets for a in ("--set", s)]
+    for command in ("validate", "run"):
+        code, err = star(command, str(toml), *args)
+        assert code == 2 and err.count("\n") == 1 and expected in err, (command, err[-3000:])
+    assert not (tmp_path / "run").exists()
+
+
 def _checkpoint(path: Path) -> Path:
     cfg = GPTJConfig(n_layer=1, d_model=16, n_head=2, d_head=8, d_ff=32, rotary_dim=4, n_ctx=64, vocab=264)
     CW.save_checkpoint(path, jax.tree.map(np.asarray, init_params(cfg, 0)), model_config=cfg.to_dict(),

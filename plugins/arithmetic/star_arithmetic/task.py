@@ -20,6 +20,8 @@ from .formats import context as problem_context
 from .formats import rationale_completion
 from .generate import NotEnough, Problem, draw, draw_equal, n_digits
 
+MAX_DIGITS = 100  # operands' digit counts: a scratchpad line per digit; float()s of the numbers stay finite
+
 SPLITS = ("train", "dev", "heldout")
 PROMPT_KINDS = ("rationale", "direct", "hint")
 DEV_FRACTION = 0.5
@@ -98,9 +100,13 @@ class AdditionTask:
                             "set heldout_digits or remove n_heldout")
         if max_digits < min_digits:
             raise UserError(f"max_digits: must be >= min_digits ({min_digits}), got {max_digits}")
+        if max_digits > MAX_DIGITS:
+            raise UserError(f"max_digits: at most {MAX_DIGITS} digits, got {max_digits}")
         self.seed, self.min_digits, self.max_digits = seed, min_digits, max_digits
         self.n = {"train": n_train, "dev": n_dev, "heldout": 500 if n_heldout is None else n_heldout}
         self.heldout_digits = sorted(set(_each_at_least("heldout_digits", heldout_digits or [], 1)))
+        if self.heldout_digits and self.heldout_digits[-1] > MAX_DIGITS:
+            raise UserError(f"heldout_digits: at most {MAX_DIGITS} digits, got {self.heldout_digits[-1]}")
         for d in self.heldout_digits:
             if min_digits <= d <= max_digits:
                 raise UserError(f"heldout_digits: {d} is inside the training range "

@@ -257,6 +257,8 @@ def test_heldout_split():
     ({"n_dev": 0}, "task.options.n_dev: must be >= 1, got 0"),
     ({"seed": True}, "task.options.seed: expected an integer, got boolean True"),
     ({"max_digits": 0}, "task.options.max_digits: must be >= 1, got 0"),
+    ({"max_digits": 1000, "min_digits": 500}, "task.options.max_digits: at most 100 digits, got 1000"),
+    ({"max_digits": 5, "heldout_digits": [1000]}, "task.options.heldout_digits: at most 100 digits, got 1000"),
     ({"min_digits": 3, "max_digits": 2}, r"task.options.max_digits: must be >= min_digits \(3\), got 2"),
     ({"seed_max_digits": 6}, r"task.options.seed_max_digits: must be in 1..5 \(min_digits..max_digits\), got 6"),
     ({"seed_max_digits": 2, "min_digits": 3}, r"task.options.seed_max_digits: must be in 3..5"),
