@@ -112,8 +112,8 @@ class Origins:
 
     def __init__(self, path: Path | str, overrides: list[str] | None = None):
         self.path = str(path)
-        self.items = [(".".join(p.strip() for p in item.split("=", 1)[0].strip().split(".")), item)
-                      for item in overrides or [] if "=" in item]
+        self.items = [(re.sub(r"\[\d+\]", "", ".".join(p.strip() for p in item.split("=", 1)[0].strip().split("."))),
+                       item) for item in overrides or [] if "=" in item]  # keys as __call__ reads them
 
     def __call__(self, key: str) -> str:
         key = re.sub(r"\[\d+\]", "", key)  # task.filters[1].max_chars -> task.filters.max_chars

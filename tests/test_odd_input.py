@@ -75,3 +75,9 @@ def test_a_data_root_that_is_not_a_folder_is_refused(tmp_path, capsys):
     for root, says in ((tmp_path / "none", "is not a folder (no such path)"), (Path(__file__), "is not a folder")):
         assert main(["data", "check", "--root", str(root)]) == 2
         assert says in one_line(capsys.readouterr().err)
+
+
+def test_a_set_key_with_an_index_is_blamed_on_its_set(scripted, toy_toml, capsys):
+    path = toy_toml()
+    assert main(["validate", str(path), "--set", "task.filters[0]=x"]) == 2
+    assert one_line(capsys.readouterr().err).startswith("error: --set task.filters[0]=x: unknown key 'task.filters[0]'")
