@@ -125,6 +125,8 @@ def inspect(cfg: dict[str, Any], defaults: Mapping[str, Any] | None = None,
                             f"{note + ', or ' if note else ''}set experiment.output_dir to a new folder")
         return RunDir(root, True, manifest)
     if root.is_dir() and _names(root) and not killed_at_start(root):
+        if cfg_file.exists():  # another run wrote it since it was looked for: a run directory after all
+            return inspect(cfg, defaults, options)
         raise UserError(f"{root}: exists and is not a star-engine run directory; choose another experiment.output_dir")
     return RunDir(root, False, None)
 

@@ -95,3 +95,26 @@ def test_lock_is_taken_before_the_first_write_and_released_at_the_end(scripted, 
         runlock.release_locks()
     assert main(["run", str(path), "--quiet"]) == 0  # the lock was this process's and is free again
     assert main(["run", str(path), "--quiet"]) == 0  # and released by the run that just ended
+
+
+def test_a_config_written_while_the_folder_is_looked_at_makes_it_a_run_directory(scripted, toy_toml, monkeypatch):
+    """The race two runs started together can meet without the lock (``validate``, a run's
+    preflight): config.json was not there when looked for, and the folder holds more than a
+    killed start's files when listed because the other run wrote them meanwhile. It is the other
+    run's directory (a resume of it, the same configuration), not a foreign folder."""
+    from star_engine import rundir
+    from star_engine.cli import main
+
+    path = toy_toml()
+    assert main(["run", str(path), "--quiet", "--set", "experiment.iterations=1"]) == 0
+    run = path.parent / "run"
+    config = (run / "config.json").read_bytes()
+    (run / "config.json").unlink()
+    real = rundir._names
+
+    def names(root):
+        (root / "config.json").write_bytes(config)  # the other run writes it now
+        return real(root)
+
+    monkeypatch.setattr(rundir, "_names", names)
+    assert main(["validate", str(path), "--set", "experiment.iterations=1"]) == 0
