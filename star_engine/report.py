@@ -301,6 +301,10 @@ def write_report(run_dir: Path, compare: Path | None = None, labels: Sequence[st
     other = read_metrics(compare) if compare else None
     from .plot import plot  # matplotlib is imported only to draw
 
+    for out in ("report.png", "report.md"):  # both replaceable before either is written
+        target = run_dir / out
+        if (target.exists() or target.is_symlink()) and not target.is_file():
+            raise UserError(f"{target}: exists and is not a file (the report writes one there); move it away")
     atomic_write_bytes(run_dir / "report.png", plot(rows, name, other, other_name))
     own = _config(run_dir, "task", "checker", "")
     title, runs = _name(run_dir), ""

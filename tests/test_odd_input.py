@@ -81,3 +81,16 @@ def test_a_set_key_with_an_index_is_blamed_on_its_set(scripted, toy_toml, capsys
     path = toy_toml()
     assert main(["validate", str(path), "--set", "task.filters[0]=x"]) == 2
     assert one_line(capsys.readouterr().err).startswith("error: --set task.filters[0]=x: unknown key 'task.filters[0]'")
+
+
+def test_a_report_that_cannot_be_written_leaves_the_other_untouched(scripted, toy_toml, capsys):
+    path = toy_toml()
+    assert main(["run", str(path), "--quiet", "--set", "experiment.iterations=1"]) == 0
+    run = path.parent / "run"
+    (run / "report.md").unlink()
+    (run / "report.md").mkdir()
+    before = (run / "report.png").read_bytes()
+    (run / "report.png").write_bytes(b"an older plot")
+    assert main(["report", str(run)]) == 2
+    assert "report.md: exists and is not a file" in one_line(capsys.readouterr().err)
+    assert (run / "report.png").read_bytes() == b"an older plot" != before
