@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from star_testkit import load_script
 
 SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "gptj_throughput.py"
@@ -100,6 +102,7 @@ def test_ceiling_train_step_learns_a_repeated_batch():
 WORKLOAD = SCRIPT.with_name("star_workload.py")
 
 
+@pytest.mark.slow  # a minute: both mixes' generation and training, each side compiled
 def test_workload_benchmark_prints_every_ratio_of_both_mixes():
     """star_workload.py end to end on a few requests of both mixes (one layer, a
     small vocabulary; no HF peer): one JSON line with each side's useful tokens/s
