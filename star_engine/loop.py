@@ -20,6 +20,7 @@ checkpoints in the run directory (what the backend loads), not models in memory.
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections.abc import Sequence
 
@@ -31,7 +32,6 @@ from .errors import UserError
 from .experiment import Experiment
 from .metrics import METRICS_SCHEMA, Evaluated, coverage, dev_accuracy, iteration_rows
 from .records import Rationale, training_examples
-from .schema import is_int
 from .seeds import derive_seed
 from .stages import Stages, it_dir
 from .store import RunStore
@@ -100,7 +100,9 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
         init = M0 if tr.restart_from_base else M                           # restart from base
         with exp.calling(exp.schedule, "steps"):
             steps = exp.schedule.steps(n, len(kept), tr.batch_size, tr.grad_accum)
-        exp.registry.returned(exp.schedule, "steps", steps, is_int(steps) and steps >= 0, "an int >= 0")
+        exp.registry.returned(exp.schedule, "steps", steps, isinstance(steps, numbers.Integral)
+                              and not isinstance(steps, bool) and steps >= 0, "an int >= 0")
+        steps = int(steps)  # a numpy integer too
         if cfg.experiment.smoke:
             steps = smoke.steps(steps)
         seed = derive_seed(cfg.experiment.seed, n, "train")

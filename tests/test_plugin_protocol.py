@@ -15,6 +15,7 @@ import pytest
 from star_engine.cli import main
 
 BROKEN = '''
+import numpy
 from star_engine import Verdict, hookimpl
 from star_testkit.scripted import ToyTask
 
@@ -34,7 +35,7 @@ class Steps:
         self.value = value
 
     def steps(self, iteration, n_examples, batch_size, grad_accum):
-        return self.value
+        return numpy.int64(self.value) if self.value == 4 else self.value  # a numpy integer is an int
 
 
 class NumberTask(ToyTask):
@@ -96,6 +97,13 @@ def test_a_broken_protocol_names_the_plugin(broken, toy_toml, capsys, setting, s
     err = capsys.readouterr().err
     assert err.startswith("error: plugin 'broken_protocol'") and says in err and err.count("\n") == 1, err
     assert "bug in" not in err and "Traceback" not in err
+
+
+def test_a_numpy_integer_of_steps_is_an_int(broken, toy_toml, capsys):
+    path = toy_toml()
+    assert main(["run", str(path), "--quiet", "--set", 'training.schedule={name = "bad_steps", value = 4}']) == 0, \
+        capsys.readouterr().err
+    assert json.loads((path.parent / "run" / "iterations" / "001" / "train.json").read_text())["steps"] == 4
 
 
 def test_what_a_plugin_raised_keeps_its_traceback(broken, toy_toml, capsys, monkeypatch):
