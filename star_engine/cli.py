@@ -222,11 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:  # no command: the usage, and every command with what it does (a usage error)
         parser.print_help(sys.stderr)
         return 2
+    from .datafiles import not_utf8
+
     for arg in argv:  # bytes that are not UTF-8 (surrogate escapes): no file, log or plot can hold them
-        try:
-            arg.encode("utf-8")
-        except UnicodeEncodeError:
-            shown = arg.encode("utf-8", "backslashreplace").decode()
+        shown = not_utf8(arg)
+        if shown is not None:
             print(f"error: argument {shown}: not valid UTF-8", file=sys.stderr)
             return 2
     args = parser.parse_args(argv)

@@ -18,7 +18,7 @@ from typing import Any
 from collections.abc import Callable
 
 from . import dataroot, effects, smoke as _smoke
-from .datafiles import read_capped
+from .datafiles import not_utf8, read_capped
 from .errors import PluginError, UserError
 from .registry import Registry, close_matches
 from .schema import Option, describe_value, validate
@@ -76,11 +76,9 @@ def check_table(data: Any, table: dict[str, Any], key: str) -> dict[str, Any]:
 
 def parse_override(item: str) -> tuple[list[str], Any]:
     """``a.b.c=value`` -> (["a","b","c"], value); the value is read as TOML, else as a string."""
-    try:
-        item.encode("utf-8")
-    except UnicodeEncodeError:  # bytes the command line had that are not UTF-8 (surrogate escapes)
-        shown = item.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
-        raise UserError(f"--set {shown}: not valid UTF-8") from None
+    shown = not_utf8(item)  # bytes the command line had that are not UTF-8 (surrogate escapes)
+    if shown is not None:
+        raise UserError(f"--set {shown}: not valid UTF-8")
     if "=" not in item:
         raise UserError(f"--set {item}: expected dotted.key=value")
     key, raw = item.split("=", 1)
@@ -107,16 +105,21 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:
         node[parts[-1]] = value
 
 
+def _unindexed(key: str) -> str:
+    """``task.filters[1].max_chars`` -> ``task.filters.max_chars``: keys as ``Origins`` compares them."""
+    return re.sub(r"\[\d+\]", "", key)
+
+
 class Origins:
     """Where the value of a dotted key came from: the TOML file, or the ``--set`` that gave it."""
 
     def __init__(self, path: Path | str, overrides: list[str] | None = None):
         self.path = str(path)
-        self.items = [(re.sub(r"\[\d+\]", "", ".".join(p.strip() for p in item.split("=", 1)[0].strip().split("."))),
-                       item) for item in overrides or [] if "=" in item]  # keys as __call__ reads them
+        self.items = [(_unindexed(".".join(p.strip() for p in item.split("=", 1)[0].strip().split("."))), item)
+                      for item in overrides or [] if "=" in item]
 
     def __call__(self, key: str) -> str:
-        key = re.sub(r"\[\d+\]", "", key)  # task.filters[1].max_chars -> task.filters.max_chars
+        key = _unindexed(key)
         for okey, item in reversed(self.items):  # the last --set of a key wins
             if key == okey or key.startswith(okey + "."):
                 return f"--set {item}"

@@ -105,13 +105,20 @@ def read_jsonl(path: str | Path, max_bytes: int | None = None,
     return rows
 
 
+def not_utf8(text: str) -> str | None:
+    """``text`` shown with escapes (``a\\udcffb``) when it holds a code point no UTF-8 text can
+    (a lone surrogate: bytes of a command line or file name that are not UTF-8, or a JSON
+    escape of half a pair); None when it is text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return None
+
+
 def _lone_surrogate(obj: Any) -> bool:
     """Whether a string of ``obj`` (keys included) holds a code point no UTF-8 text can."""
-    try:
-        json.dumps(obj, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
+    return not_utf8(json.dumps(obj, ensure_ascii=False)) is not None
 
 
 def get(obj: dict[str, Any], key: str, typ: type, where: str, name: str | None = None,

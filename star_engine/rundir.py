@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Mapping
 
+from .datafiles import not_utf8
 from .errors import UserError
 from .fsio import is_temporary
 from .runlock import LOCK
@@ -64,12 +65,10 @@ def killed_at_start(root: Path) -> bool:
 
 def _check_usable(root: Path) -> None:
     """``root`` is a folder this process may use, or can be created."""
-    try:
-        str(root).encode("utf-8")
-    except UnicodeEncodeError:  # a name of bytes that are not UTF-8: Parquet, JSON and the logs need text
-        shown = str(root).encode("utf-8", "backslashreplace").decode()
-        raise UserError(f"experiment.output_dir: {shown}: not valid UTF-8; choose a folder whose path is",
-                        key='experiment.output_dir') from None
+    shown = not_utf8(str(root))  # a name of bytes that are not UTF-8: Parquet, JSON and the logs need text
+    if shown is not None:
+        raise UserError(f"experiment.output_dir: {shown}: not valid UTF-8; choose a folder whose path is text",
+                        key='experiment.output_dir')
     if root.exists() or root.is_symlink():
         if not root.is_dir():
             raise UserError(f"experiment.output_dir: {root} exists and is not a folder", key='experiment.output_dir')

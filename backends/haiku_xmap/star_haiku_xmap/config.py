@@ -198,6 +198,10 @@ def architecture(config: ModelConfig) -> str:
 _LLAMA3_ROPE = (32.0, 1.0, 4.0, 8192)
 _QWEN25 = dict(rms_eps=1e-6, rope_theta=1e6, qkv_bias=True, n_ctx=32768, vocab=151936)
 
+MAX_LAYERS = 1024
+"""The most layers a model may have: its abstract shapes are traced layer by layer (a checkpoint's
+forged count, ``[model] n_layer``, ``plan --n-layer`` must not take minutes or hours)."""
+
 PRESETS: dict[str, ModelConfig] = {
     # Byte tokenizer: 256 bytes + end-of-text, padded to a multiple of 8.
     "tiny": GPTJConfig(n_layer=2, d_model=128, n_head=4, d_head=32, d_ff=512, rotary_dim=16,

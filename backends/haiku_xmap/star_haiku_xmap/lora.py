@@ -77,7 +77,7 @@ class LoraSpec:
 def _shapes(config: ModelConfig) -> dict:
     """The model's parameter shapes (abstract; traced once per config: the table's check, the
     adapters' init, specs and loading all ask)."""
-    return jax.eval_shape(lambda k: model.init_params(config, k), jax.random.key(0))
+    return model.param_shapes(config)
 
 
 def check_table(table: Any, config: ModelConfig, key: str) -> LoraSpec:

@@ -162,6 +162,13 @@ def decode_rows(params: Params, token_B: jax.Array, length_B: jax.Array, cache: 
     return logits_BTV[:, 0], cache
 
 
+def param_shapes(config: ModelConfig) -> Any:
+    """The parameters' abstract shapes (``jax.ShapeDtypeStruct``s): traced with an abstract raw
+    key, so nothing is allocated and jax's backends are not started (a run's preflight may
+    ask before ``[model] cpu_devices`` is set)."""
+    return jax.eval_shape(lambda key: init_params(config, key), jax.ShapeDtypeStruct((2,), jnp.uint32))
+
+
 def param_count(config: ModelConfig, mtj_shards: int | None = None) -> int:
     """Number of parameters, counted from the model's abstract shapes (no memory used).
 
@@ -172,8 +179,7 @@ def param_count(config: ModelConfig, mtj_shards: int | None = None) -> int:
     size D that our model (like HF) folds into ``wte``. For GPT-J-6B with 8 shards:
     6,050,882,784 + 7 x (28 x 3 x 4096 + 2 x 4096) + 8 x 4096 = 6,053,381,344.
     """
-    shapes = jax.eval_shape(lambda key: init_params(config, key), jax.random.key(0))
-    total = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(shapes))
+    total = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(param_shapes(config)))
     if mtj_shards is None:
         return total
     if architecture(config) != "gptj":

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, NamedTuple, get_args
 
 from star_engine import NonNegInt, Section, UserError, above, at_least, between, check_table, is_int
 
-from .config import PRESETS, ConfigError, architecture as arch_of, config_from_dict
+from .config import MAX_LAYERS, PRESETS, ConfigError, architecture as arch_of, config_from_dict
 
 Dtype = Literal["float32", "bfloat16"]
 Schedule = Literal["constant", "linear", "cosine"]
@@ -25,7 +25,6 @@ GENERATION = ("continuous", "static")
 OPT_STATE_DTYPES = get_args(OptStateDtype)
 SHAPE = ("n_layer", "d_model", "n_head", "d_head", "d_ff", "rotary_dim", "n_ctx", "n_kv_head", "vocab")
 Size = Annotated[int | None, at_least(1)]  # None: the preset's, or the checkpoint's
-MAX_LAYERS = 1024  # model.n_layer: tracing a deeper model takes minutes (plan caps --n-layer alike)
 MAX_CONTEXT = 1 << 20  # model.n_ctx: tokens; a training row of the context is allocated
 MAX_CPU_DEVICES = 1024  # [model] cpu_devices: XLA:CPU's collectives fail at 4096 devices (jax 0.10), it crashes at 10^5
 

@@ -143,7 +143,7 @@ class HaikuXmapBackend:
         if stored.replace(dtype=self.config.dtype) != self.config:
             raise UserError(f"{checkpoint}: its model config {stored.to_dict()} is not this backend's "
                             f"{self.config.to_dict()}")
-        shapes = jax.eval_shape(lambda k: model.init_params(stored, k), jax.random.key(0))
+        shapes = model.param_shapes(stored)
         params, _ = load_checkpoint(checkpoint, shardings=sharding.tree_shardings(shapes, self.mesh))
         params = jax.tree.map(lambda p: p.astype(jnp.dtype(dtype)), params)
         if keep:

@@ -53,12 +53,10 @@ def check_model_memory(config: Any, processes: int = 1) -> None:
     and no leaf exceeds ``MAX_BUFFER``: counted from abstract shapes, before anything is
     allocated and without starting jax's backends; UserError naming [model] otherwise."""
     import jax
-    import jax.numpy as jnp
 
-    from .model import init_params
+    from .model import param_shapes
 
-    shapes = jax.eval_shape(lambda k: init_params(config, k), jax.ShapeDtypeStruct((2,), jnp.uint32))
-    sizes = [math.prod(x.shape) for x in jax.tree.leaves(shapes)]
+    sizes = [math.prod(x.shape) for x in jax.tree.leaves(param_shapes(config))]
     itemsize = np_dtype(config.dtype).itemsize
     what = (f"model: the model of {sum(sizes):,} parameters (n_layer {config.n_layer}, d_model {config.d_model}, "
             f"vocab {config.vocab})")

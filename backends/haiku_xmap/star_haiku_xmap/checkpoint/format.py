@@ -45,7 +45,7 @@ import numpy as np
 
 from star_engine import IntegrityError, UserError
 
-from ..config import config_from_dict
+from ..config import MAX_LAYERS, config_from_dict
 
 from .safeio import check_alloc, np_dtype, read_bounded, read_zstd_part, unpack_msgpack
 
@@ -106,7 +106,6 @@ def _param_specs_cached(config_items: tuple) -> dict[tuple[str, ...], tuple[tupl
     return {path: (tuple(s.shape), np.dtype(s.dtype).name) for path, s in flatten(shapes)}
 
 
-MAX_LAYERS = 1024  # the abstract model is traced layer by layer: a forged count must not take hours
 
 
 def param_specs(model_config: Mapping[str, Any]) -> dict[tuple[str, ...], tuple[tuple[int, ...], str]]:

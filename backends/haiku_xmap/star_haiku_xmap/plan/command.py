@@ -27,7 +27,7 @@ from pathlib import Path
 
 from star_engine import UserError, run_command
 
-from ..config import PRESETS, preset
+from ..config import MAX_LAYERS, PRESETS, preset
 from .models import add_arguments as add_model_arguments, run_models
 from .table import GIB, short, yes
 
@@ -108,8 +108,8 @@ def _check_args(args: argparse.Namespace):
                                  ("--new-tokens", args.new_tokens, 1)):
         if value is not None and value < minimum:
             raise UserError(f"{flag}: must be >= {minimum}, got {value}")
-    if args.n_layer is not None and args.n_layer > 1024:
-        raise UserError(f"--n-layer: at most 1024, got {args.n_layer}")
+    if args.n_layer is not None and args.n_layer > MAX_LAYERS:
+        raise UserError(f"--n-layer: at most {MAX_LAYERS}, got {args.n_layer}")
     if not args.device_gib > 0 or args.device_gib == float("inf"):
         raise UserError(f"--device-gib: must be a positive number, got {args.device_gib}")
     what = tuple(w.strip() for w in args.what.split(",") if w.strip())
@@ -201,7 +201,7 @@ def _run_experiment(args: argparse.Namespace) -> int:
         for _, _, line in jobs:
             print(line)
         for w in unplanned(cfg, what):
-            print(f"# the experiment also runs the {SECTIONS[w][2] or '[training]'} step: plan it with --what {w}")
+            print(f"# the experiment also runs the {SECTIONS[w].label or '[training]'} step: plan it with --what {w}")
         print(HEADER)
     programs = [(kw, ("train",)) for _, kw, _ in jobs] if trains else []
     programs += [(kw, ("sample",))] if "sample" in what else []

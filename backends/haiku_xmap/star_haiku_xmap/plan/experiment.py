@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from star_engine import Registry, UserError, is_int, load_experiment
 
@@ -78,20 +78,30 @@ def _mesh(model: dict[str, Any]) -> tuple[int, int, str]:
     return (1, mp, " (dp = -1: every device; planned as one replica)") if dp == -1 else (dp, mp, "")
 
 
-# --what's train programs: (the section whose step it is, its objective, its name in the plan)
-SECTIONS = {"train": ("training", "tokens", ""), "base": ("base_training", "tokens", "[base_training]"),
-            "verifier": ("verifier", "dpo", "[verifier]")}
+class Step(NamedTuple):
+    """A train program of ``--what``: the section whose step it is, its objective, its name in the
+    plan, and the key of that section that decides whether the run takes it at all (with a value
+    that makes it) -- None: always."""
+
+    section: str
+    objective: str
+    label: str
+    switch: tuple[str, str] | None = None
 
 
-def runs(cfg: dict[str, Any], section: str) -> bool:
-    """Whether the experiment runs ``section``'s train step at all."""
-    return {"training": True, "base_training": cfg["base_training"]["steps"] > 0,
-            "verifier": bool(cfg["verifier"]["enabled"])}[section]
+SECTIONS = {"train": Step("training", "tokens", ""), "base": Step("base_training", "tokens", "[base_training]",
+                                                                   ("steps", "100")),
+            "verifier": Step("verifier", "dpo", "[verifier]", ("enabled", "true"))}
+
+
+def runs(cfg: dict[str, Any], step: Step) -> bool:
+    """Whether the experiment takes ``step`` at all (its switch is not 0 or false)."""
+    return step.switch is None or bool(cfg[step.section][step.switch[0]])
 
 
 def unplanned(cfg: dict[str, Any], what: tuple[str, ...]) -> list[str]:
     """The ``--what`` names of the train steps the experiment runs and ``what`` leaves out."""
-    return [w for w, (section, _, _) in SECTIONS.items() if w not in what and runs(cfg, section)]
+    return [w for w, step in SECTIONS.items() if w not in what and runs(cfg, step)]
 
 
 def load(args: argparse.Namespace) -> dict[str, Any]:
@@ -110,12 +120,13 @@ def job(args: argparse.Namespace, what: str = "train",
     train step is ``what``'s (``SECTIONS``: "train" is ``[training]``'s)."""
 
     cfg = load(args) if cfg is None else cfg
-    section, objective, label = SECTIONS[what]
+    step = SECTIONS[what]
+    section, objective, label = step.section, step.objective, step.label
     model, tr, g = cfg["model"], cfg[section], cfg["generation"]
-    if not runs(cfg, section):
-        raise UserError(f"--what: {what}: the experiment runs no {label} step (" + (
-            "[base_training] steps is 0" if section == "base_training" else "[verifier] enabled is false") +
-            f"); plan it with --set {section}.{'steps=100' if section == 'base_training' else 'enabled=true'}")
+    if not runs(cfg, step) and step.switch is not None:
+        key, value = step.switch
+        raise UserError(f"--what: {what}: the experiment runs no {label} step ([{section}] {key} is "
+                        f"{str(tr[key]).lower()}); plan it with --set {section}.{key}={value}")
     if model.get("backend") != "haiku_xmap":
         raise UserError(f"{args.experiment}: model.backend is {model.get('backend')!r}; plan plans the haiku_xmap "
                         f"backend's programs")

@@ -82,7 +82,7 @@ def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch
     their chosen and rejected rows and reference log-probabilities, ``preference.py``).
     ``section`` (e.g. "[verifier]") heads the train step's program name."""
     mesh = sharding.make_mesh({"dp": dp, "mp": mp}, devices=jax.devices()[:dp * mp])
-    params_abs = jax.eval_shape(lambda k: model.init_params(config, k), jax.random.key(0))
+    params_abs = model.param_shapes(config)
     params_sh = sharding.tree_shardings(params_abs, mesh)
     results = []
     base = {"mesh": f"{dp}x{mp}", "layers": config.n_layer, "dtype": config.dtype}
