@@ -19,7 +19,10 @@ or dying ends the others' waits with a clear ``ProcessLost`` instead of a hang.
 - ``abort(message)``: tell the others that this process is stopping.
 - ``start_heartbeat()``: a daemon thread that writes ``alive/<process>`` every
   ``HEARTBEAT_S`` seconds (started by the backend once ``jax.distributed`` is up, and by
-  the first barrier at the latest).
+  the first barrier at the latest). It is stopped and joined at exit, before JAX's own
+  exit handler shuts the coordination client down: a daemon thread still inside the
+  client's C++ call when the interpreter finalises is killed there by a forced unwind
+  that the binding catches, and the process aborts ("FATAL: exception not rethrown").
 
 JAX has its own heartbeat (``jax.distributed.initialize(heartbeat_timeout_seconds=...)``,
 100 s by default): when it notices a dead process it terminates the others itself
@@ -31,6 +34,7 @@ cannot see. Environment: ``STAR_HAIKU_XMAP_BARRIER_TIMEOUT`` (seconds, default 3
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import threading
@@ -46,6 +50,7 @@ PREFIX = "star-engine"
 HEARTBEAT_S = 2.0
 _counter = itertools.count(1)
 _heartbeat: list[threading.Thread] = []
+_stop = threading.Event()
 
 
 def barrier_timeout() -> float:
@@ -81,11 +86,22 @@ def start_heartbeat() -> None:
                 client.key_value_set(f"{PREFIX}/alive/{me}", str(n), allow_overwrite=True)
             except Exception:  # noqa: BLE001 -- the service is gone: the barriers report it
                 return
-            time.sleep(HEARTBEAT_S)
+            if _stop.wait(HEARTBEAT_S):
+                return
 
     thread = threading.Thread(target=beat, name="star-engine heartbeat", daemon=True)
     thread.start()
     _heartbeat.append(thread)
+    # registered after jax's own handler (jax is imported above), so it runs before it: LIFO
+    atexit.register(stop_heartbeat)
+
+
+def stop_heartbeat(timeout_s: float = 5 * HEARTBEAT_S) -> None:
+    """Stop the heartbeat thread and wait (at most ``timeout_s``) for it to leave the
+    client's call it may be in; called at exit (see the module docstring)."""
+    _stop.set()
+    for thread in _heartbeat:
+        thread.join(timeout_s)
 
 
 def abort(message: str) -> None:

@@ -23,8 +23,11 @@ WORKER = textwrap.dedent("""
     from star_engine import procs
     from star_engine.boundary import run_command
     from star_engine.errors import UserError
+    from star_haiku_xmap import coordination
     from star_haiku_xmap.plugin import HaikuXmapBackend
 
+    if mode == "busy-heartbeat":  # the heartbeat thread is inside the client's call nearly all the time
+        coordination.HEARTBEAT_S = 0.0
     # A small model, never initialised: only the backend's multi-process methods are used.
     backend = HaikuXmapBackend.from_table(n_layer=1, d_model=64, n_head=4, d_head=16, d_ff=128, rotary_dim=8,
                                           n_ctx=64, distributed={"coordinator": f"127.0.0.1:{port}",
@@ -93,6 +96,17 @@ def test_a_failing_process_stops_the_other_at_once():
     assert lines == ["error: process 0 of 2, barrier 21 ('star-engine 21: after'): another process failed: process 1: "
                      "data.jsonl:3: a bad row; this process stops too (rerun every process to resume)"], err0[-3000:]
     assert took < 20
+
+
+def test_processes_exit_cleanly_while_their_heartbeat_is_inside_the_client():
+    """The heartbeat thread is stopped before JAX shuts the coordination client down at
+    exit: a daemon thread left inside the client's C++ call when the interpreter finalises
+    aborts the process ("FATAL: exception not rethrown", exit code -6), as it did in CI."""
+    ps = start("busy-heartbeat")
+    wait_ready(ps)
+    for p in ps:
+        rc, err, _ = finish(p, 60)
+        assert rc == 0 and "not rethrown" not in err, err[-3000:]
 
 
 def test_a_killed_process_stops_the_other_within_the_peer_timeout():
