@@ -251,13 +251,22 @@ def load_experiment(path: Path, overrides: list[str] | None = None, limit: int |
     if "backend" not in cfg["model"] or not isinstance(cfg["model"]["backend"], str):
         raise UserError(f"{src('model.backend')}: missing required key 'model.backend' (a backend name)")
     cfg["model"] = _resolve_paths(cfg["model"], base, "model", src)
-    out = cfg["experiment"]["output_dir"] or f"runs/{cfg['experiment']['name']}"
+    name = cfg["experiment"]["name"]
+    if not cfg["experiment"]["output_dir"] and ".." in Path(name).parts:
+        raise UserError(f"{src('experiment.name')}: experiment.name: {name!r} names the run's folder runs/{name} "
+                        f"(experiment.output_dir is not set), which must lie inside runs/; set experiment.output_dir "
+                        f"or choose another name", key="experiment.name")
+    out = cfg["experiment"]["output_dir"] or f"runs/{name}"
     if "\0" in out:
         raise UserError(f"{src('experiment.output_dir')}: experiment.output_dir: a path cannot contain a NUL "
                         f"character")
     cfg["experiment"]["output_dir"] = out
     if not cfg["evaluation"]["splits"]:
         raise UserError(f"{src('evaluation.splits')}: evaluation.splits: needs at least one split")
+    twice = sorted({s for s in cfg["evaluation"]["splits"] if cfg["evaluation"]["splits"].count(s) > 1})
+    if twice:
+        raise UserError(f"{src('evaluation.splits')}: evaluation.splits: {', '.join(map(repr, twice))} listed more "
+                        f"than once (each split is evaluated once)", key="evaluation.splits")
     try:
         EvaluationSection.resolve_inherited(cfg["evaluation"], cfg["generation"])
     except UserError as e:

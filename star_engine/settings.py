@@ -25,7 +25,8 @@ from typing import Annotated, Any, Literal
 
 from .jobs import GenSpec, Loss, Packing, PreferenceSpec, TrainSpec
 from .errors import UserError
-from .schema import Component, Components, Fraction, NonNegFloat, NonNegInt, PosInt, above, between, declared
+from .schema import (NON_EMPTY, Component, Components, Fraction, NonNegFloat, NonNegInt, PosInt, above, between,
+                     declared)
 
 
 class Section:
@@ -72,7 +73,7 @@ def _plain(value: Any) -> Any:
 
 @dataclass(frozen=True, kw_only=True)
 class ExperimentSection(Section):
-    name: str
+    name: Annotated[str, NON_EMPTY]  # the run's folder runs/<name> when output_dir is not set
     seed: NonNegInt = 0
     output_dir: str = ""
     iterations: PosInt

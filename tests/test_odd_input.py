@@ -94,3 +94,25 @@ def test_a_report_that_cannot_be_written_leaves_the_other_untouched(scripted, to
     assert main(["report", str(run)]) == 2
     assert "report.md: exists and is not a file" in one_line(capsys.readouterr().err)
     assert (run / "report.png").read_bytes() == b"an older plot" != before
+
+
+@pytest.mark.parametrize("sets,says", [
+    (['experiment.name=""'], "experiment.name: must not be empty"),
+    (['experiment.name="../../elsewhere"', 'experiment.output_dir=""'],
+     "experiment.name: '../../elsewhere' names the run's folder runs/../../elsewhere"),
+    (['evaluation.splits=["dev", "dev"]'], "evaluation.splits: 'dev' listed more than once"),
+])
+def test_a_name_or_split_list_that_cannot_be_meant_is_refused(scripted, toy_toml, capsys, sets, says):
+    """An empty name; a name that, as the run's folder (no output_dir), would leave runs/; a
+    split evaluated twice over."""
+    path = toy_toml()
+    assert main(["validate", str(path), *[a for s in sets for a in ("--set", s)]]) == 2
+    assert says in one_line(capsys.readouterr().err)
+
+
+def test_a_nested_name_is_a_nested_folder_under_runs(scripted, toy_toml, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = toy_toml()
+    assert main(["validate", str(path), "--set", 'experiment.name="cqa/rationalize"', "--set",
+                 'experiment.output_dir=""']) == 0
+    assert "run directory runs/cqa/rationalize: new" in capsys.readouterr().out

@@ -25,6 +25,7 @@ def _run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
                           cwd=ROOT)
 
 
+@pytest.mark.slow  # 50 s: the whole check at tiny shapes, in CI's slow step
 def test_check_tiny_writes_every_check_as_a_json_line(tmp_path):
     proc = _run(str(tmp_path / "out"), "--tiny")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -42,7 +42,7 @@ def _with(kind: str, monkeypatch, fn):
     monkeypatch.setenv(layers.ATTENTION_ENV, kind)
     jax.clear_caches()  # the kind is read when a step is traced
     try:
-        return jax.tree.map(np.asarray, fn())
+        return jax.tree.map(np.asarray, jax.jit(fn)())  # one program, as a step compiles it
     finally:
         jax.clear_caches()
 

@@ -57,7 +57,7 @@ def test_plan_command_is_registered(capsys):
     assert "--mesh" in out and "--zero" in out and "memory" in out
 
 
-def test_plan_an_experiment_plans_what_it_will_run(tmp_path):
+def test_plan_an_experiment_plans_what_it_will_run(tmp_path, star):
     """``star-engine plan experiments/addition.toml``: its 6-layer tiny model, its [training] step
     (16 x 1 x 512) and its [generation] batch (100 rows of the longest prompt the backend keeps,
     512 - 230, and 230 new tokens), compiled; ``--set`` changes the experiment as run --set does."""
@@ -76,15 +76,13 @@ def test_plan_an_experiment_plans_what_it_will_run(tmp_path):
     assert text.returncode == 0 and text.stdout.startswith(f"# {addition}: preset 'tiny', 6 layers")
     for args, says in ((["--mesh", "1x8"], "--mesh: not with an experiment file"),
                        (["--set", "training.batch_size=0"], "training.batch_size: must be >= 1")):
-        bad = subprocess.run([sys.executable, "-m", "star_engine", "plan", addition, *args], env=env,
-                             capture_output=True, text=True, timeout=300)
-        assert bad.returncode == 2 and says in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
-    bad = subprocess.run([sys.executable, "-m", "star_engine", "plan", "--set", "a=1"], env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert bad.returncode == 2 and "--set: only with an experiment file" in bad.stderr
+        code, err = star("plan", addition, *args)
+        assert code == 2 and says in err and err.count("\n") == 1, err
+    code, err = star("plan", "--set", "a=1")
+    assert code == 2 and "--set: only with an experiment file" in err
 
 
-def test_plan_an_experiment_plans_its_base_and_verifier_steps():
+def test_plan_an_experiment_plans_its_base_and_verifier_steps(star):
     """``--what base,verifier``: the [base_training] step at its own shape and the verifier's DPO
     step (B pairs: 2B rows with their reference log-probabilities), which needs more than the [training] step of B rows; the default plan names the steps it leaves
     out; a step the experiment does not run is refused, naming how to plan it."""
@@ -111,12 +109,10 @@ def test_plan_an_experiment_plans_its_base_and_verifier_steps():
             ("gsm8k_qwen.toml", ["--what", "base"], "--set base_training.steps="),
             ("addition_verifier.toml", [*small, "--what", "train,critic"],
              "--what: a comma-separated list of train, base, verifier")):
-        bad = subprocess.run([sys.executable, "-m", "star_engine", "plan", str(ROOT / "experiments" / name), *args],
-                             env=env, capture_output=True, text=True, timeout=300)
-        assert bad.returncode == 2 and says in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
-    bad = subprocess.run([sys.executable, "-m", "star_engine", "plan", "--what", "verifier"], env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "an experiment's steps" in bad.stderr
+        code, err = star("plan", str(ROOT / "experiments" / name), *args)
+        assert code == 2 and says in err and err.count("\n") == 1, err
+    code, err = star("plan", "--what", "verifier")
+    assert code == 2 and "an experiment's steps" in err
 
 
 @pytest.mark.parametrize("name,layers,mesh,batch,seq_len,opt,adapter", [

@@ -5,7 +5,6 @@ arguments in one line."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -14,7 +13,6 @@ import numpy as np
 import pytest
 
 from star_engine.api import GenSpec, TrainSpec
-from star_engine.cli import main
 from star_engine.config import check_table
 from star_engine.errors import IntegrityError, UserError
 from star_haiku_xmap import preflight
@@ -36,21 +34,6 @@ options = {{ n_train = 8, n_dev = 4, max_digits = 2, n_seed = 4 }}
 [model]
 backend = "haiku_xmap"
 """
-
-
-@pytest.fixture
-def star(monkeypatch, capsys):
-    """``star(*args)``: the CLI in this process (installed plugins, no tracker) -> (exit code, stderr)."""
-    for key in [k for k in os.environ if k.startswith("STAR_ENGINE_")]:
-        monkeypatch.delenv(key)
-    monkeypatch.setenv("STAR_ENGINE_BLOCK_PLUGINS", "tracking")
-
-    def run(*args: str) -> tuple[int, str]:
-        capsys.readouterr()
-        code = main(list(args))
-        return code, capsys.readouterr().err
-
-    return run
 
 
 @pytest.mark.parametrize("sets,expected", [
@@ -79,7 +62,7 @@ def test_validate_and_run_refuse_before_writing(tmp_path, star, sets, expected):
 @pytest.mark.parametrize("sets,expected", [
     (["model.vocab=100000000000"], "model: the model of 25,700,000,395,264 parameters (n_layer 2, d_model 128, "
                                    "vocab 100000000000) has a weight of 51,200,000,000,000 bytes, more than the limit"),
-    (["model.n_layer=1000", "model.d_model=8192", "model.n_head=64", "model.d_head=128", "model.d_ff=32768"],
+    (["model.n_layer=100", "model.d_model=16384", "model.n_head=128", "model.d_head=128", "model.d_ff=65536"],
      "GiB of memory this process can allocate; choose a smaller model"),
     (["model.n_layer=1000000"], "model.n_layer: at most 1024, got 1000000"),
     (["model.n_ctx=100000000000"], "model.n_ctx: at most 1048576, got 100000000000"),
