@@ -10,6 +10,7 @@ returns (the resolved configuration, ``config.json``).
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -166,6 +167,9 @@ def load_toml(path: Path) -> dict[str, Any]:
         raise UserError(f"{path}: {e}") from None
 
 
+NAME_MAX = 255  # bytes in one file or folder name: ext4, xfs, btrfs, tmpfs (NTFS: 255 UTF-16 units)
+
+
 def _resolve(base: Path, value: str, key: str, src: Callable[[str], str], keep_absolute: bool = False) -> str:
     """An absolute path for ``value`` (relative to ``base``), refusing what no file can be named."""
     if "\0" in value:
@@ -260,6 +264,11 @@ def load_experiment(path: Path, overrides: list[str] | None = None, limit: int |
     if "\0" in out:
         raise UserError(f"{src('experiment.output_dir')}: experiment.output_dir: a path cannot contain a NUL "
                         f"character")
+    key = "experiment.output_dir" if cfg["experiment"]["output_dir"] else "experiment.name"
+    longest = max(Path(out).parts, key=lambda part: len(os.fsencode(part)), default="")
+    if len(os.fsencode(longest)) > NAME_MAX:
+        raise UserError(f"{src(key)}: {key}: a folder name of {len(os.fsencode(longest))} bytes in the run directory's "
+                        f"path; file systems allow at most {NAME_MAX}", key=key)
     cfg["experiment"]["output_dir"] = out
     if not cfg["evaluation"]["splits"]:
         raise UserError(f"{src('evaluation.splits')}: evaluation.splits: needs at least one split")

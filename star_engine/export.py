@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from .errors import IntegrityError, UserError
 from .fsio import sha256_file
 from .preferences import pair_up, unique
-from .records import Rationale, read
+from .records import MAX_ROWS, Rationale, read  # MAX_ROWS: rationales per file, as its footer declares them
 from .registry import Registry
 from .seeds import coin
 from .store import atomic_write_bytes, check_regular, read_json_file, read_manifest
@@ -37,7 +37,6 @@ SFT_FORMATS = ("prompt-completion", "messages")
 PAIR_FIELDS = ("question_id", "class", "prompt", "gold", "chosen", "rejected", "chosen_iteration",
                "chosen_sample", "chosen_hinted", "rejected_iteration", "rejected_sample", "rejected_hinted",
                "rejected_predicted")
-MAX_ROWS = 50_000_000  # rationales per file, as its footer declares them
 _ITER = re.compile(r"^iterations/(\d{3,})/rationales\.parquet$")
 
 

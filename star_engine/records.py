@@ -31,6 +31,7 @@ Int32 = Annotated[int, pa.int32()]
 """An integer stored as int32 (``int`` alone: int64)."""
 
 R = TypeVar("R")
+MAX_ROWS = 50_000_000  # rows one record file holds: a stage's generations (runner), the readers' cap (export)
 _ARROW = {str: pa.string(), int: pa.int64(), bool: pa.bool_(), float: pa.float64()}
 
 

@@ -18,8 +18,10 @@ import structlog
 
 from . import __version__, rundir, runlock, ui
 from .capabilities import Starts, ValidatesRun
+from .errors import UserError
 from .experiment import Experiment, config_hash
 from .loop import run_star
+from .records import MAX_ROWS
 from .seeds import derive_seed
 from .store import RunStore, clean_temporaries, json_bytes
 from .verdicts import log_skipped
@@ -45,9 +47,27 @@ def check_backend(exp: Experiment) -> None:
         backend.validate_run(generation=generation, training=training)
 
 
+def check_volume(exp: Experiment) -> None:
+    """One stage's generations (questions x samples per question) fit in one record file
+    (``records.MAX_ROWS``): the requests are built, and their rows kept, in memory at once."""
+    cfg, splits = exp.config, exp.splits
+    if not splits:  # validate without data: counted when the run loads it
+        return
+    train, g = len(splits.get("train", ())), cfg.generation
+    asked = [("generation.samples_per_question", g.samples_per_question,
+              min(g.n_train_samples or train, train), "train questions")]
+    asked += [("evaluation.samples_per_question", max(cfg.evaluation.samples_per_question, 1), len(splits[s]),
+               f"{s} questions") for s in cfg.evaluation.splits if s in splits]
+    for key, k, n, what in asked:
+        if k * n > MAX_ROWS:
+            raise UserError(f"{key}: {k:,} samples x {n:,} {what} = {k * n:,} generations in one stage, more than "
+                            f"the {MAX_ROWS:,} a stage may hold", key=key)
+
+
 def preflight(exp: Experiment) -> rundir.RunDir:
-    """Every check a run makes before it writes anything (reads only): the backend's, then the
-    run directory's. ``validate`` and ``run`` both call it."""
+    """Every check a run makes before it writes anything (reads only): the stages' volume, the
+    backend's, then the run directory's. ``validate`` and ``run`` both call it."""
+    check_volume(exp)
     check_backend(exp)
     return rundir.inspect(exp.config.as_dict(), exp.defaults, exp.options)
 

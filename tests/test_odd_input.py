@@ -101,10 +101,18 @@ def test_a_report_that_cannot_be_written_leaves_the_other_untouched(scripted, to
     (['experiment.name="../../elsewhere"', 'experiment.output_dir=""'],
      "experiment.name: '../../elsewhere' names the run's folder runs/../../elsewhere"),
     (['evaluation.splits=["dev", "dev"]'], "evaluation.splits: 'dev' listed more than once"),
+    ([f'experiment.output_dir="{"x" * 256}/run"'], "experiment.output_dir: a folder name of 256 bytes"),
+    ([f'experiment.name="{"é" * 128}"', 'experiment.output_dir=""'], "experiment.name: a folder name of 256 bytes"),
+    (["generation.samples_per_question=1000000000"], "generation.samples_per_question: 1,000,000,000 samples x 24 "
+                                                     "train questions = 24,000,000,000 generations in one stage"),
+    (["evaluation.samples_per_question=10000000", "evaluation.sample_temperature=1.0"],
+     "evaluation.samples_per_question: 10,000,000 samples x 12 dev questions"),
 ])
 def test_a_name_or_split_list_that_cannot_be_meant_is_refused(scripted, toy_toml, capsys, sets, says):
     """An empty name; a name that, as the run's folder (no output_dir), would leave runs/; a
-    split evaluated twice over."""
+    split evaluated twice over; a folder name longer than file systems allow (bytes, not
+    characters), blamed on the key instead of an OSError; more generations in one stage than a
+    record file holds (the requests would be built in memory first)."""
     path = toy_toml()
     assert main(["validate", str(path), *[a for s in sets for a in ("--set", s)]]) == 2
     assert says in one_line(capsys.readouterr().err)
