@@ -9,13 +9,14 @@ Device side (compiled, no Python per token):
   When every prompt of the call starts with the same tokens (a few-shot prompt),
   that prefix is prefilled once and each prompt computes only its own tokens on
   top of it (``model.prefill_after``; ``shared_prefix`` says how long a prefix).
-- ``_insert``: the prefilled keys/values moved into the freed slots, each row
-  shifted to start at cache slot 0, with its own length, budget, RNG key and
-  first-token logits. One prefill row may fill several slots (k samples of the
-  same prompt share one prefill).
-- ``_decode``: a ``lax.while_loop`` of decode steps over all slots, each row at
-  its own cache index and position (``model.decode_rows``), for up to ``steps``
-  steps or until ``need`` rows have ended.
+- ``slots.insert``: the prefilled keys/values moved into the freed slots, each row
+  shifted to start at cache slot 0 (one prefill row may fill several slots: k
+  samples of the same prompt share one prefill).
+- ``slots.decode``: a ``lax.while_loop`` of decode steps over all slots, for up to
+  ``chunk`` steps or until enough rows have ended.
+
+``slots.py`` holds the slots' state and these compiled programs; this module schedules
+them (the queue, refills, stop strings).
 
 On a mesh each dp shard owns ``slots / dp`` slots and runs its own loop
 (``shard_map`` manual over dp, as ``sample.generate``), so shards never
@@ -32,35 +33,21 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from typing import NamedTuple
 from collections.abc import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, PartitionSpec as P
 
 from .. import model
 from ..config import GPTJConfig
 from ..options import DecodeConfig
-from .static import any_shard, keys_from_seeds, left_pad, mask_vocab, sample_logits
+from . import slots as device
+from .static import keys_from_seeds, left_pad
 
 CACHE_GRAIN = 32  # cache lengths are multiples of this (each length compiles one decode loop)
 PREFIX_GRAIN = 32  # a shared prefix is cut to a multiple of this (each length compiles one prefix prefill)
 PREFIX_MIN = 64  # shorter shared prefixes are prefilled with each prompt
-
-
-class Slots(NamedTuple):
-    """Per-slot decoding state (B slots). Row b's tokens sit in cache slots
-    [0, length_B[b]); its next token is at that position."""
-
-    cache: model.KVCache  # (B, H, L, K) per layer
-    logits_BV: jax.Array  # fp32 logits of each row's next token
-    length_B: jax.Array  # int32 tokens in the row's cache
-    step_B: jax.Array  # int32 tokens generated so far (what its key is folded with)
-    budget_B: jax.Array  # int32 its token budget
-    active_B: jax.Array  # bool: the slot holds a row that has not ended
-    key_data_BK: jax.Array  # uint32 raw PRNG key of the row
 
 
 def length_buckets(n_ctx: int, smallest: int = 16) -> list[int]:
@@ -97,147 +84,6 @@ def count_bucket(n: int, multiple: int) -> int:
     while b < n:
         b *= 2
     return -(-b // multiple) * multiple
-
-
-def _dp(mesh: Mesh | None) -> int:
-    return 1 if mesh is None else int(mesh.shape["dp"])
-
-
-def _per_shard(fn, mesh: Mesh | None, in_specs, out_specs):
-    """``fn`` run by each dp shard on its own rows (manual over dp, mp automatic)."""
-    if _dp(mesh) == 1:
-        return fn
-    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names={"dp"},
-                         check_vma=False)
-
-
-# ----------------------------------------------------------------------------- device
-
-
-def _empty(config: GPTJConfig, rows: int, length: int, *, mesh: Mesh | None) -> Slots:
-    """Empty slots, split over the mesh's dp axis."""
-    return _empty_fn(mesh)(config, rows, length)
-
-
-@functools.cache
-def _empty_fn(mesh: Mesh | None):
-    out = None if mesh is None else NamedSharding(mesh, P("dp"))
-    return jax.jit(_empty_slots, static_argnums=(0, 1, 2), out_shardings=out)
-
-
-def _empty_slots(config: GPTJConfig, rows: int, length: int) -> Slots:
-    key_shape = jax.random.key_data(jax.random.key(0)).shape
-    return Slots(model.init_cache(config, rows, length), jnp.zeros((rows, config.vocab), jnp.float32),
-                 jnp.zeros((rows,), jnp.int32), jnp.zeros((rows,), jnp.int32), jnp.zeros((rows,), jnp.int32),
-                 jnp.zeros((rows,), bool), jnp.zeros((rows,) + key_shape, jnp.uint32))
-
-
-@functools.partial(jax.jit, static_argnames="length")
-def _resize(slots: Slots, length: int) -> Slots:
-    """The same slots with a cache of ``length`` slots (rows start at slot 0, so
-    cutting keeps every row that fits)."""
-    have = slots.cache.k[0].shape[2]
-    fit = (lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, length - have), (0, 0)))) if length > have else \
-        (lambda x: x[:, :, :length])
-    return slots._replace(cache=jax.tree.map(fit, slots.cache))
-
-
-def _insert_rows(slots: Slots, kv: model.KVCache, logits_PV, lens_P, src_N, slot_N, budget_N, key_data_NK, *,
-                 prefix: int = 0) -> Slots:
-    """Assignment n copies prefilled row src_N[n] into slot slot_N[n]; slots out of
-    range (padding assignments) are dropped. A row holds ``prefix`` shared tokens,
-    then its own tokens left-padded (lens_P[src] real ones)."""
-    T, L = kv.k[0].shape[2] - prefix, slots.cache.k[0].shape[2]
-    W = min(prefix + T, L)
-    off_N = T - lens_P[src_N]
-
-    def left_aligned(x_PHTK):  # (N, H, W, K): each row's real tokens moved to the front
-        rows = x_PHTK[src_N]
-        own = jnp.pad(rows[:, :, prefix:], ((0, 0), (0, 0), (0, T), (0, 0)))
-        own = jax.vmap(lambda r, o: jax.lax.dynamic_slice_in_dim(r, o, T, axis=1))(own, off_N)
-        return jnp.concatenate([rows[:, :, :prefix], own], axis=2)[:, :, :W]
-
-    def put(buf_BHLK, x_PHTK):
-        return buf_BHLK.at[slot_N, :, :W].set(left_aligned(x_PHTK).astype(buf_BHLK.dtype), mode="drop")
-
-    cache = model.KVCache(tuple(map(put, slots.cache.k, kv.k)), tuple(map(put, slots.cache.v, kv.v)))
-    at = lambda x: x.at[slot_N]
-    return Slots(cache, at(slots.logits_BV).set(logits_PV[src_N], mode="drop"),
-                 at(slots.length_B).set(prefix + lens_P[src_N], mode="drop"), at(slots.step_B).set(0, mode="drop"),
-                 at(slots.budget_B).set(budget_N, mode="drop"), at(slots.active_B).set(True, mode="drop"),
-                 at(slots.key_data_BK).set(key_data_NK, mode="drop"))
-
-
-@functools.partial(jax.jit, static_argnames=("mesh", "prefix"), donate_argnums=0)
-def _insert(slots: Slots, kv, logits_PV, lens_P, src_N, slot_N, budget_N, key_data_NK, *, mesh=None,
-            prefix: int = 0) -> Slots:
-    """``_insert_rows`` per dp shard: the prefilled rows are visible to every
-    shard (they were computed split over dp), the assignments are per shard with
-    slot indices local to the shard."""
-    fn = _per_shard(functools.partial(_insert_rows, prefix=prefix), mesh,
-                    (P("dp"), P(), P(), P(), P("dp"), P("dp"), P("dp"), P("dp")), P("dp"))
-    return fn(slots, kv, logits_PV, lens_P, src_N, slot_N, budget_N, key_data_NK)
-
-
-def _decode_rows(params, slots: Slots, keep_B, need, max_steps, temperature, top_p, *, config: GPTJConfig,
-                 steps: int, eos_id: int, valid_vocab: int | None, mesh: Mesh | None):
-    """Up to ``max_steps`` (<= ``steps``) decode steps, stopping early once ``need``
-    rows have ended or none is left (in ``sample.lockstep``: once any shard has
-    ``need`` ended rows, or none has rows left). Returns (slots, tokens (B, steps):
-    row b's new tokens are its first (step after - step before) columns)."""
-    B = slots.length_B.shape[0]
-    temperature = jnp.asarray(temperature, jnp.float32)
-    top_p = jnp.asarray(top_p, jnp.float32)
-    keys_B = jax.random.wrap_key_data(slots.key_data_BK)
-
-    def body(s):
-        i, n_end, sl, tok_BC = s
-        tok_B = sample_logits(mask_vocab(sl.logits_BV, valid_vocab, mesh), keys_B, sl.step_B, temperature, top_p)
-        tok_B = jnp.where(sl.active_B, tok_B, eos_id)
-        tok_BC = jax.lax.dynamic_update_slice(tok_BC, tok_B[:, None], (0, i))
-        end_B = sl.active_B & ((tok_B == eos_id) | (sl.step_B + 1 >= sl.budget_B))
-        logits_BV, cache = model.decode_rows(params, tok_B, sl.length_B, sl.cache, config)
-        grow = sl.active_B.astype(jnp.int32)
-        sl = sl._replace(cache=cache, logits_BV=logits_BV, length_B=sl.length_B + grow, step_B=sl.step_B + grow,
-                         active_B=sl.active_B & ~end_B)
-        return i + 1, n_end + jnp.sum(end_B, dtype=jnp.int32), sl, tok_BC
-
-    def cond(s):
-        i, n_end, sl, _ = s
-        return (i < max_steps) & ~any_shard(n_end >= need, mesh) & any_shard(jnp.any(sl.active_B), mesh)
-
-    slots = slots._replace(active_B=slots.active_B & keep_B)
-    start = (jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), slots, jnp.full((B, steps), eos_id, jnp.int32))
-    _, _, slots, tok_BC = jax.lax.while_loop(cond, body, start)
-    return slots, tok_BC
-
-
-@functools.partial(jax.jit, static_argnames=("config", "steps", "eos_id", "valid_vocab", "mesh"), donate_argnums=1)
-def _decode(params, slots: Slots, keep_B, need, max_steps, temperature, top_p, *, config: GPTJConfig, steps: int,
-            eos_id: int, valid_vocab: int | None, mesh: Mesh | None = None):
-    fn = functools.partial(_decode_rows, config=config, steps=steps, eos_id=eos_id, valid_vocab=valid_vocab,
-                           mesh=mesh)
-    fn = _per_shard(fn, mesh, (P(), P("dp"), P("dp"), P(), P(), P(), P()), (P("dp"), P("dp")))
-    return fn(params, slots, keep_B, need, max_steps, temperature, top_p)
-
-
-# ----------------------------------------------------------------------------- host
-
-
-def _put(x, mesh: Mesh | None, spec: P):
-    """A host array on the mesh (a global array from every process's identical copy)."""
-    if mesh is None:
-        return jnp.asarray(x)
-    from ..distributed import global_array
-
-    sharding = NamedSharding(mesh, spec)
-    return global_array(x, sharding) if jax.process_count() > 1 else jax.device_put(x, sharding)
-
-
-def _host(x) -> np.ndarray:
-    from ..distributed import to_host
-
-    return to_host(x)
 
 
 def _round_up(n: int, grain: int) -> int:
@@ -299,7 +145,7 @@ class _Batcher:
     def __init__(self, params, prompts, seeds, budgets, pending: list[int], config: GPTJConfig,
                  decode: DecodeConfig, mesh: Mesh | None) -> None:
         self.params, self.prompts, self.budgets, self.config, self.mesh = params, prompts, budgets, config, mesh
-        self.decode, self.dp = decode, _dp(mesh)
+        self.decode, self.dp = decode, device.dp_size(mesh)
         self.per = min(-(-max(decode.slots, 1) // self.dp), count_bucket(-(-len(pending) // self.dp), 1))
         B = self.per * self.dp  # slots in all
         self.refill_rows = max(1, self.per // 8) if decode.refill is None else decode.refill
@@ -322,7 +168,7 @@ class _Batcher:
         self.counters = {"chunks": 0, "decode_steps": 0, "prefill_calls": 0, "prefill_rows": 0, "slots": B,
                          "prefix_tokens": prefix}
         self.sharded = None if self.dp == 1 else mesh
-        self.step = functools.partial(_decode, config=config, steps=decode.chunk, eos_id=decode.eos_id,
+        self.step = functools.partial(device.decode, config=config, steps=decode.chunk, eos_id=decode.eos_id,
                                       valid_vocab=decode.valid_vocab, mesh=self.sharded)
 
     def _admit(self) -> list:
@@ -356,10 +202,10 @@ class _Batcher:
         target = min(_round_up(need_len, CACHE_GRAIN), self.longest)
         if self.state is None:
             self.L = target
-            self.state = _empty(self.config, len(self.slot_req), self.L, mesh=self.sharded)
+            self.state = device.empty(self.config, len(self.slot_req), self.L, mesh=self.sharded)
         elif target > self.L or target <= self.L * 3 // 4:
             self.L = target
-            self.state = _resize(self.state, self.L)
+            self.state = device.resize(self.state, self.L)
         while admitted:  # prefill calls of max_rows prompts, or a quarter of that for the last few
             rows = self.max_rows if len(admitted) > self.few_rows else self.few_rows
             self.state = _prefill_into(self.params, self.state, admitted[:rows], rows, self.budgets, self.key_data,
@@ -371,11 +217,11 @@ class _Batcher:
     def decode_chunk(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Decode until enough rows end (while prompts wait) or ``chunk`` steps: the chunk's
         tokens, each slot's step count and whether its row goes on, on the host."""
-        keep = _put(self.slot_req >= 0, self.mesh, P("dp"))
+        keep = device.put(self.slot_req >= 0, self.mesh, P("dp"))
         need = self.refill_rows if self.queue else self.per + 1
         self.state, tok_BC = self.step(self.params, self.state, keep, need, self.decode.chunk,
                                        float(self.decode.temperature), float(self.decode.top_p))
-        tok_BC, step_B, active_B = _host(tok_BC), _host(self.state.step_B), _host(self.state.active_B)
+        tok_BC, step_B, active_B = (device.host(x) for x in (tok_BC, self.state.step_B, self.state.active_B))
         self.counters["chunks"] += 1
         self.counters["decode_steps"] += int(
             (step_B - np.where(self.slot_req >= 0, self.slot_step, step_B)).max(initial=0))
@@ -401,23 +247,23 @@ def _prefix_cache(params, tokens: Sequence[int], config: GPTJConfig, mesh: Mesh 
     """The keys/values of a shared prefix, (1, H, P, K) per layer (every dp shard
     holds a copy)."""
     tokens_1T = np.asarray([tokens], np.int32)
-    _, kv, _ = model.prefill(params, _put(tokens_1T, mesh, P()), _put(np.ones_like(tokens_1T, bool), mesh, P()),
-                             config, len(tokens))
+    _, kv, _ = model.prefill(params, device.put(tokens_1T, mesh, P()),
+                             device.put(np.ones_like(tokens_1T, bool), mesh, P()), config, len(tokens))
     return kv
 
 
-def _prefill_into(params, state: Slots, admitted, rows: int, budgets, key_data, *, config, buckets, pad_id,
-                  per: int, mesh, counters: dict, shared: model.KVCache | None = None) -> Slots:
+def _prefill_into(params, state: device.Slots, admitted, rows: int, budgets, key_data, *, config, buckets, pad_id,
+                  per: int, mesh, counters: dict, shared: model.KVCache | None = None) -> device.Slots:
     """Prefill the ``admitted`` prompts in one batched call of ``rows`` rows and
     copy each into its slots (``admitted``: (prompt, [(request, slot), ...])).
     With a ``shared`` prefix cache, only each prompt's tokens after it are run."""
-    dp = _dp(mesh)
+    dp = device.dp_size(mesh)
     prefix = 0 if shared is None else shared.k[0].shape[2]
     own = [p[prefix:] for p, _ in admitted]
     T = next(b for b in buckets if b >= max(map(len, own)))
     tokens_PT, mask_PT = left_pad(own, pad_id, length=T, rows=rows)
     lens_P = mask_PT.sum(axis=1).astype(np.int32)
-    tokens_PT, mask_PT = _put(tokens_PT, mesh, P("dp")), _put(mask_PT, mesh, P("dp"))
+    tokens_PT, mask_PT = device.put(tokens_PT, mesh, P("dp")), device.put(mask_PT, mesh, P("dp"))
     if shared is None:
         logits_PV, kv, _ = model.prefill(params, tokens_PT, mask_PT, config, T)
     else:
@@ -436,7 +282,7 @@ def _prefill_into(params, state: Slots, admitted, rows: int, budgets, key_data, 
     for s, assigned in enumerate(mine):
         for j, (i, r, local) in enumerate(assigned):
             src[s, j], slot[s, j], budget[s, j], keys[s, j] = r, local, budgets[i], key_data[i]
-    flat = lambda x: _put(x.reshape((dp * N,) + x.shape[2:]), mesh, P("dp"))
-    rep = lambda x: _put(x, mesh, P())
-    return _insert(state, kv, logits_PV, rep(lens_P), flat(src), flat(slot), flat(budget), flat(keys),
+    flat = lambda x: device.put(x.reshape((dp * N,) + x.shape[2:]), mesh, P("dp"))
+    rep = lambda x: device.put(x, mesh, P())
+    return device.insert(state, kv, logits_PV, rep(lens_P), flat(src), flat(slot), flat(budget), flat(keys),
                    mesh=None if dp == 1 else mesh, prefix=prefix)
