@@ -265,10 +265,10 @@ def load_experiment(path: Path, overrides: list[str] | None = None, limit: int |
         raise UserError(f"{src('experiment.output_dir')}: experiment.output_dir: a path cannot contain a NUL "
                         f"character")
     key = "experiment.output_dir" if cfg["experiment"]["output_dir"] else "experiment.name"
-    longest = max(Path(out).parts, key=lambda part: len(os.fsencode(part)), default="")
-    if len(os.fsencode(longest)) > NAME_MAX:
-        raise UserError(f"{src(key)}: {key}: a folder name of {len(os.fsencode(longest))} bytes in the run directory's "
-                        f"path; file systems allow at most {NAME_MAX}", key=key)
+    longest = max((len(os.fsencode(part)) for part in Path(out).parts), default=0)  # bytes, not characters
+    if longest > NAME_MAX:
+        raise UserError(f"{src(key)}: {key}: a folder name of {longest} bytes in the run directory's path; file "
+                        f"systems allow at most {NAME_MAX}", key=key)
     cfg["experiment"]["output_dir"] = out
     if not cfg["evaluation"]["splits"]:
         raise UserError(f"{src('evaluation.splits')}: evaluation.splits: needs at least one split")

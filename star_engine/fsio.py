@@ -40,6 +40,12 @@ def temporary_sibling(dest: str | os.PathLike, tag: str = "") -> Path:
     return dest.with_name(f".{dest.name}{TMP_MARK}{tag + '-' if tag else ''}{uuid.uuid4().hex[:12]}")
 
 
+def in_the_way(path: Path, folder: bool = False) -> bool:
+    """Whether something other than a file (``folder``: a folder) is at ``path``, a dangling
+    link included: writing one there would fail, so a writer checks before it starts."""
+    return (path.exists() or path.is_symlink()) and not (path.is_dir() if folder else path.is_file())
+
+
 def is_temporary(name: str) -> bool:
     """A temporary's name: the run store's (``.tmp-<name>.<pid>``) or ``temporary_sibling``'s."""
     return name.startswith(TMP_MARK) or (name.startswith(".") and TMP_MARK in name)

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import IntegrityError, UserError
+from .fsio import in_the_way
 from .metrics import LATER_COLUMNS, METRICS_SCHEMA, classes, eval_split, has_exploration, series, train_counts
 from .store import atomic_write_bytes, check_regular, read_json_file
 
@@ -302,9 +303,8 @@ def write_report(run_dir: Path, compare: Path | None = None, labels: Sequence[st
     from .plot import plot  # matplotlib is imported only to draw
 
     for out in ("report.png", "report.md"):  # both replaceable before either is written
-        target = run_dir / out
-        if (target.exists() or target.is_symlink()) and not target.is_file():
-            raise UserError(f"{target}: exists and is not a file (the report writes one there); move it away")
+        if in_the_way(run_dir / out):
+            raise UserError(f"{run_dir / out}: exists and is not a file (the report writes one there); move it away")
     atomic_write_bytes(run_dir / "report.png", plot(rows, name, other, other_name))
     own = _config(run_dir, "task", "checker", "")
     title, runs = _name(run_dir), ""

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 from .datafiles import not_utf8
 from .errors import UserError
-from .fsio import is_temporary
+from .fsio import in_the_way, is_temporary
 from .runlock import LOCK
 from .store import read_json_file, read_manifest
 
@@ -75,13 +75,13 @@ def _check_usable(root: Path) -> None:
         if not os.access(root, os.R_OK | os.W_OK | os.X_OK):
             raise UserError(f"experiment.output_dir: {root}: no permission to read and write this folder", key='experiment.output_dir')
         for name in FILES:
-            p = root / name
-            if (p.exists() or p.is_symlink()) and not p.is_file():
-                raise UserError(f"{p}: exists and is not a file (a run directory's {name} is one); move it away")
+            if in_the_way(root / name):
+                raise UserError(f"{root / name}: exists and is not a file (a run directory's {name} is one); "
+                                f"move it away")
         for name in FOLDERS:
-            p = root / name
-            if (p.exists() or p.is_symlink()) and not p.is_dir():
-                raise UserError(f"{p}: exists and is not a folder (a run directory's {name}/ is one); move it away")
+            if in_the_way(root / name, folder=True):
+                raise UserError(f"{root / name}: exists and is not a folder (a run directory's {name}/ is one); "
+                                f"move it away")
         return
     parent = root.parent
     while not (parent.exists() or parent.is_symlink()):

@@ -106,8 +106,6 @@ def _param_specs_cached(config_items: tuple) -> dict[tuple[str, ...], tuple[tupl
     return {path: (tuple(s.shape), np.dtype(s.dtype).name) for path, s in flatten(shapes)}
 
 
-
-
 def param_specs(model_config: Mapping[str, Any]) -> dict[tuple[str, ...], tuple[tuple[int, ...], str]]:
     """{key path: (shape, dtype name)} the model defines for ``model_config`` (no memory used).
     ValueError/TypeError for a config that is not a model's (or has more than MAX_LAYERS layers)."""
