@@ -1,25 +1,30 @@
 r"""Where a MATH solution or generation states its answer: the task's ``extract`` and the gold
-answers of Hendrycks-layout rows, both bare LaTeX (``\frac{1}{2}``, ``(-\infty, 2]``), without ``$``
-delimiters or ``\boxed``. (The ``math_verify`` checker compares the extracted answer with
-``read = "extracted"``; by default it parses the whole trimmed generation itself.)
+answers of Hendrycks-layout rows. This module holds this project's own readings
+(``extraction = "lenient"``, the default, and ``"boxed"``), which return bare LaTeX
+(``\frac{1}{2}``, ``(-\infty, 2]``) without ``$`` delimiters or ``\boxed``; the released
+evaluations' readings, exactly (``"hendrycks"``, ``"minerva"``), are in ``conventions.py``. (The
+``math_verify`` checker compares the extracted answer with ``read = "extracted"``; by default it
+parses the whole trimmed generation itself.)
 
-Two forms, as the two conventions of the field write them:
+This project's two forms (its own, NOT Hendrycks' functions nor lm-eval's: see ``conventions.py``
+for where each differs):
 
-- ``\boxed{...}`` (MATH's own solutions; Hendrycks et al.'s ``last_boxed_only_string`` and
-  ``remove_boxed``): the LAST ``\boxed`` or ``\fbox`` of the text, by position. Braced, its
-  argument with nested braces matched (``\{`` and ``\}`` are escaped braces and do not count,
-  ``\\`` is an escaped backslash); unbraced (``\boxed 5``, the form ``remove_boxed`` takes after
-  ``"\\boxed "``), the text after it up to the next ``$`` or line end. A braced box that never
-  closes raises :class:`UnclosedBox`.
-- Minerva's closing sentence ``Final Answer: The final answer is $X$. I hope it is correct.``
-  (Lewkowycz et al. 2022, appendix D.2; lm-evaluation-harness ``minerva_math``): the FIRST
-  "The final answer is" (any case), the text after it up to ". I hope it is correct" or the
-  line's end, a trailing "." dropped, its ``$...$`` (or ``$$...$$``, ``\(...\)``) unwrapped.
+- ``\boxed{...}``: the LAST ``\boxed`` or ``\fbox`` of the text, by position (either command; a
+  command is matched whole, ``\boxedsymbol`` is none). Braced, its argument with nested braces
+  matched (``\{`` and ``\}`` are escaped braces and do not count, ``\\`` is an escaped
+  backslash), stripped; unbraced (``\boxed 5``), the text after it up to the next ``$`` or line
+  end. An empty box is none. A braced box that never closes raises :class:`UnclosedBox`.
+- The closing sentence ``Final Answer: The final answer is $X$. I hope it is correct.``: the FIRST
+  "The final answer is" (any case, "Final Answer:" not required), the text after it up to
+  ". I hope it is correct" or the line's end, a trailing "." dropped, its ``$...$`` (or
+  ``$$...$$``, ``\(...\)``) unwrapped.
 """
 
 from __future__ import annotations
 
 import re
+
+from .conventions import hendrycks_answer, minerva_answer
 
 CLOSING = "I hope it is correct."
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
@@ -138,14 +143,21 @@ def boxed_answer(text: str) -> str | None:
 
 
 def extract(text: str, mode: str) -> str | None:
-    """The answer of a generation: ``"minerva"`` the closing sentence, ``"boxed"`` the last box,
-    ``"lenient"`` the closing sentence, else the last box."""
+    """The answer of a generation under ``task.options.extraction``: ``"lenient"`` the closing
+    sentence, else the last box; ``"boxed"`` the last box only (both this module's);
+    ``"hendrycks"`` and ``"minerva"`` the released evaluations' (``conventions.py``)."""
+    if mode == "hendrycks":
+        return hendrycks_answer(text)
     if mode == "minerva":
-        return final_answer(text)
+        return minerva_answer(text)
     if mode == "boxed":
         return boxed_answer(text)
     found = final_answer(text)
     return found if found is not None else boxed_answer(text)
+
+
+BOX_ONLY = ("boxed", "hendrycks")
+"""The extractions that read only a box: a closing sentence written for them boxes its answer."""
 
 
 def through_closing(generation: str) -> str:
@@ -155,6 +167,8 @@ def through_closing(generation: str) -> str:
     return generation if at < 0 else generation[: at + len(CLOSING)]
 
 
-def closing_sentence(answer: str) -> str:
-    """Minerva's last line for ``answer`` (bare LaTeX)."""
-    return f"Final Answer: The final answer is ${answer}$. {CLOSING}"
+def closing_sentence(answer: str, boxed: bool = False) -> str:
+    """Minerva's last line for ``answer`` (bare LaTeX); ``boxed``: the answer in a ``\\boxed{}``
+    (for the extractions that read only a box, ``BOX_ONLY``)."""
+    shown = f"\\boxed{{{answer}}}" if boxed else answer
+    return f"Final Answer: The final answer is ${shown}$. {CLOSING}"

@@ -8,6 +8,10 @@ with errors that say ``file:line: reason``.
   ``{"problem", "solution", "answer", "subject", "level": 3, "unique_id"}``. The gold answer
   is ``answer``.
 
+Under ``extraction = "hendrycks"`` or ``"minerva"`` the gold answer of either layout is that
+convention's reading of the solution (``conventions.hendrycks_gold``, ``minerva_gold``), as its
+released evaluation takes it; a solution it reads no answer from is refused.
+
 A file's layout is its first row's: MATH-500 when that row has ``answer`` or ``subject``.
 """
 
@@ -21,6 +25,7 @@ from typing import Any
 from star_engine import UserError, get, read_jsonl
 
 from .answers import UnclosedBox, last_boxed
+from .conventions import hendrycks_gold, minerva_gold
 
 MAX_BYTES = 1 << 30  # a MATH file larger than this is refused before it is read (all of MATH: ~10 MB)
 MAX_LINES = 1_000_000  # lines, counted before any is parsed (all of MATH: 12,500)
@@ -54,7 +59,18 @@ def _boxed(solution: str, where: str) -> str | None:
         raise UserError(f"{where}: field 'solution': {e}") from None
 
 
-def _hendrycks(where: str, obj: dict[str, Any]) -> Row:
+SOLUTION_GOLD = {"hendrycks": hendrycks_gold, "minerva": minerva_gold}
+"""The extractions whose gold answer is read from the solution by the released evaluation's functions."""
+
+
+def _convention_gold(solution: str, where: str, extraction: str) -> str:
+    try:
+        return SOLUTION_GOLD[extraction](solution)
+    except ValueError as e:
+        raise UserError(f"{where}: field 'solution': {e} (task.options.extraction = {extraction!r})") from None
+
+
+def _hendrycks(where: str, obj: dict[str, Any], extraction: str) -> Row:
     problem = get(obj, "problem", str, where)
     solution = get(obj, "solution", str, where)
     level_text = get(obj, "level", str, where)
@@ -62,7 +78,10 @@ def _hendrycks(where: str, obj: dict[str, Any]) -> Row:
     m = _LEVEL.fullmatch(level_text.strip())
     if m is None:
         raise UserError(f"{where}: field 'level' must be 'Level <n>' or 'Level ?', got {level_text[:40]!r}")
-    answer = _boxed(solution, where)
+    if extraction in SOLUTION_GOLD:
+        answer: str | None = _convention_gold(solution, where, extraction)
+    else:
+        answer = _boxed(solution, where)
     if answer is None:
         raise UserError(f"{where}: field 'solution' has no \\boxed{{...}} answer (or only an empty one) "
                         f"to take the gold answer from")
@@ -71,7 +90,7 @@ def _hendrycks(where: str, obj: dict[str, Any]) -> Row:
                None if m.group(1) == "?" else int(m.group(1)), unique_id)
 
 
-def _math500(where: str, obj: dict[str, Any]) -> Row:
+def _math500(where: str, obj: dict[str, Any], extraction: str) -> Row:
     problem = get(obj, "problem", str, where)
     solution = get(obj, "solution", str, where)
     answer = get(obj, "answer", str, where).strip()
@@ -80,16 +99,20 @@ def _math500(where: str, obj: dict[str, Any]) -> Row:
     if level < 1:
         raise UserError(f"{where}: field 'level' must be an integer >= 1, got {level}")
     unique_id = get(obj, "unique_id", str, where)
-    _boxed(solution, where)  # a box in the solution must close, though the answer is 'answer'
+    if extraction in SOLUTION_GOLD:  # as lm-eval's minerva_math500: the solution's box, not 'answer'
+        answer = _convention_gold(solution, where, extraction)
+    else:
+        _boxed(solution, where)  # a box in the solution must close, though the answer is 'answer'
     return Row(where, problem.strip(), solution.strip(), answer, subject, level, unique_id)
 
 
-def read_math(path: str | Path) -> tuple[str, list[Row]]:
-    """The layout (``"hendrycks"`` or ``"math500"``) and the rows of a MATH file."""
+def read_math(path: str | Path, extraction: str = "lenient") -> tuple[str, list[Row]]:
+    """The layout (``"hendrycks"`` or ``"math500"``) and the rows of a MATH file, gold answers
+    read as ``extraction`` (``task.options.extraction``) takes them."""
     rows = read_rows(path)
     layout = "math500" if {"answer", "subject"} & set(rows[0][1]) else "hendrycks"
     parse = _math500 if layout == "math500" else _hendrycks
-    return layout, [parse(where, obj) for where, obj in rows]
+    return layout, [parse(where, obj, extraction) for where, obj in rows]
 
 
 def subject_class(subject: str) -> str:
@@ -118,7 +141,9 @@ class Subset:
 
     @classmethod
     def read(cls, path: str) -> Subset:
-        ids, by_id, by_problem = [], {}, {}
+        ids: list[str] = []
+        by_id: dict[str, int] = {}
+        by_problem: dict[str, int] = {}
         for where, obj in read_rows(path):
             uid = get(obj, "unique_id", str, where)
             key = problem_key(get(obj, "problem", str, where))

@@ -21,6 +21,10 @@ from star_engine import DATA_MAX, UserError, read_capped
 
 from .answers import closing_sentence, extract
 
+SHOWN = {"boxed": "a \\boxed{...}", "hendrycks": "a last \\boxed{...}",
+         "minerva": "a line 'Final Answer: The final answer is X. I hope it is correct.'"}
+"""What each extraction but the lenient one needs to find in a prompt example's solution."""
+
 CUE = "\n\nSolution:"
 """What a context ends with; a completion continues it on the next line."""
 
@@ -60,10 +64,11 @@ def context(problem: str) -> str:
     return f"Problem:\n{problem}{CUE}"
 
 
-def completion(solution: str | None, answer: str) -> str:
+def completion(solution: str | None, answer: str, boxed: bool = False) -> str:
     """A worked completion (``solution`` given) or a direct one: the solution, then the closing
-    sentence, on the line after the ``Solution:`` cue."""
-    return f"\n{solution}\n{closing_sentence(answer)}" if solution else f"\n{closing_sentence(answer)}"
+    sentence (its answer boxed when ``boxed``), on the line after the ``Solution:`` cue."""
+    sentence = closing_sentence(answer, boxed)
+    return f"\n{solution}\n{sentence}" if solution else f"\n{sentence}"
 
 
 def hint_text(answer: str) -> str:
@@ -82,17 +87,21 @@ def add_hint(block: str, hint: str) -> str:
     return f"{block[: m.start()].rstrip()}\n{hint}\n\n{block[m.start():]}"
 
 
-def builtin(kind: str) -> list[tuple[str, str, str]]:
-    """The built-in examples of ``kind`` ("rationale" or "direct") as (where, text, answer)."""
+def builtin(kind: str, boxed: bool = False) -> list[tuple[str, str, str]]:
+    """The built-in examples of ``kind`` ("rationale" or "direct") as (where, text, answer); a
+    direct example's closing sentence boxes its answer when ``boxed`` (a rationale's solution
+    already ends in its box)."""
     direct = kind == "direct"
-    return [(f"built-in example {i + 1}", context(problem) + completion(None if direct else solution, answer), answer)
+    return [(f"built-in example {i + 1}",
+             context(problem) + completion(None if direct else solution, answer, boxed and direct), answer)
             for i, (_, problem, solution, answer) in enumerate(EXAMPLES)]
 
 
-def read_prompt_file(path: str, kind: str) -> list[tuple[str, str, str]]:
+def read_prompt_file(path: str, kind: str, mode: str = "lenient") -> list[tuple[str, str, str]]:
     """The examples of a prompt file as (file:line, text, answer): each starts at a line
     ``Problem:``, has a line ``Solution:``, and states its answer (the closing sentence or a
-    ``\\boxed{}``); trailing blanks of an example are dropped."""
+    ``\\boxed{}``, the lenient reading) in a form that extraction ``mode`` reads too, so that the
+    prompt shows the model what the task will extract; trailing blanks of an example are dropped."""
     p = Path(path)
     try:
         text = read_capped(p, DATA_MAX).decode("utf-8-sig")
@@ -116,5 +125,8 @@ def read_prompt_file(path: str, kind: str) -> list[tuple[str, str, str]]:
         if answer is None:
             raise UserError(f"{where}: the solution of this {kind} prompt example states no answer "
                             f"('The final answer is ...' or \\boxed{{...}})")
+        if mode != "lenient" and not extract(block[m.end():], mode):
+            raise UserError(f"{where}: task.options.extraction = {mode!r} reads no answer in the solution of this "
+                            f"{kind} prompt example ({SHOWN[mode]})")
         out.append((where, block, answer))
     return out

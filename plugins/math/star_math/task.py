@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from star_engine import NON_EMPTY, PROMPT_KINDS, Example, TrainExample, UserError, few_shot_prompts, prompt_files
 
-from .answers import extract, through_closing
+from .answers import BOX_ONLY, extract, through_closing
 from .data import Row, Subset, level_class, read_math, subject_class
 from .known_files import DATA_FILES
 from .prompts import add_hint, builtin, completion, hint_text, read_prompt_file
@@ -40,8 +40,12 @@ class MATHTask:
       in its file's order, with the MATH-500 ``unique_id`` as its id, and must hold all of them.
       A problem is matched by ``unique_id``, else by its text (whitespace runs made one space).
       Default: none, each split is its file as it is.
-    - ``extraction``: ``"lenient"`` (default: Minerva's closing sentence, else the last
-      ``\boxed{}``), ``"minerva"`` (the sentence only) or ``"boxed"`` (the last box only).
+    - ``extraction``: ``"lenient"`` (default, this project's: the closing sentence, else the last
+      box), ``"boxed"`` (this project's: the last box only), ``"hendrycks"`` (exactly Hendrycks
+      et al.'s ``last_boxed_only_string`` + ``remove_boxed``) or ``"minerva"`` (exactly
+      lm-evaluation-harness ``minerva_math``), ``conventions.py``. Under the last two the gold
+      answers are read from the solutions by the same convention; under the box-only ones a
+      direct closing sentence boxes its answer; prompt files must state answers it reads.
     - ``stored_completion``: ``"final_answer"`` (default: the generation up to and including
       its first "I hope it is correct.") or ``"until_stop"`` (all of it).
     - ``prompts_file``, ``direct_prompts_file``: few-shot examples (default: 4 built in);
@@ -55,7 +59,7 @@ class MATHTask:
     default_hint = "math_answer"
 
     def __init__(self, *, classes: Literal["subject", "level", "none"] = "subject", math500_file: FilePath = None,
-                 extraction: Literal["lenient", "minerva", "boxed"] = "lenient",
+                 extraction: Literal["lenient", "boxed", "hendrycks", "minerva"] = "lenient",
                  stored_completion: Literal["final_answer", "until_stop"] = "final_answer",
                  prompts_file: FilePath = None, hint_prompts_file: FilePath = None,
                  direct_prompts_file: FilePath = None, direct_hint_prompts_file: FilePath = None,
@@ -67,13 +71,16 @@ class MATHTask:
         if "" in self.stop:
             raise UserError(f"stop: must be a list of non-empty strings, got {stop!r}")
         files = prompt_files(prompts_file, hint_prompts_file, direct_prompts_file, direct_hint_prompts_file)
-        self._prompts = few_shot_prompts(files, read_prompt_file, builtin, _hinted)
+        boxed = extraction in BOX_ONLY
+        self._prompts = few_shot_prompts(files, lambda path, kind: read_prompt_file(path, kind, extraction),
+                                         lambda kind: builtin(kind, boxed), _hinted)
         self._subset: Subset | None = None
 
     # ------------------------------------------------------------------ data
 
     def _math500(self) -> Subset:
         if self._subset is None:
+            assert self.math500_file is not None  # _select runs only with one
             self._subset = Subset.read(self.math500_file)
         return self._subset
 
@@ -86,11 +93,12 @@ class MATHTask:
         if path is None:
             raise UserError(f"task.data.{split}: the math task reads its data from a file; set task.data.{split}",
                             key=f"task.data.{split}")
-        _, rows = read_math(path)
+        _, rows = read_math(path, self.extraction)
         ids = [row.unique_id or f"{split}-{i}" for i, row in enumerate(rows)]
         if self.math500_file is not None:
             rows, ids = self._select(split, path, rows, ids)
-        examples, seen = [], {}
+        examples: list[Example] = []
+        seen: dict[str, str] = {}
         for row, rid in zip(rows, ids):
             if rid in seen:
                 raise UserError(f"{row.where}: duplicate unique_id {rid!r} (first at {seen[rid]})")
@@ -120,7 +128,7 @@ class MATHTask:
             raise UserError(f"{path}: {len(missing)} of the {len(subset.ids)} problems of {subset.path} "
                             f"(task.options.math500_file) are not in this file, e.g. {missing[0]!r}; "
                             f"split '{split}' keeps only them")
-        order = sorted(chosen, key=chosen.get)
+        order = sorted(chosen, key=lambda k: chosen[k])
         return [rows[chosen[k]] for k in order], [subset.ids[k] for k in order]
 
     # ------------------------------------------------------------------ formats
@@ -146,7 +154,7 @@ class MATHTask:
         solution = None if direct else example.fields.get("solution")
         if not direct and not solution:
             raise UserError(f"math: example {example.id!r} has no gold solution")
-        done = completion(solution, example.answer)
+        done = completion(solution, example.answer, direct and self.extraction in BOX_ONLY)
         cut = next((s for s in self.stop if s in done), None)
         if cut is not None:
             raise UserError(f"math: the gold completion of example {example.id!r} contains the stop string "

@@ -85,7 +85,8 @@ GEN = ("\nWe have $2 + 2 = \\boxed{4}$.\nFinal Answer: The final answer is $4.0$
        "\n\nThe rest runs on: $\\boxed{9}$")
 
 
-@pytest.mark.parametrize("mode, answer", [("lenient", "4.0"), ("minerva", "4.0"), ("boxed", "9")])
+@pytest.mark.parametrize("mode, answer", [("lenient", "4.0"), ("minerva", "$4.0$"), ("boxed", "9"),
+                                          ("hendrycks", "9")])
 def test_extraction_modes(mode, answer):
     assert extract(GEN, mode) == answer
     assert extract(through_closing(GEN), "boxed") == "4"

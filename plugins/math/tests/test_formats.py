@@ -53,8 +53,9 @@ def test_builtin_prompts(task):
         assert h == r.replace("\n\nSolution:", f"\n(Answer: ${answer}$)\n\nSolution:", 1)
         assert dh == d.replace("\n\nSolution:", f"\n(Answer: ${answer}$)\n\nSolution:", 1)
         assert last_boxed(solution) == answer  # the box and the closing sentence agree
-        for mode in ("lenient", "minerva", "boxed"):
+        for mode in ("lenient", "boxed", "hendrycks"):
             assert MATHTask(extraction=mode).extract(r.split("\nSolution:", 1)[1]) == answer
+        assert MATHTask(extraction="minerva").extract(r.split("\nSolution:", 1)[1]) == f"${answer}$"  # unnormalized
         assert cut(r, task.stop) == r
     with pytest.raises(ValueError):
         task.prompt("cot")

@@ -78,9 +78,12 @@ def test_prompt_files(tmp_path_factory, content):
 @budget(200)
 @given(text=st.text(alphabet="\\boxedfinalswrthI pc.{}$()[]\n5", max_size=60) | st.text(max_size=40))
 def test_extraction_on_any_text(text):
-    for mode in ("lenient", "minerva", "boxed"):
+    for mode in ("lenient", "boxed"):
         found = extract(text, mode)
         assert found is None or (isinstance(found, str) and found == found.strip() and found)
+    for mode in ("hendrycks", "minerva"):  # the released conventions strip less and may read ""
+        found = extract(text, mode)
+        assert found is None or (isinstance(found, str) and found in text)
     try:
         last_boxed(text)
     except UnclosedBox as e:

@@ -164,7 +164,7 @@ def test_caps_are_checked_before_parsing(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("options, message", [
     ({"classes": "topic"}, "task.options.classes: must be one of subject, level, none, got 'topic'"),
-    ({"extraction": "last"}, "task.options.extraction: must be one of lenient, minerva, boxed"),
+    ({"extraction": "last"}, "task.options.extraction: must be one of lenient, boxed, hendrycks, minerva, got 'last'"),
     ({"stored_completion": "all"}, "task.options.stored_completion: must be one of final_answer, until_stop"),
     ({"stop": "Problem:"}, "task.options.stop: expected a list of strings, got string 'Problem:'"),
     ({"stop": ["\nProblem:", ""]}, "task.options.stop: must be a list of non-empty strings"),
