@@ -1,7 +1,8 @@
-"""The ``math_verify`` checker: Hugging Face's math-verify (``parse``, then ``verify(gold,
-answer)``), the comparison TRL's ``accuracy_reward``, verl, OpenCompass and lm-evaluation-harness's
-MATH scoring use: ``\\frac{1}{2}`` = ``0.5`` = ``1/2``, ``10\\%`` = ``0.1``, ``\\boxed{x = 5}`` =
-``5``, intervals, sets, matrices, symbolic equality.
+"""The ``math_verify`` checker: Hugging Face's math-verify (``parse`` the gold answer and the
+generation, then ``verify``) called as one of the field's libraries calls it, or as this project
+does (``convention``; ``star_mathverify.conventions`` cites each library's file, function and
+commit): ``\\frac{1}{2}`` = ``0.5`` = ``1/2``, ``10\\%`` = ``0.1``, ``\\boxed{x = 5}`` = ``5``,
+intervals, sets, matrices, symbolic equality.
 
 Every call runs in a worker process (``star_mathverify.pool``), bounded by ``timeout_seconds``
 wherever the caller runs: an answer past the bound is wrong, with ``Verdict.timed_out`` set (the
@@ -16,8 +17,8 @@ from typing import Annotated, Literal
 
 from star_engine import NonNegInt, PosInt, UserError, Verdict, above
 
+from .conventions import Convention, GoldFormat, default_seconds
 from .pool import PACKAGE, TimedOut, Worker
-from .worker import GoldFormat
 
 MODULES = ("math_verify", "latex2sympy2_extended", "sympy", "antlr4")  # what parsing LaTeX imports
 
@@ -38,29 +39,47 @@ class MathVerifyChecker:
 
     Options:
 
-    - ``read``: ``"generation"`` (default) parses the whole generation, as TRL's
-      ``accuracy_reward`` and verl do (math-verify finds the answer: the last ``\\boxed{}``, a
-      final "answer is", else the last expression); ``"extracted"`` parses only what the task
-      extracted (no extraction: wrong).
-    - ``gold_format``: how gold answers are read: ``"auto"`` (default: text with ``$``/``\\boxed``
-      as it is, a bare answer as LaTeX math, else as a plain expression), ``"latex"``, ``"expr"``.
-    - ``bad_gold``: a gold answer math-verify cannot parse: ``"refuse"`` (default) the data, naming
-      the file and row; ``"skip"`` the question (counted in the run's events).
-    - ``timeout_seconds`` (default 5): the bound on one answer (parsing it and verifying it); past
-      it the answer is wrong and counted as timed out, and the worker is restarted (about a second).
+    - ``convention``: how math-verify is called (the gold's parse, the answer's parse, ``verify``'s
+      argument order, the library's own timeouts, when a gold counts as unparsed):
+      ``"star_engine"`` (default: this project's own call, the behaviour before conventions were
+      named), ``"lm_eval"`` (lm-evaluation-harness ``minerva_math``), ``"verl"``, ``"trl"`` (TRL's
+      ``accuracy_reward``: LaTeX answers only, boxed first), ``"open_r1"`` (open-r1's
+      ``accuracy_reward`` since 2025-04-01), ``"open_r1_reversed"`` (before: ``verify(answer,
+      gold)``). ``star_mathverify.conventions`` cites each source.
+    - ``read``: ``"generation"`` (default) parses the whole generation, as every convention's
+      library does; ``"extracted"`` parses only what the task extracted (no extraction: wrong), a
+      departure from all of them.
+    - ``gold_format`` (``star_engine`` only): how gold answers are read: ``"auto"`` (the default:
+      text with ``$``/``\\boxed`` as it is, a bare answer as LaTeX math, else as a plain
+      expression), ``"latex"``, ``"expr"``. A library's convention reads them as that library does.
+    - ``bad_gold``: a gold answer the convention counts as unparsed: ``"refuse"`` (default) the
+      data, naming the file and row; ``"skip"`` the question (counted in the run's events: TRL's
+      and open-r1's ``None`` reward); ``"wrong"`` every answer to it (lm-eval, verl); ``"right"``
+      every answer to it (``open_r1_reversed``'s reward 1.0).
+    - ``timeout_seconds``: the bound on one answer (parsing it and verifying it) and on one gold
+      parse; past it the answer is wrong and counted as timed out, and the worker is restarted
+      (about a second). Unset: 5 s for ``star_engine``; for a library, the sum of its own
+      math-verify timeouts plus 1 s (``conventions.default_seconds``), so that they decide.
     - ``float_rounding`` (6), ``numeric_precision`` (15), ``strict`` (true),
-      ``allow_set_relation_comp`` (false): ``verify``'s own options.
+      ``allow_set_relation_comp`` (false): ``verify``'s own options, at every library's values by
+      default (another value departs from the convention).
     - ``gold_cache`` (16384): parsed gold answers kept; ``memory_mb`` (4096): the worker's
       address-space cap in MiB (0 = none), past which an answer is wrong.
     """
 
-    def __init__(self, *, read: Literal["generation", "extracted"] = "generation", gold_format: GoldFormat = "auto",
-                 bad_gold: Literal["refuse", "skip"] = "refuse", timeout_seconds: Annotated[float, above(0)] = 5.0,
+    def __init__(self, *, convention: Convention = "star_engine",
+                 read: Literal["generation", "extracted"] = "generation", gold_format: GoldFormat | None = None,
+                 bad_gold: Literal["refuse", "skip", "wrong", "right"] = "refuse",
+                 timeout_seconds: Annotated[float, above(0)] | None = None,
                  float_rounding: NonNegInt = 6, numeric_precision: PosInt = 15, strict: bool = True,
                  allow_set_relation_comp: bool = False, gold_cache: PosInt = 16384,
                  memory_mb: NonNegInt = 4096) -> None:
-        self.read, self.bad_gold, self.timeout_seconds = read, bad_gold, timeout_seconds
-        options = {"gold_format": gold_format, "float_rounding": float_rounding,
+        if gold_format is not None and convention != "star_engine":
+            raise UserError(f"gold_format: applies only with convention = \"star_engine\"; convention = "
+                            f"\"{convention}\" reads gold answers as its library does")
+        self.convention, self.read, self.bad_gold = convention, read, bad_gold
+        self.timeout_seconds = timeout_seconds
+        options = {"convention": convention, "gold_format": gold_format or "auto", "float_rounding": float_rounding,
                    "numeric_precision": numeric_precision, "strict": strict,
                    "allow_set_relation_comp": allow_set_relation_comp, "gold_cache": gold_cache,
                    "memory_mb": memory_mb}
@@ -73,16 +92,25 @@ class MathVerifyChecker:
                             f"pip install '{PACKAGE}'")
         self.worker = Worker(options)
 
+    def bounds(self) -> tuple[float, float]:
+        """The bounds in seconds on (parsing one gold answer, checking one answer)."""
+        if self.timeout_seconds is not None:
+            return self.timeout_seconds, self.timeout_seconds
+        return default_seconds(self.convention)
+
     def check_gold(self, gold: str) -> bool:
-        """Parse ``gold`` (cached in the worker for the checks to come): True when math-verify reads
-        an answer in it; else the question is skipped (False) or the data refused (``UserError``),
-        as ``bad_gold`` says."""
+        """Parse ``gold`` (cached in the worker for the checks to come): True when the convention
+        reads an answer in it, or when ``bad_gold`` keeps the question anyway (``"wrong"``,
+        ``"right"``); else the question is skipped (False) or the data refused (``UserError``)."""
+        seconds = self.bounds()[0]
         try:
-            shown = self.worker.request(("gold", gold), self.timeout_seconds)
+            shown = self.worker.request(("gold", gold), seconds)
             why = "math-verify finds no answer in it"
         except TimedOut:
-            shown, why = None, f"parsing it took more than timeout_seconds ({self.timeout_seconds:g} s)"
-        if shown is not None:
+            shown = None
+            why = (f"parsing it took more than timeout_seconds ({seconds:g} s)" if self.timeout_seconds is not None
+                   else f"parsing it took more than {seconds:g} s (convention \"{self.convention}\"'s bound)")
+        if shown is not None or self.bad_gold in ("wrong", "right"):
             return True
         if self.bad_gold == "skip":
             return False
@@ -91,12 +119,14 @@ class MathVerifyChecker:
 
     def check(self, generation: str, extracted: str | None, gold: str) -> Verdict:
         answer = generation if self.read == "generation" else extracted
-        if answer is None or not answer.strip():
+        if answer is None:
             return Verdict(None, False)
         try:
-            predicted, correct = self.worker.request(("check", gold, answer), self.timeout_seconds)
+            predicted, correct, gold_read = self.worker.request(("check", gold, answer), self.bounds()[1])
         except TimedOut:
             return Verdict(None, False, timed_out=True)
+        if not gold_read:  # only with bad_gold "wrong" or "right" (the others screen such golds out)
+            correct = self.bad_gold == "right"
         return Verdict(predicted, correct)
 
     def close(self) -> None:

@@ -1,21 +1,26 @@
-"""What runs inside the checker's worker process: math-verify's ``parse`` and ``verify``, with
-the parsed gold answers cached.
+r"""What runs inside the checker's worker process: math-verify's ``parse`` and ``verify`` called
+as the checker's ``convention`` says (``star_mathverify.conventions``), with the parsed gold
+answers cached.
 
-math-verify bounds its own calls with ``signal.alarm``, which works only in a main thread and
-cannot stop a computation that stays inside C (sympy's exact powers, ``10^{10^{10}}``). So the
-library's timeouts are off here (``parsing_timeout=None``, ``timeout_seconds=None``) and the
-bound is the parent's: it waits ``timeout_seconds`` for each answer and kills this process when
-it runs past (``star_mathverify.pool``). The process is a fresh interpreter (nothing of the
-parent's JAX state is inherited) and serves one request at a time.
+math-verify bounds its own calls with ``signal.alarm``, which works only in a main thread (this
+process's requests run in its main thread) and cannot stop a computation that stays inside C
+(sympy's exact powers, ``10^{10^{10}}``). So a library's convention keeps that library's own
+timeouts (a timeout there is a wrong answer, as in the library), ``star_engine`` turns them off
+(``parsing_timeout=None``, ``timeout_seconds=None``), and the bound that always holds is the
+parent's: it waits ``timeout_seconds`` for each answer and kills this process when it runs past
+(``star_mathverify.pool``). The process is a fresh interpreter (nothing of the parent's JAX state
+is inherited) and serves one request at a time.
 
 The first message it reads is the checker's options; then requests (tuples) and replies:
 
 - ``("gold", gold)`` -> ``("ok", shown)``: ``gold`` parsed and cached; ``shown`` is what
-  math-verify read (its matched text), None when it read no expression (nothing, or only a raw
-  string it could not parse: ``\frac{1}{``, ``?``).
-- ``("check", gold, answer)`` -> ``("ok", (predicted, correct))``: ``answer`` parsed and verified
-  against the (cached) gold; ``predicted`` is math-verify's matched text of the answer, None
-  when it found nothing (then wrong).
+  math-verify read (its matched text), None when the gold counts as unparsed (the convention's
+  test: ``star_engine``, no expression read, only a raw string such as ``\frac{1}{`` or ``?``;
+  a library, nothing read at all).
+- ``("check", gold, answer)`` -> ``("ok", (predicted, correct, gold_read))``: ``answer`` parsed and
+  verified against the (cached) gold; ``predicted`` is math-verify's matched text of the answer,
+  None when it found nothing (then wrong); ``gold_read`` False when the gold counts as unparsed
+  (then wrong).
 - ``("stats",)`` -> ``("ok", {"gold_parses": n, "cached": m})``: gold answers parsed so far (the
   cache's misses) and held now.
 
@@ -31,63 +36,50 @@ import signal
 import sys
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
-GoldFormat = Literal["auto", "latex", "expr"]  # how gold answers are read (``Verifier.parse_gold``)
-DELIMITERS = ("$", "\\(", "\\[", "\\boxed", "\\fbox")
+from .conventions import GoldFormat, build
+
+__all__ = ["GoldFormat", "Verifier", "main", "serve", "shown"]  # GoldFormat: still importable from here
 
 
 class Verifier:
-    """math-verify with the options of one checker; gold answers parsed once each (up to
-    ``gold_cache`` of them, the least recently used dropped first)."""
+    """math-verify called as the checker's ``convention`` says (``conventions.build``), with the
+    parsed gold answers cached (up to ``gold_cache`` of them, the least recently used dropped
+    first)."""
 
     def __init__(self, options: Mapping[str, Any]):
-        from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
-
-        self._parse, self._verify = parse, verify
-        self._latex, self._expr = LatexExtractionConfig(), ExprExtractionConfig()
-        self.gold_format = options["gold_format"]
-        self.verify_options = {k: options[k] for k in ("float_rounding", "numeric_precision", "strict",
-                                                       "allow_set_relation_comp")}
+        self.call = build(options)
         self.cache_size = options["gold_cache"]
         self.cache: OrderedDict[str, list] = OrderedDict()
         self.gold_parses = 0  # gold answers parsed (cache misses)
 
     def parse_gold(self, gold: str) -> list:
-        """``gold`` as math-verify reads a reference answer. ``"auto"``: text with math delimiters
-        (``$``, ``\\(``, ``\\[``, ``\\boxed``) as it is, LaTeX and plain expressions alike; a bare
-        answer (``\\frac{1}{2}``, ``[1,2)``, ``18``) as LaTeX math, else as a plain expression.
-        ``"latex"``: LaTeX only (a bare answer in ``$...$``); ``"expr"``: plain expressions only."""
+        """``gold`` parsed as the convention parses a reference answer (cached)."""
         hit = self.cache.get(gold)
         if hit is not None:
             self.cache.move_to_end(gold)
             return hit
         self.gold_parses += 1
-        delimited = any(d in gold for d in DELIMITERS)
-        if self.gold_format == "expr":
-            parsed = self._read(gold, [self._expr])
-        elif self.gold_format == "latex" or not delimited:
-            parsed = self._read(gold if delimited else f"${gold}$", [self._latex])
-            if not parsed and self.gold_format == "auto":
-                parsed = self._read(gold, [self._expr])
-        else:
-            parsed = self._read(gold, [self._latex, self._expr])
+        parsed = self.call.parse_gold(gold)
         self.cache[gold] = parsed
         if len(self.cache) > self.cache_size:
             self.cache.popitem(last=False)
         return parsed
 
-    def _read(self, text: str, config: list) -> list:
-        return self._parse(text, extraction_config=config, parsing_timeout=None)
+    def read_gold(self, gold: str) -> str | None:
+        """What the convention read of ``gold`` (``shown``), None when it counts as unparsed."""
+        parsed = self.parse_gold(gold)
+        return shown(parsed) if self.call.gold_read(parsed) else None
 
-    def check(self, gold: str, answer: str) -> tuple[str | None, bool]:
-        """(what math-verify read of ``answer``, whether it verifies against ``gold``)."""
-        target = self._read(answer, [self._latex, self._expr])
-        if not target:
-            return None, False
+    def check(self, gold: str, answer: str) -> tuple[str | None, bool, bool]:
+        """(what the convention read of ``answer``, whether it verifies against ``gold``, whether
+        ``gold`` counts as parsed)."""
         reference = self.parse_gold(gold)
-        correct = bool(reference) and self._verify(reference, target, timeout_seconds=None, **self.verify_options)
-        return shown(target), bool(correct)
+        target = self.call.parse_answer(answer)
+        gold_read = self.call.gold_read(reference)
+        correct = gold_read and bool(target) and self.call.verify(reference, target)
+        return shown(target), bool(correct), gold_read
 
 
 def shown(parsed: list) -> str | None:
@@ -131,14 +123,13 @@ def serve(requests: Any, replies: Any) -> None:
             return
         try:
             if request[0] == "gold":
-                parsed = verifier.parse_gold(request[1])
-                reply: Any = shown(parsed) if any(not isinstance(x, str) for x in parsed) else None
+                reply: Any = verifier.read_gold(request[1])
             elif request[0] == "stats":
                 reply = {"gold_parses": verifier.gold_parses, "cached": len(verifier.cache)}
             else:
                 reply = verifier.check(request[1], request[2])
         except MemoryError:  # past memory_mb (math-verify itself turns most into "no answer")
-            reply = None if request[0] == "gold" else (None, False)
+            reply = None if request[0] == "gold" else (None, False, True)
         except Exception as e:  # noqa: BLE001 -- reported to the parent, which names the plugin
             replies.send(("error", f"{type(e).__name__}: {e}"))
             continue

@@ -2,9 +2,11 @@
 itself gives (every row was run against the real library; a row whose verdict is not what a
 reader might expect says so in its note).
 
-Each row: (gold answer as a data set states it, the model's text, right?, note). The checker reads
-the whole text (``read = "generation"``), as TRL's ``accuracy_reward`` does: the last
-``\\boxed{}``, else an "answer is", else the last expression.
+Each row: (gold answer as a data set states it, the model's text, right?, note). The checker is
+the default ``convention = "star_engine"`` and reads the whole text (``read = "generation"``) with
+math-verify's default extraction, as lm-evaluation-harness's ``minerva_math`` does: the last
+``\\boxed{}``, else an "answer is", else the last expression (``test_conventions.py``: where
+the libraries' calls disagree).
 """
 
 from __future__ import annotations
