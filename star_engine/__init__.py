@@ -27,7 +27,7 @@ _SURFACE: dict[str, str] = {
     **dict.fromkeys((
         "Example", "DataFile", "TrainExample", "Candidate", "Verdict", "Progress", "Task", "Checker",
         "HintFormatter", "RationaleFilter", "StepSchedule", "QuestionSampler", "Backend", "MultiProcess",
-        "CheckContext", "ProbeSample", "Probe", "TuningChoice", "SamplingTuner"), "api"),
+        "CheckContext", "ProbeSample", "Probe", "ReferenceProbe", "TuningChoice", "SamplingTuner"), "api"),
     # the jobs a backend is given, and what it returns
     **dict.fromkeys(("GenSpec", "GenRequest", "TrainSpec", "TrainResult", "Packing", "Loss", "PACKINGS", "LOSSES",
                      "PreferencePair", "PreferenceSpec"), "jobs"),
@@ -62,7 +62,8 @@ __all__ = [  # the plugin API: hookimpl, __version__ and every name of _SURFACE
     "GenRequest", "TrainSpec", "TrainResult", "Progress", "Task", "Checker", "HintFormatter",
     "RationaleFilter", "StepSchedule", "QuestionSampler", "Backend", "MultiProcess", "Packing", "Loss",
     "PACKINGS", "LOSSES", "PreferencePair", "PreferenceSpec", "CheckContext", "ProbeSample", "Probe",
-    "TuningChoice", "SamplingTuner", "UserError", "IntegrityError", "PluginError", "ProcessLost", "Section", "Range",
+    "ReferenceProbe", "TuningChoice", "SamplingTuner", "UserError", "IntegrityError", "PluginError", "ProcessLost",
+    "Section", "Range",
     "at_least", "above", "between", "NON_EMPTY", "NonNegInt", "PosInt", "NonNegFloat", "Fraction",
     "close_matches", "is_int", "is_number", "check_table", "load_experiment", "DATA_MAX", "PROMPT_KINDS",
     "check_option_path", "few_shot_prompts", "get", "prompt_files", "read_blocks", "read_capped",
@@ -86,8 +87,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from .api import (Backend, Candidate, CheckContext, Checker, DataFile, Example, HintFormatter, MultiProcess, Probe,
-                      ProbeSample, Progress, QuestionSampler, RationaleFilter, SamplingTuner, StepSchedule, Task,
-                      TrainExample, TuningChoice, Verdict)
+                      ProbeSample, Progress, QuestionSampler, RationaleFilter, ReferenceProbe, SamplingTuner,
+                      StepSchedule, Task, TrainExample, TuningChoice, Verdict)
     from .jobs import (LOSSES, PACKINGS, GenRequest, GenSpec, Loss, Packing, PreferencePair, PreferenceSpec,
                        TrainResult, TrainSpec)
     from .boundary import run_command

@@ -91,11 +91,15 @@ class Candidate:
 class Verdict:
     """A checker's judgement of one generation. ``timed_out``: the checker gave up on it at its
     own time bound (``correct`` is then False); the core counts these in the run's events
-    (``checker_timeouts``) and, for the ``[evaluation] checkers``, in ``metrics.parquet``."""
+    (``checker_timeouts``) and, for the ``[evaluation] checkers``, in ``metrics.parquet``.
+    ``score``: the checker's graded reward of the generation when it has one (a finite number,
+    e.g. reasoning-gym's ``score_answer``, which ``correct`` thresholds), carried to a tuner's
+    ``ProbeSample.score``; None (the default): the checker only says right or wrong."""
 
     predicted: str | None
     correct: bool
     timed_out: bool = False
+    score: float | None = None
 
 
 @dataclass(frozen=True)
@@ -189,6 +193,20 @@ class Checker(Protocol):
         Called instead of ``check`` when present: the same judgement, told where the generation
         comes from (``CheckContext``: seed, iteration, question, sample, stage), for a checker
         whose verdict depends on it (the ``random_reward`` control draws its coin from it).
+
+    ``check_group(contexts: Sequence[CheckContext], generations: Sequence[str], extracted: Sequence[str | None], gold: str) -> list[Verdict]``
+        With a class attribute ``min_group: int``: a checker that judges one question's samples
+        together (``capabilities.ChecksGroups``), one verdict per sample in the order given (the
+        ``majority_vote`` reward's pseudo-label is the question's majority answer). The core
+        calls it instead of ``check`` for each question's samples of a training stage (the
+        generation, a tuner's probes), a generation judged alone as a group of one; such a
+        checker can only be ``task.reward``, and ``generation.samples_per_question`` (a tuner's
+        probes) must be at least ``min_group`` (refused with one line naming the key).
+
+    Optional attribute: ``label_free: bool`` (``capabilities.LabelFree``): True when the verdicts
+    never read ``gold``. As ``task.reward`` such a checker may train on questions without a gold
+    answer (``task.train_split``: test-time training); rationalization, whose hint is the gold
+    answer, must then be off.
     """
 
     def check(self, generation: str, extracted: str | None, gold: str) -> Verdict:
@@ -215,6 +233,12 @@ class RationaleFilter(Protocol):
         As ``keep``, also shown ``others``: the iteration's rationales no longer candidates
         (rejected by the checker or an earlier filter), so that a filter can judge a question's
         samples as a group (the ``group`` filter drops questions whose samples were all right).
+
+    ``decline(generated, history) -> Collection[str]``
+        Question ids taken out of the iteration before rationalization, given its ``generated``
+        (hint-free) candidates, right and wrong: they are not rationalized and their samples are
+        rejected by the filter (the ``group`` filter declines the questions whose samples were
+        all wrong, as Reinforce-Rej does).
     """
 
     def keep(self, candidates: Sequence[Candidate], history: Sequence[Candidate]) -> list[bool]:
@@ -243,20 +267,37 @@ class QuestionSampler(Protocol):
 class ProbeSample:
     """One answer of a tuner's probe (``SamplingTuner``): the trimmed ``text`` the model wrote
     for question ``question_id`` (its ``sample``-th), the answer found in it and the task's
-    checker's verdict."""
+    checker's verdict (``score``: its graded reward, ``Verdict.score``; None when it gives none)."""
 
     question_id: str
     sample: int
     text: str
     predicted: str | None
     correct: bool
+    score: float | None = None
 
 
 Probe = Callable[[float, Sequence[str], int], list[list[ProbeSample]]]
 """``probe(temperature, question_ids, samples)``: the model of the iteration samples ``samples``
 answers to each of ``question_ids`` (ids of the questions the tuner was given) at
 ``temperature``, with the generation's prompt, top-p and length; returns, per question in that
-order, its answers, judged. Stored by the core (a resumed run reads them back)."""
+order, its answers, judged. Stored by the core (a resumed run reads them back). The core's probe
+is also a ``ReferenceProbe``."""
+
+
+@runtime_checkable
+class ReferenceProbe(Protocol):
+    """A ``Probe`` that also gives each question's reference solution, as the core's probe does:
+    ``references(question_ids)`` returns, per question in that order, the task's gold completion
+    (``Task.gold_completion(example, task.direct)``, trimmed as the probe's answers are), which
+    B-STaR counts among a question's samples as a right one. A task without one for a question
+    raises its ``UserError``."""
+
+    def __call__(self, temperature: float, question_ids: Sequence[str], samples: int) -> list[list[ProbeSample]]:
+        ...
+
+    def references(self, question_ids: Sequence[str]) -> list[str]:
+        ...
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ class is not to gain or lose the method afterwards).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from pathlib import Path
@@ -63,6 +63,19 @@ class ChecksInContext(Protocol):  # a Checker's (``Checker``: check_in)
 
 
 @runtime_checkable
+class ChecksGroups(Protocol):  # a Checker's (``Checker``: check_group, min_group): as ``task.reward`` only
+    min_group: int
+
+    def check_group(self, contexts: Sequence[CheckContext], generations: Sequence[str],
+                    extracted: Sequence[str | None], gold: str) -> list[Verdict]: ...
+
+
+@runtime_checkable
+class LabelFree(Protocol):  # a Checker's (``Checker.label_free``): True: its verdicts never read the gold answer
+    label_free: bool
+
+
+@runtime_checkable
 class TrainsVerifiers(Protocol):  # a Backend's (``Backend.train_preferences`` and ``score``): ``[verifier]``
     def train_preferences(self, init: str, out: Path, pairs: Sequence[PreferencePair], spec: PreferenceSpec,
                           progress: Progress | None = None) -> TrainResult: ...
@@ -75,3 +88,14 @@ class TrainsVerifiers(Protocol):  # a Backend's (``Backend.train_preferences`` a
 class SeesRejected(Protocol):  # a RationaleFilter's (``RationaleFilter``: keep_among)
     def keep_among(self, candidates: Sequence[Candidate], others: Sequence[Candidate],
                    history: Sequence[Candidate]) -> list[bool]: ...
+
+
+@runtime_checkable
+class DeclinesQuestions(Protocol):  # a RationaleFilter's (``RationaleFilter``: decline)
+    """``decline(generated, history)``: of the iteration's hint-free samples ``generated`` (judged,
+    right and wrong; before the checker's selection), the ids of the questions this filter takes
+    out of the iteration: none of them is rationalized, and at selection every sample of them is
+    rejected by it (``stages.Stages.declined``). Asked before rationalization and again at
+    selection, so it must be deterministic, as ``keep``."""
+
+    def decline(self, generated: Sequence[Candidate], history: Sequence[Candidate]) -> Collection[str]: ...

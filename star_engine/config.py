@@ -227,11 +227,12 @@ def load_experiment(path: Path, overrides: list[str] | None = None, limit: int |
         raise UserError(f"{src('task.data_root')}: {e}") from None
     task["data_root"] = str(root) if root is not None else ""
     files = root or base  # the data files and the task's file options: relative to the data root
-    used = ["train", *cfg["evaluation"]["splits"]]
+    used = [task["train_split"], *cfg["evaluation"]["splits"]]  # task.train_split: "train" unless set
     for split, v in task["data"].items():
         if split not in used:
+            trains = "train" if used[0] == "train" else f"task.train_split {used[0]!r}"
             raise UserError(f"{src(f'task.data.{split}')}: task.data.{split}: this run reads no split '{split}' "
-                            f"(it reads train and evaluation.splits: {', '.join(used[1:]) or 'none'})"
+                            f"(it reads {trains} and evaluation.splits: {', '.join(used[1:]) or 'none'})"
                             f"{close_matches(split, used)}")
         if not isinstance(v, str):
             raise UserError(f"{src(f'task.data.{split}')}: task.data.{split}: expected a path string, "
@@ -282,7 +283,26 @@ def load_experiment(path: Path, overrides: list[str] | None = None, limit: int |
         raise UserError(f"{src(e.key or 'evaluation')}: {e}", key=e.key) from None
     _complete_optimizers(cfg, registry if registry is not None else Registry(), src)
     effects.refuse(pointless, src)
+    _check_verifier(cfg, src)
     return cfg
+
+
+def _check_verifier(cfg: dict[str, Any], src: Callable[[str], str]) -> None:
+    """A V-STaR verifier that would have nothing to learn from, or no iteration to be trained in:
+    its D_VER is the samples the iterations collect (``star_engine.verifying``)."""
+    v = cfg["verifier"]
+    if not v["enabled"] or v["schedule"] == "each_iteration":
+        return
+    if cfg["training"]["source"] == "gold":
+        raise UserError(f"{src('verifier.schedule')}: verifier.schedule: {v['schedule']!r} trains on the samples the "
+                        f"iterations collect, and training.source = \"gold\" samples none; set verifier.enabled = "
+                        f"false or training.source = \"generated\"", key="verifier.schedule")
+    for stop in ("early_stop_patience", "collapse_patience"):
+        if v["schedule"] == "final" and cfg["experiment"].get(stop):
+            raise UserError(f"{src('verifier.schedule')}: verifier.schedule: \"final\" trains its verifier after the "
+                            f"last iteration, which experiment.{stop} = {cfg['experiment'][stop]} may never reach; "
+                            f"use verifier.schedule = \"cumulative\" (a verifier at each evaluating iteration) or "
+                            f"set experiment.{stop} = 0", key="verifier.schedule")
 
 
 def _complete_optimizers(cfg: dict[str, Any], registry: Registry, src: Callable[[str], str]) -> None:

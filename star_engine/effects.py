@@ -51,7 +51,10 @@ def pointless(cfg: dict[str, Any], schema: dict[str, Any]) -> list[Rule]:
         rules += [(k, *why) for k in ("rationalization.p_rationalization", "rationalization.p_show_hint_save",
                                       "task.hint")]
     if tr["source"] == "gold":  # the dataset's completions are kept as they are
-        rules += [(k, "training.source", "gold") for k in ("task.filters", "task.reward", "generation.tuner")]
+        rules += [(k, "training.source", "gold") for k in ("task.filters", "task.reward", "generation.tuner",
+                                                           "experiment.collapse_patience")]
+    if g["samples_per_question"] == 1:  # the collapse guard watches the agreement of a question's samples
+        rules.append(("experiment.collapse_patience", "generation.samples_per_question", 1))
     if not cfg["verifier"]["enabled"]:
         rules += [(f"verifier.{k}", "verifier.enabled", False) for k in schema["verifier"] if k != "enabled"]
     if cfg["base_training"]["steps"] == 0:

@@ -5,11 +5,12 @@
         x_i        <- the questions a sampler draws (uniform; or from the per-question ledger)
         T_n        <- a tuner's temperature for M_{n-1} (optional; B-STaR)
         r_i, y_i   <- M_{n-1}(few-shot prompt + x_i)            rationale generation
-        r'_i, y'_i <- M_{n-1}(hint prompt + hint(x_i, y_i))      rationalization, for wrong i
+        r'_i, y'_i <- M_{n-1}(hint prompt + hint(x_i, y_i))      rationalization, for wrong i no filter declines
         D_n <- {(x_i, r_i, y_i) | y_i = y} + {(x_i, r'_i, y) | y'_i = y}    filtered, hint-free x_i
         M_n <- train(M0 or M_{n-1}, D_n, steps(n))
-        V_n <- DPO(M_n or M0, pairs of D_n)                     verifier (optional; V-STaR)
-        evaluate M_n on dev (its samples ranked by V_n)
+        D_VER <- D_VER + {(x_i, r_i, y_i) labelled right or wrong}   V-STaR's data (optional)
+        V <- DPO(M0, pairs of D_VER), when n = N               verifier (V-STaR, Algorithm 1)
+        evaluate M_n on dev (at n = N, its samples ranked by V)
 
 Each call below is a stage of :mod:`star_engine.stages`: it returns its stored
 result when it already ran, so rerunning this function resumes a run. In the code,
@@ -30,13 +31,14 @@ from . import smoke
 from .api import Example
 from .errors import UserError
 from .experiment import Experiment
+from .labelfree import collapse_stop
 from .metrics import METRICS_SCHEMA, Evaluated, coverage, dev_accuracy, iteration_rows
 from .records import Rationale, training_examples
 from .seeds import derive_seed
 from .stages import Stages, it_dir
 from .store import RunStore
 from .tuning import tune
-from .verifying import train_verifier
+from .verifying import due as verifier_due, train_verifier
 
 log = structlog.get_logger("star_engine")
 
@@ -56,7 +58,7 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
         if store.done(rel):
             rows = store.read_rows(rel)
         else:
-            rows = iteration_rows(n, rationales, evals, train, coverage(solved, exp.splits["train"]),
+            rows = iteration_rows(n, rationales, evals, train, coverage(solved, exp.splits[cfg.task.train_split]),
                                   time.perf_counter() - t0, ev.pass_k,
                                   stages.count_tokens([r.rationale for r in rationales]))
             store.write_table(rel, rows, METRICS_SCHEMA)
@@ -91,7 +93,7 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
             right = {r.question_id for r in R if r.correct}
             solved |= right
             wrong = [x for x in D if x.id not in right]                       # answer filter
-            Rr = stages.rationalize(n, M, wrong, T) if rat.enabled else []   # rationalization
+            Rr = stages.rationalize(n, M, stages.undeclined(n, wrong, R), T) if rat.enabled else []  # rationalization
             rationales = stages.select(n, R + Rr)                             # checker + filters
         kept = training_examples(rationales)
         trained_on = "gold" if tr.source == "gold" else "kept"
@@ -108,7 +110,7 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
         seed = derive_seed(cfg.experiment.seed, n, "train")
         M, train = stages.fine_tune(it_dir(n), init, kept, tr.train_spec(steps, seed), trained_on)
         due = n % ev.every == 0 or n == N
-        V = train_verifier(stages, n, M, M0, rationales) if cfg.verifier.enabled and due else None  # V-STaR
+        V = train_verifier(stages, n, M, M0) if verifier_due(cfg, n, due) else None  # V-STaR
         evals = stages.evaluate_all(n, M, V) if due else Evaluated()          # evaluate
         if T is not None:
             train = {**train, "temperature": T.temperature}
@@ -121,6 +123,8 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
             if stale >= patience:
                 log.info("early_stop", iteration=n, best_accuracy=best, patience=patience)
                 break
+        if collapse_stop(cfg, all_rows, n):  # agreement up, held-out accuracy down (SRT's collapse)
+            break
     return all_rows
 
 

@@ -18,7 +18,8 @@ METRICS_SCHEMA = schema(Metrics)
 SAMPLING_COLUMNS = ("pass_k", "pass_at_k", "pass_at_1", "majority", "distinct_correct", "kept_len_mean",
                     "kept_len_std")
 LATER_COLUMNS = (*SAMPLING_COLUMNS, "checkers", "prompts_truncated", "trained_on", "first_sample", "verifier_at_k",
-                 "temperature", "groups_all_right", "groups_all_wrong", "rejected")  # what earlier versions' files lack
+                 "temperature", "groups_all_right", "groups_all_wrong", "rejected",
+                 "agreement")  # what earlier versions' files lack
 Answer = Rationale | Evaluation  # what pass@k and the majority vote read
 
 
@@ -191,6 +192,19 @@ def groups(plain: Sequence[Rationale]) -> dict[str, int | None]:
             "groups_all_wrong": sum(not any(v) for v in by_q.values())}
 
 
+def agreement(plain: Sequence[Rationale]) -> float | None:
+    """The mean over the questions of ``plain`` (hint-free samples) of the share of a question's
+    samples whose answer (``predicted``) is its most common one (no answer agrees with none); null
+    with one sample per question."""
+    by_q: dict[str, list[str | None]] = defaultdict(list)
+    for r in plain:
+        by_q[r.question_id].append(r.predicted)
+    if not by_q or max(map(len, by_q.values())) < 2:
+        return None
+    top = [max(Counter(a for a in v if a is not None).values(), default=0) / len(v) for v in by_q.values()]
+    return sum(top) / len(top)
+
+
 def rejections(rows: Sequence[Rationale]) -> tuple[FilterCount, ...]:
     """What each filter rejected among ``rows`` (the checker's rejections are not a filter's), in
     the order the filters first appear."""
@@ -232,7 +246,8 @@ def _train_sampling(rationales: Sequence[Rationale], lengths: Sequence[int], c: 
     plain = [r for r, _ in mine if not r.was_hinted and r.checker != "gold"]
     k = max(Counter(r.question_id for r in plain).values(), default=0)
     kept = [t for r, t in mine if r.kept and t is not None]
-    return {**(sampling_columns(plain, k) if plain else {}), **exploration_columns(plain, kept)}
+    return {**(sampling_columns(plain, k) if plain else {}), **exploration_columns(plain, kept),
+            "agreement": agreement(plain)}
 
 
 def dev_accuracy(rows: Sequence[dict], split: str) -> float | None:

@@ -3,7 +3,7 @@ learns from (V-STaR; ``[verifier]``) and what ``star-engine export --pairs`` wri
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from .records import Rationale
 
 
@@ -39,3 +39,43 @@ def unique(rows: Iterable[Rationale]) -> list[Rationale]:
             seen.add((r.prompt, r.rationale))
             out.append(r)
     return out
+
+
+def verifier_pairs(rows: Iterable[Rationale], gold: Mapping[str, tuple[str, str]] | None = None,
+                   max_per_question: int = 0, rationalized: bool = False) -> Iterator[tuple[str, str, str]]:
+    """V-STaR's preference pairs (Hosseini et al. 2024, §3: the verifier learns by DPO to prefer a
+    correct solution of a question to an incorrect one) from D_VER: ``rows``, the labelled samples
+    (``rationales.parquet`` rows of the iterations collected), and ``gold``, question id ->
+    (prompt, the task's gold solution), the original training data D_SFT that Algorithm 1 puts
+    in D_VER first. Yields (prompt, chosen, rejected) per question, in order of first appearance:
+    every correct solution (the gold one first, then the samples the checker judged right) against
+    every incorrect sample, both with the same prompt, each text once; at most
+    ``max_per_question`` pairs per question (0: all), the earliest first (by iteration, sample).
+
+    A sample's label is the checker's verdict (``correct``), whatever STaR's filters did with it.
+    Rationalized samples (written with the answer as a hint) are left out unless ``rationalized``:
+    V-STaR samples without hints; with them, a rationalized sample is a correct solution when it
+    was kept (right, and no filter refused it: a leaked hint is no solution)."""
+    gold = gold or {}
+    by_q: dict[str, list[Rationale]] = {}
+    for r in rows:
+        if r.checker != "gold" and (rationalized or not r.was_hinted):
+            by_q.setdefault(r.question_id, []).append(r)
+    for q, group in by_q.items():
+        group.sort(key=lambda r: (r.iteration, r.was_hinted, r.sample))
+        right = [(r.prompt, r.rationale) for r in group if (r.kept if r.was_hinted else r.correct)]
+        chosen = _once(([gold[q]] if q in gold else []) + right)
+        rejected = _once([(r.prompt, r.rationale) for r in group if not r.correct])
+        out = 0
+        for prompt, c in chosen:
+            for p, w in rejected:
+                if p != prompt or c == w:
+                    continue
+                if max_per_question and out >= max_per_question:
+                    break
+                out += 1
+                yield prompt, c, w
+
+
+def _once(items: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    return list(dict.fromkeys(items))

@@ -320,6 +320,10 @@ class Metrics:
     groups_all_right: int | None = None
     groups_all_wrong: int | None = None
     rejected: tuple[FilterCount, ...] = ()
+    # Train rows with more than one sample per question: the mean, over the questions, of the share
+    # of a question's hint-free samples that give its most common answer (`predicted`; no answer
+    # agrees with none): the self-agreement a label-free reward pays for (the collapse guard's).
+    agreement: float | None = None
 
 
 def training_examples(rows: Sequence[Rationale]) -> list[TrainExample]:

@@ -20,6 +20,7 @@ from . import __version__, rundir, runlock, ui
 from .capabilities import Starts, ValidatesRun
 from .errors import UserError
 from .experiment import Experiment, config_hash
+from .labelfree import collapse_note
 from .loop import run_star
 from .records import MAX_ROWS
 from .seeds import derive_seed
@@ -53,7 +54,7 @@ def check_volume(exp: Experiment) -> None:
     cfg, splits = exp.config, exp.splits
     if not splits:  # validate without data: counted when the run loads it
         return
-    train, g = len(splits.get("train", ())), cfg.generation
+    train, g = len(splits.get(cfg.task.train_split, ())), cfg.generation
     asked = [("generation.samples_per_question", g.samples_per_question,
               min(g.n_train_samples or train, train), "train questions")]
     asked += [("evaluation.samples_per_question", max(cfg.evaluation.samples_per_question, 1), len(splits[s]),
@@ -135,5 +136,5 @@ def _run(exp: Experiment, toml_path: Path) -> list[dict]:
     exp.processes.primary_does("write report", lambda: write_report(store.root))
     exp.notify("on_run_end", run_dir=store.root, metrics=rows)
     if not ui.is_quiet():
-        ui.print_summary(rows)
+        ui.print_summary(rows, collapse_note(exp.config, rows))  # a line when the collapse guard stopped it
     return rows

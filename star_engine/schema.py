@@ -219,7 +219,8 @@ def _check_type(t: Any, constraints: tuple[Any, ...], value: Any, key: str) -> A
     if origin is Literal:
         if any(value == a and type(value) is type(a) for a in args):
             return value
-        raise UserError(f"{key}: must be one of {', '.join(str(a) for a in args)}, got {value!r}", key=key)
+        near = close_matches(value, [a for a in args if isinstance(a, str)]) if isinstance(value, str) else ""
+        raise UserError(f"{key}: must be one of {', '.join(str(a) for a in args)}, got {value!r}{near}", key=key)
     if t is bool:
         if isinstance(value, bool):
             return value

@@ -78,6 +78,9 @@ class ExperimentSection(Section):
     output_dir: str = ""
     iterations: PosInt
     early_stop_patience: NonNegInt = 0
+    # the collapse guard (star_engine.labelfree): stop when, over the last N evaluated iterations, the
+    # training samples' agreement rose at each while the first evaluation split's accuracy fell; 0 = off
+    collapse_patience: NonNegInt = 0
     limit: NonNegInt = 0
     smoke: bool = False  # --smoke: the tiny model, a few questions, every stage (config.smoke)
 
@@ -88,6 +91,8 @@ class TaskSection(Section):
     options: dict = field(default_factory=dict)
     data_root: str = ""  # the folder task.data and the task's file options are relative to
     data: dict = field(default_factory=dict)
+    # the split the iterations draw their questions from (test-time training: an evaluated split)
+    train_split: Annotated[str, NON_EMPTY] = "train"
     checker: Component = ""
     reward: Component = ""  # what decides which training samples are right (default: the checker)
     hint: Component = ""
@@ -206,16 +211,24 @@ class EvaluationSection(Section):
 
 @dataclass(frozen=True, kw_only=True)
 class Verifier(Section):
-    """``[verifier]``: after each iteration's fine-tuning, a verifier trained by DPO on that
-    iteration's pairs (V-STaR), which ranks the sampled evaluation's answers (verifier@k)."""
+    """``[verifier]``: V-STaR (Hosseini et al. 2024, Algorithm 1): a verifier trained by DPO on
+    D_VER, the correct and incorrect solutions the run has sampled (and the task's gold solutions),
+    which ranks the sampled evaluation's answers (verifier@k). ``schedule``: when and on what
+    (``star_engine.verifying``; docs/successors.md says which option is the paper's)."""
 
     enabled: bool = False
-    init: Literal["generator", "base"] = "generator"  # what it starts from (and its frozen reference)
+    # "final": one verifier after the last iteration on D_VER of every iteration (Algorithm 1);
+    # "cumulative": at each evaluating iteration t, on D_VER up to t (the paper's per-iteration curves);
+    # "each_iteration": at each evaluating iteration n, on iteration n's pairs alone (this project's earlier rule)
+    schedule: Literal["final", "cumulative", "each_iteration"] = "final"
+    init: Literal["generator", "base"] = "base"  # what it starts from (and its frozen reference): base = M0 = G_SFT
+    gold: bool = True  # D_VER <- D_SFT: the task's gold solutions are correct solutions too (where it has them)
+    rationalized: bool = False  # pair the rationalized samples too (STaR's; V-STaR samples without hints)
     beta: Annotated[float, above(0)] = 0.1
     steps: NonNegInt = 100
     batch_size: PosInt = 8
     grad_accum: PosInt = 1
-    max_pairs_per_question: NonNegInt = 4  # 0: every pair
+    max_pairs_per_question: NonNegInt = 0  # 0: every correct x incorrect pair of a question
     score: Literal["reward", "likelihood"] = "reward"
     optimizer: dict = field(default_factory=dict)
     adapter: dict = field(default_factory=dict)

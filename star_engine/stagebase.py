@@ -158,7 +158,7 @@ class StageBase:
     # -- the train questions of an iteration ----------------------------------------
     def train_questions(self, n: int, ledger: Sequence[dict]) -> list[Example]:
         """The questions iteration ``n`` draws (``star_engine.questions``), in the split's order."""
-        qs, sampler = self.exp.splits["train"], self.cfg.generation.sampler
+        qs, sampler = self.exp.splits[self.cfg.task.train_split], self.cfg.generation.sampler
         k = min(self.cfg.generation.n_train_samples or len(qs), len(qs))
         return draw(qs, k, self.exp.sampler, sampler.get("name", ""), n, ledger, self.seed, self.exp.registry)
 
@@ -191,23 +191,41 @@ class StageBase:
     def _stored_prompt(self, context: str, kind: str) -> str:
         return (self._prompt(kind) + context) if self.cfg.task.few_shot_train else context
 
-    def _judge(self, text: str, gold: str, where: CheckContext) -> tuple[str, str | None, Verdict]:
-        """(the generation as the task keeps it, the task's extraction, the verdict that decides:
-        ``verdicts.Judge``'s, told ``where`` the generation comes from)."""
+    def _answer(self, text: str) -> tuple[str, str | None]:
+        """(the generation as the task keeps it, the task's extraction from it)."""
         text = self._trim(text)
         with self.exp.calling(self.task, "extract"):
             extracted = self.task.extract(text)
         self.exp.registry.returned(self.task, "extract", extracted, extracted is None or isinstance(extracted, str),
                                    "the answer (a str) or None")
+        return text, extracted
+
+    def _judge(self, text: str, gold: str, where: CheckContext) -> tuple[str, str | None, Verdict]:
+        """(the generation as the task keeps it, the task's extraction, the verdict that decides:
+        ``verdicts.Judge``'s, told ``where`` the generation comes from)."""
+        text, extracted = self._answer(text)
         return text, extracted, self.judge(text, extracted, gold, where)
 
-    def where(self, n: int, ex: Example, s: int, stage: str, split: str = "train") -> CheckContext:
-        return CheckContext(self.seed, n, ex.id, s, stage, split)
+    def judge_all(self, items: Sequence[tuple[Example, int]], texts: Sequence[str], stage: str, n: int
+                  ) -> list[tuple[str, str | None, Verdict]]:
+        """``_judge`` of each of ``texts`` (sample ``s`` of question ``ex`` for each ``(ex, s)`` of
+        ``items``, of ``stage``), a question's samples judged together when what judges the stage
+        judges groups (``verdicts.Judge.each``, ``capabilities.ChecksGroups``)."""
+        answers = [self._answer(t) for t in texts]
+        verdicts = self.judge.each([a[0] for a in answers], [a[1] for a in answers], [ex.answer for ex, _ in items],
+                                   [self.where(n, ex, s, stage) for ex, s in items])
+        return [(t, e, v) for (t, e), v in zip(answers, verdicts)]
+
+    def where(self, n: int, ex: Example, s: int, stage: str, split: str | None = None) -> CheckContext:
+        """Where sample ``s`` of ``ex`` comes from (``split`` None: the training split, ``task.train_split``)."""
+        return CheckContext(self.seed, n, ex.id, s, stage, split or self.cfg.task.train_split)
 
     def _row(self, n: int, ex: Example, s: int, text: str, stored: str, full: str, seed: int, hinted: bool,
-             model_id: str, cut: bool | None, leaks: Sequence[str] = ()) -> Rationale:
+             model_id: str, cut: bool | None, leaks: Sequence[str] = (),
+             judged: tuple[str, str | None, Verdict] | None = None) -> Rationale:
+        """Sample ``s`` of ``ex`` as a row (``judged``: its ``judge_all`` already, else judged here)."""
         stage = "rationalize" if hinted else "generate"
-        text, _, verdict = self._judge(text, ex.answer, self.where(n, ex, s, stage))
+        text, _, verdict = judged or self._judge(text, ex.answer, self.where(n, ex, s, stage))
         return rationale_of(n, ex, s, stored, text, verdict, was_hinted=hinted, checker=self.judge.name_for(stage),
                           model_checkpoint=model_id, prompt_hash=prompt_hash(full), seed=seed,
                           leak_strings=tuple(leaks), prompt_truncated=cut)

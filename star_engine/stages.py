@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Sequence
 
 from . import ui
-from .api import Example, Progress, TrainExample, Verdict
-from .capabilities import RecordsCheckpoints, SeesRejected
+from .api import Candidate, Example, Progress, TrainExample, Verdict
+from .capabilities import DeclinesQuestions, RecordsCheckpoints, SeesRejected
 from .jobs import GenSpec, TrainResult, TrainSpec
 from .metrics import Evaluated
 from .records import GREEDY, UNSELECTED, Evaluation, Rationale
@@ -51,9 +51,10 @@ class Stages(StageBase):
         texts = self._generate(f"{it_dir(n)}/generate", prompts, seeds, spec, model,
                                f"iter {n}: generate")
         mid = self.checkpoint_id(model)
+        judged = self.judge_all(items, texts, "generate", n)  # a group reward: each question's samples at once
         rows = [self._row(n, ex, s, text, self._stored_prompt(self._context(ex), self.kind), full, seed,
-                          False, mid, c)
-                for (ex, s), text, full, seed, c in zip(items, texts, prompts, seeds, cut)]
+                          False, mid, c, judged=j)
+                for (ex, s), text, full, seed, c, j in zip(items, texts, prompts, seeds, cut, judged)]
         self.judge.flush("generate", n)
         self._timed("generate", t0)
         return self._finish(rel, rows, Rationale, f"{it_dir(n)}/generate", UNSELECTED)
@@ -93,6 +94,38 @@ class Stages(StageBase):
         self._timed("rationalize", t0)
         return self._finish(rel, rows, Rationale, f"{it_dir(n)}/rationalize", UNSELECTED)
 
+    # -- before 3: the questions a filter declines (not rationalized, none of them kept) -
+    def undeclined(self, n: int, wrong: Sequence[Example], generated: Sequence[Rationale]) -> list[Example]:
+        """The ``wrong`` questions to rationalize: those no filter declines (``declined``), judged on
+        the iteration's hint-free samples ``generated``."""
+        out = self.declined(n, generated)
+        return [x for x in wrong if x.id not in out]
+
+    def declined(self, n: int, generated: Sequence[Rationale], history: Sequence[Candidate] | None = None
+                 ) -> dict[str, str]:
+        """The questions that the filters with ``decline`` (``capabilities.DeclinesQuestions``) take out
+        of iteration ``n``, judged on its hint-free samples ``generated`` (``history``: what earlier
+        iterations kept): question id -> the first such filter, in ``task.filters`` order. Asked
+        before rationalization and again at selection (``select``), with the same samples and
+        history: a deterministic filter answers alike, so nothing more is stored to resume."""
+        flts = [(name, f) for name, f in self.exp.filters if isinstance(f, DeclinesQuestions)]
+        if not flts:
+            return {}
+        if history is None:
+            history = [r.candidate() for r in self.history(n)]
+        candidates = [r.candidate() for r in generated if not r.was_hinted]
+        ids = {c.question_id for c in candidates}
+        out: dict[str, str] = {}
+        for name, flt in flts:
+            with self.exp.calling(flt, "decline"):
+                got = flt.decline(candidates, history)
+            self.exp.registry.returned(
+                flt, "decline", got, isinstance(got, (list, tuple, set, frozenset))
+                and all(isinstance(q, str) and q in ids for q in got), "a collection of the samples' question ids")
+            for q in sorted(got):
+                out.setdefault(q, name)
+        return out
+
     # -- 2. + filters: what goes into the fine-tuning set ---------------------------
     def history(self, n: int) -> list[Rationale]:
         rows: list[Rationale] = []
@@ -106,8 +139,10 @@ class Stages(StageBase):
         rel = f"{it_dir(n)}/rationales.parquet"
         if self.store.done(rel):
             return self.store.read_records(rel, Rationale)
-        rows = [replace(r, kept=r.correct, rejected_by=None if r.correct else "checker") for r in rows]
         history = [r.candidate() for r in self.history(n)]
+        out = self.declined(n, [r for r in rows if not r.was_hinted], history)  # before the checker: all rejected
+        rows = [replace(r, kept=False, rejected_by=out[r.question_id]) if r.question_id in out
+                else replace(r, kept=r.correct, rejected_by=None if r.correct else "checker") for r in rows]
         for name, flt in self.exp.filters:
             alive = [i for i, r in enumerate(rows) if r.kept]
             candidates = [rows[i].candidate() for i in alive]

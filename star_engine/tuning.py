@@ -6,6 +6,8 @@ The probes are generated in stored chunks like every stage (``iterations/NNN/tun
 once the choice is stored) and judged as the iteration's samples are (``task.reward`` when set);
 the choice and every candidate's scores are stored in ``iterations/NNN/tuning.parquet`` (a
 ``chosen`` column marks the one used), which a resumed run reads back without asking again.
+The probe (``CoreProbe``) also gives the questions' gold completions (``references``): B-STaR
+counts each question's reference solution among its samples.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pyarrow as pa
 
 from .api import Example, ProbeSample, TuningChoice
 from .jobs import GenSpec
-from .errors import PluginError
+from .errors import PluginError, UserError
 from .seeds import derive_seed
 from .stagebase import it_dir
 
@@ -38,19 +40,8 @@ def tune(st: Stages, n: int, model: str, questions: Sequence[Example]) -> GenSpe
     if st.store.done(rel):
         chosen = [r["temperature"] for r in st.store.read_rows(rel) if r["chosen"]]
         return replace(st.sample_spec, temperature=chosen[0])
-    by_id = {ex.id: ex for ex in questions}
-
     name = st.cfg.generation.tuner["name"]
-
-    def probe(temperature: float, ids: Sequence[str], samples: int) -> list[list[ProbeSample]]:
-        unknown = [i for i in ids if i not in by_id]
-        wrong = ("questions not drawn: " + repr(unknown[:3]) if unknown else
-                 "a question twice" if len(set(ids)) != len(ids) else
-                 "no sample or a negative temperature" if samples < 1 or not temperature >= 0 else "")
-        if wrong:
-            raise PluginError(f"tuner '{name}': probe({temperature!r}, {len(ids)} ids, {samples!r}) asks for {wrong}")
-        return _probe(st, n, model, [by_id[i] for i in ids], float(temperature), int(samples))
-
+    probe = CoreProbe(st, n, model, questions, name)
     with st.exp.calling(tuner, "tune"):
         choice = tuner.tune(n, list(questions), probe, st.seed)
     rows = _rows(name, choice)
@@ -59,6 +50,45 @@ def tune(st: Stages, n: int, model: str, questions: Sequence[Example]) -> GenSpe
     st.store.write_table(rel, [{k: r.get(k) for k in schema.names} for r in rows], schema)
     st._drop_chunks(f"{it_dir(n)}/tune")
     return replace(st.sample_spec, temperature=choice.temperature)
+
+
+class CoreProbe:
+    """The ``Probe`` a tuner is given (a ``ReferenceProbe``): ``probe(temperature, ids, samples)``
+    samples and judges (``_probe``); ``references(ids)`` gives the questions' gold completions.
+    Asked for a question not drawn, twice, no sample or a negative temperature: the tuner's
+    error."""
+
+    def __init__(self, st: Stages, n: int, model: str, questions: Sequence[Example], name: str):
+        self.st, self.n, self.model, self.name = st, n, model, name
+        self.by_id = {ex.id: ex for ex in questions}
+
+    def _asked(self, call: str, ids: Sequence[str], wrong: str = "") -> list[Example]:
+        unknown = [i for i in ids if i not in self.by_id]
+        wrong = ("questions not drawn: " + repr(unknown[:3]) if unknown else
+                 "a question twice" if len(set(ids)) != len(ids) else wrong)
+        if wrong:
+            raise PluginError(f"tuner '{self.name}': {call} asks for {wrong}")
+        return [self.by_id[i] for i in ids]
+
+    def __call__(self, temperature: float, ids: Sequence[str], samples: int) -> list[list[ProbeSample]]:
+        asked = self._asked(f"probe({temperature!r}, {len(ids)} ids, {samples!r})", ids,
+                            "no sample or a negative temperature" if samples < 1 or not temperature >= 0 else "")
+        least = self.st.judge.min_group("tune")  # a group reward judges each question's probes together
+        if samples < least:
+            raise UserError(f"generation.tuner: tuner '{self.name}' probes {samples} answers a question, and "
+                            f"task.reward '{self.st.judge.name_for('tune')}' judges at least {least} of a question "
+                            f"together; raise the tuner's samples", key="generation.tuner")
+        return _probe(self.st, self.n, self.model, asked, float(temperature), int(samples))
+
+    def references(self, ids: Sequence[str]) -> list[str]:
+        """Each question's ``Task.gold_completion`` (``task.direct``'s kind), trimmed as a probe's
+        answers are; the task's ``UserError`` when it has none."""
+        st, out = self.st, []
+        for ex in self._asked(f"references({len(ids)} ids)", ids):
+            with st.exp.calling(st.task, "gold_completion"):
+                completion = st.task.gold_completion(ex, st.cfg.task.direct)
+            out.append(st._trim(completion))
+        return out
 
 
 def _rows(name: str, choice: TuningChoice) -> list[dict]:
@@ -91,8 +121,8 @@ def _probe(st: Stages, n: int, model: str, questions: Sequence[Example], tempera
     texts = st._generate(f"{it_dir(n)}/tune/{key}", prompts, seeds, spec, model,
                          f"iter {n}: tune t={temperature:g}")
     out: dict[str, list[ProbeSample]] = {ex.id: [] for ex in questions}
-    for (ex, s), text in zip(items, texts):
-        trimmed, _, v = st._judge(text, ex.answer, st.where(n, ex, s, "tune"))
-        out[ex.id].append(ProbeSample(ex.id, s, trimmed, v.predicted, bool(v.correct)))
+    for (ex, s), (trimmed, _, v) in zip(items, st.judge_all(items, texts, "tune", n)):
+        score = None if v.score is None else float(v.score)
+        out[ex.id].append(ProbeSample(ex.id, s, trimmed, v.predicted, bool(v.correct), score))
     st.judge.flush("tune", n)
     return [out[ex.id] for ex in questions]

@@ -299,17 +299,18 @@ FALLBACK_NOTE = ("* trained on the task's gold completions: nothing was kept (--
                  "trained_on = gold_fallback)")
 
 
-def summary_table(rows: Sequence[dict[str, Any]], short: bool = False) -> Table:
+def summary_table(rows: Sequence[dict[str, Any]], short: bool = False, note: str | None = None) -> Table:
     """Per iteration and split, the accuracy (class "all") and counts; the fine-tuning columns
     (rationalized, kept, steps, coverage) on the train rows only, the steps marked "*" where a
     ``--smoke`` iteration trained on the gold completions. ``short``: short headers, with a
-    legend in the caption."""
+    legend in the caption; ``note``: a line for the caption (why the run stopped early)."""
     pct = lambda v: "–" if v is None else f"{100 * v:.1f}%"  # noqa: E731
     num = lambda v: "–" if v is None else str(v)  # noqa: E731
     alls = [r for r in rows if r["class"] == "all"]
     fallback = any(r.get("trained_on") == "gold_fallback" for r in alls)
     notes = [", ".join(f"{s} = {what}" for full, s, what in SUMMARY_COLUMNS if s != full)] if short else []
     notes += [FALLBACK_NOTE] if fallback else []
+    notes += [note] if note else []
     table = Table(title="STaR run summary", caption="\n".join(notes) or None, caption_justify="left")
     for full, s, _ in SUMMARY_COLUMNS:
         table.add_column(s if short else full, justify="left" if full == "split" else "right")
@@ -327,12 +328,13 @@ def _width(table: Table) -> int:
     return Measurement.get(wide, wide.options, table).maximum
 
 
-def print_summary(rows: Sequence[dict[str, Any]]) -> None:
+def print_summary(rows: Sequence[dict[str, Any]], note: str | None = None) -> None:
     """The summary table on stdout: whole on a terminal wide enough, with short headers and a
-    legend in a narrower one; elsewhere (a file, a pipe) whole, whatever its width."""
-    full = summary_table(rows)
+    legend in a narrower one; elsewhere (a file, a pipe) whole, whatever its width. ``note``: a
+    line under it (``summary_table``)."""
+    full = summary_table(rows, note=note)
     if console.is_terminal:
-        _out(lambda: console.print(full if _width(full) <= console.width else summary_table(rows, short=True)))
+        _out(lambda: console.print(full if _width(full) <= console.width else summary_table(rows, True, note)))
     else:
         _out(lambda: Console(file=sys.stdout, width=max(80, _width(full))).print(full))
 

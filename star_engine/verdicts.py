@@ -21,7 +21,7 @@ import numpy as np
 import structlog
 
 from .api import CheckContext, Checker, Example, Verdict
-from .capabilities import ChecksGold, ChecksInContext
+from .capabilities import ChecksGold, ChecksGroups, ChecksInContext
 from .errors import PluginError, UserError
 from .records import CheckerVerdict
 from .registry import Registry
@@ -148,8 +148,15 @@ def _check(registry: Registry, checker: Checker, where: CheckContext | None, tex
         else:
             v = checker.check(text, extracted, gold)
     ok = isinstance(v, Verdict) and isinstance(v.correct, bool | np.bool_) and (
-        v.predicted is None or isinstance(v.predicted, str))
-    return registry.returned(checker, method, v, ok, "a star_engine.Verdict(predicted: str | None, correct: bool)")
+        v.predicted is None or isinstance(v.predicted, str)) and _graded(getattr(v, "score", None))
+    return registry.returned(checker, method, v, ok, "a star_engine.Verdict(predicted: str | None, correct: bool, "
+                             "score: a finite number or None)")
+
+
+def _graded(score: Any) -> bool:
+    """A ``Verdict.score`` as the protocol has it: None, or a finite real number."""
+    return score is None or (isinstance(score, int | float | np.integer | np.floating)
+                             and not isinstance(score, bool | np.bool_) and bool(np.isfinite(score)))
 
 
 class Judge:
@@ -173,11 +180,55 @@ class Judge:
         """The name of what judges ``stage``'s generations (recorded with them)."""
         return self._deciding(stage)[1]
 
+    def min_group(self, stage: str) -> int:
+        """The fewest samples of a question that what judges ``stage``'s generations judges
+        together (``capabilities.ChecksGroups.min_group``); 1 for a checker that judges one at a time."""
+        checker = self._deciding(stage)[0]
+        return int(checker.min_group) if isinstance(checker, ChecksGroups) else 1
+
     def __call__(self, text: str, extracted: str | None, gold: str, where: CheckContext | None = None) -> Verdict:
         """The verdict that decides (an answer the checker gave up on is wrong): the task's
-        checker's, or ``task.reward``'s for a training stage (``where.stage``)."""
+        checker's, or ``task.reward``'s for a training stage (``where.stage``). A checker that
+        judges groups (``ChecksGroups``) judges this generation as a group of one."""
         checker, name = self._deciding(where.stage if where is not None else None)
-        v = _check(self.registry, checker, where, text, extracted, gold)
+        if where is not None and isinstance(checker, ChecksGroups):
+            return self._group(checker, name, [where], [text], [extracted], gold)[0]
+        return self._counted(name, _check(self.registry, checker, where, text, extracted, gold))
+
+    def each(self, texts: Sequence[str], extracted: Sequence[str | None], golds: Sequence[str],
+             wheres: Sequence[CheckContext]) -> list[Verdict]:
+        """The deciding verdicts on generations of one stage (``wheres[i]``: where ``texts[i]``
+        comes from): one by one, or, when what judges the stage judges a question's samples
+        together (``ChecksGroups``), each question's generations at once, in the order given."""
+        if not wheres:
+            return []
+        checker, name = self._deciding(wheres[0].stage)
+        if not isinstance(checker, ChecksGroups):
+            return [self(t, e, g, w) for t, e, g, w in zip(texts, extracted, golds, wheres)]
+        groups: dict[str, list[int]] = {}
+        for i, w in enumerate(wheres):
+            groups.setdefault(w.question_id, []).append(i)
+        out: dict[int, Verdict] = {}
+        for idx in groups.values():
+            vs = self._group(checker, name, [wheres[i] for i in idx], [texts[i] for i in idx],
+                             [extracted[i] for i in idx], golds[idx[0]])
+            out.update(zip(idx, vs))
+        return [out[i] for i in range(len(texts))]
+
+    def _group(self, checker: ChecksGroups, name: str, wheres: Sequence[CheckContext], texts: Sequence[str],
+               extracted: Sequence[str | None], gold: str) -> list[Verdict]:
+        """``checker.check_group`` of one question's generations: one verdict each."""
+        with self.registry.calling(checker, "check_group"):
+            vs = checker.check_group(list(wheres), list(texts), list(extracted), gold)
+        ok = isinstance(vs, list) and len(vs) == len(texts) and all(
+            isinstance(v, Verdict) and isinstance(v.correct, bool | np.bool_) and (
+                v.predicted is None or isinstance(v.predicted, str)) and _graded(getattr(v, "score", None))
+            for v in vs)
+        self.registry.returned(checker, "check_group", vs, ok, f"a list of {len(texts)} star_engine.Verdict")
+        return [self._counted(name, v) for v in vs]
+
+    def _counted(self, name: str, v: Verdict) -> Verdict:
+        """``v``, counted and made wrong when it timed out."""
         if getattr(v, "timed_out", False):
             self.timeouts[name] += 1
             return Verdict(v.predicted, False, timed_out=True)

@@ -1,9 +1,13 @@
-"""V-STaR (Hosseini et al. 2024) in the loop: after iteration n's fine-tuning, a verifier V_n is
-trained by DPO on that iteration's preference pairs (``preferences.pair_up``: its kept rationales
-against its wrong ones, at most ``verifier.max_pairs_per_question`` per question), starting from
-the iteration's generator M_n (or the base model, ``verifier.init``), which stays frozen as
-DPO's reference. The sampled evaluation's answers are then scored by V_n
-(``verifier_<split>.parquet``) and ranked: verifier@k in ``metrics.parquet``.
+"""V-STaR (Hosseini et al. 2024, "V-STaR: Training Verifiers for Self-Taught Reasoners",
+Algorithm 1) in the loop. Its data D_VER starts from the original training data (the task's gold
+solutions, ``verifier.gold``) and gathers the correct and incorrect samples of every iteration;
+after the last iteration one verifier is trained on it by DPO, from G_SFT (the generator
+fine-tuned on the original data: here M0, the base model after ``[base_training]``), which is
+also DPO's frozen reference; it ranks the final generator's sampled answers (verifier@k). That is
+``schedule = "final"`` with ``init = "base"`` (the defaults). ``schedule = "cumulative"`` trains
+one at each evaluating iteration t on D_VER up to t (the paper's per-iteration curves);
+``"each_iteration"`` on iteration n's samples alone (this project's earlier rule, a departure).
+Pairs: ``preferences.verifier_pairs``.
 
 Both steps are stages (``Stages.trained``; a stored score file): a resumed run returns what is
 stored, and the verifier is a checkpoint of the run like the others (recorded with its hash in
@@ -18,16 +22,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from collections.abc import Sequence
 
+import structlog
+
 from . import ui
 from .api import PreferencePair, Progress, TrainExample, TrainResult
 from .capabilities import TrainsVerifiers
-from .preferences import pair_up
+from .errors import UserError
+from .preferences import verifier_pairs
 from .records import Evaluation, Rationale, VerifierScore
 from .seeds import derive_seed
 from .stagebase import it_dir
 
 if TYPE_CHECKING:
+    from .config import Config
     from .stages import Stages
+
+log = structlog.get_logger("star_engine")
 
 
 @dataclass(frozen=True)
@@ -73,14 +83,27 @@ def _logps(st: Stages, model: str, examples: Sequence[TrainExample], what: str) 
     return [float(x) for x in out]
 
 
-def train_verifier(st: Stages, n: int, generator: str, base: str, rationales: Sequence[Rationale]) -> Verifying:
-    """V_n: DPO on iteration ``n``'s pairs (of ``rationales``, its rows of ``rationales.parquet``)
-    from ``generator`` (M_n) or ``base`` (``verifier.init``), recorded in
-    ``iterations/NNN/verifier/train.json``."""
+def due(cfg: Config, n: int, evaluating: bool) -> bool:
+    """Whether iteration ``n`` trains a verifier: the last one (``schedule = "final"``), else each
+    iteration that evaluates (``evaluating``), since the verifier ranks the evaluation's samples."""
+    v = cfg.verifier
+    if not v.enabled:
+        return False
+    return n == cfg.experiment.iterations if v.schedule == "final" else evaluating
+
+
+def train_verifier(st: Stages, n: int, generator: str, base: str) -> Verifying:
+    """The verifier of iteration ``n``: DPO on the pairs of D_VER (iteration ``n``'s samples for
+    ``schedule = "each_iteration"``, else those of iterations 1..n, with the gold solutions when
+    ``verifier.gold``) from ``base`` (M0 = G_SFT) or ``generator`` (M_n) (``verifier.init``),
+    recorded in ``iterations/NNN/verifier/train.json``."""
     v = st.cfg.verifier
     init = generator if v.init == "generator" else base
-    pairs = [PreferencePair(c.prompt, c.rationale, w.rationale)
-             for c, w in pair_up(rationales, v.max_pairs_per_question)]
+    first = n if v.schedule == "each_iteration" else 1
+    rows = [r for m in range(first, n + 1) for r in _rationales(st, m)]
+    gold = _gold(st, rows) if v.gold else {}
+    pairs = [PreferencePair(p, c, w) for p, c, w in verifier_pairs(rows, gold, v.max_pairs_per_question,
+                                                                    v.rationalized)]
     spec = v.preference_spec(v.steps, derive_seed(st.seed, n, "verifier"))
     backend = st.backend
 
@@ -91,3 +114,28 @@ def train_verifier(st: Stages, n: int, generator: str, base: str, rationales: Se
     checkpoint, _ = st.trained(f"{it_dir(n)}/verifier", init, spec.steps, len(pairs), "pairs",
                                ("train_preferences", train))
     return Verifying(checkpoint, init, v.score)
+
+
+def _rationales(st: Stages, m: int) -> list[Rationale]:
+    """Iteration ``m``'s labelled samples (its ``rationales.parquet``)."""
+    rel = f"{it_dir(m)}/rationales.parquet"
+    return st.store.read_records(rel, Rationale) if st.store.done(rel) else []
+
+
+def _gold(st: Stages, rows: Sequence[Rationale]) -> dict[str, tuple[str, str]]:
+    """D_SFT's part of D_VER that can pair: the task's gold solution (``Task.gold_completion``) of
+    each training question with an incorrect sample, after its stored hint-free prompt; none when
+    the task has no gold solutions (a question without a gold answer has none either)."""
+    wrong = {r.question_id for r in rows if not r.correct}
+    out: dict[str, tuple[str, str]] = {}
+    for ex in st.exp.splits[st.cfg.task.train_split]:
+        if ex.id not in wrong or not ex.answer:
+            continue
+        try:
+            with st.exp.calling(st.task, "gold_completion"):
+                completion = st.task.gold_completion(ex, st.cfg.task.direct)
+        except UserError as e:  # the task has no gold solutions: D_VER is the samples alone
+            log.info("verifier_without_gold", reason=str(e))
+            return {}
+        out[ex.id] = (st.stored_context(ex), completion)
+    return out

@@ -105,8 +105,15 @@ def verifier_toml(toy_toml, out: str = "run", extra: str = "") -> Path:
     return path
 
 
+EACH_ITERATION = """schedule = "each_iteration"
+init = "generator"
+rationalized = true
+gold = false
+"""
+
+
 def test_the_verifier_is_trained_on_the_iterations_pairs_and_ranks_the_samples(successors, toy_toml):
-    path = verifier_toml(toy_toml)
+    path = verifier_toml(toy_toml, extra=EACH_ITERATION)
     assert main(["run", str(path), "--quiet"]) == 0
     run = path.parent / "run"
     manifest = json.loads((run / "manifest.json").read_text())
@@ -191,7 +198,7 @@ def sampled_toml(toy_toml, out: str, extra: str = "", filters: str = '["toy_leak
 
 
 def test_the_group_filter_drops_all_right_questions_and_is_counted(successors, toy_toml):
-    path = sampled_toml(toy_toml, "run", filters='["toy_leak", "group"]')
+    path = sampled_toml(toy_toml, "run", filters='["toy_leak", {name = "group", drop = ["all_right"]}]')
     assert main(["run", str(path), "--quiet"]) == 0
     run = path.parent / "run"
     rats = rows(run, "iterations/001/rationales.parquet")

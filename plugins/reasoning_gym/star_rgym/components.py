@@ -47,7 +47,10 @@ class ScoreChecker:
         return True
 
     def check(self, generation: str, extracted: str | None, gold: str) -> Verdict:
-        return Verdict(extracted, self.score(extracted, gold) >= self.threshold)
+        """Right when the score reaches ``threshold``; the score itself is the verdict's graded
+        ``score`` (what a tuner sweeps a reward threshold over: B-STaR's ``balance`` tuner)."""
+        score = self.score(extracted, gold)
+        return Verdict(extracted, score >= self.threshold, score=score)
 
 
 class AnswerHint:

@@ -130,13 +130,14 @@ def test_checker_is_score_answer_with_a_threshold(reg):
                 expected = fresh.score_answer(answer, entry)
                 assert checker.score(answer, ex.answer) == expected
                 assert checker.check("...", answer, ex.answer).correct == (expected >= 1.0)
+                assert checker.check("...", answer, ex.answer).score == expected  # the graded reward, carried
                 assert lenient.check("...", answer, ex.answer).correct == (expected >= 0.1)
     task = make(reg, name="chain_sum", seed=1, size_train=2, size_dev=1)
     (ex,) = task.load("dev", None)
     partial = f"The answer is {ex.fields['answer']}"
     assert 0.1 <= checker.score(partial, ex.answer) < 1.0  # base class: partial credit for a substring
     assert not checker.check("", partial, ex.answer).correct and lenient.check("", partial, ex.answer).correct
-    assert checker.check("", None, ex.answer) == Verdict(None, False)
+    assert checker.check("", None, ex.answer) == Verdict(None, False, score=0.0)
     for bad in (0, -0.5, 1.5, "1", True):
         with pytest.raises(UserError, match="threshold"):
             reg.create("checker", "reasoning_gym_score", {"threshold": bad}, "task.checker")
