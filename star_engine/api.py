@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 from collections.abc import Callable, Mapping, Sequence
 
 from .jobs import GenRequest, GenSpec, PreferencePair, PreferenceSpec, TrainResult, TrainSpec
+from .probes import Probe, ProbeSample as ProbeSample, ReferenceProbe as ReferenceProbe, TuningChoice  # re-exported
 
 Progress = Callable[[int], None]
 """Called with the number of items just finished (for progress bars)."""
@@ -261,53 +262,6 @@ class QuestionSampler(Protocol):
         ``questions.parquet`` of the iterations before (``star_engine.ledger.LEDGER_SCHEMA``);
         ``seed`` is the experiment's. Must be deterministic: the same arguments, the same ids
         (a resumed run asks again). The order of the ids does not matter."""
-
-
-@dataclass(frozen=True)
-class ProbeSample:
-    """One answer of a tuner's probe (``SamplingTuner``): the trimmed ``text`` the model wrote
-    for question ``question_id`` (its ``sample``-th), the answer found in it and the task's
-    checker's verdict (``score``: its graded reward, ``Verdict.score``; None when it gives none)."""
-
-    question_id: str
-    sample: int
-    text: str
-    predicted: str | None
-    correct: bool
-    score: float | None = None
-
-
-Probe = Callable[[float, Sequence[str], int], list[list[ProbeSample]]]
-"""``probe(temperature, question_ids, samples)``: the model of the iteration samples ``samples``
-answers to each of ``question_ids`` (ids of the questions the tuner was given) at
-``temperature``, with the generation's prompt, top-p and length; returns, per question in that
-order, its answers, judged. Stored by the core (a resumed run reads them back). The core's probe
-is also a ``ReferenceProbe``."""
-
-
-@runtime_checkable
-class ReferenceProbe(Protocol):
-    """A ``Probe`` that also gives each question's reference solution, as the core's probe does:
-    ``references(question_ids)`` returns, per question in that order, the task's gold completion
-    (``Task.gold_completion(example, task.direct)``, trimmed as the probe's answers are), which
-    B-STaR counts among a question's samples as a right one. A task without one for a question
-    raises its ``UserError``."""
-
-    def __call__(self, temperature: float, question_ids: Sequence[str], samples: int) -> list[list[ProbeSample]]:
-        ...
-
-    def references(self, question_ids: Sequence[str]) -> list[str]:
-        ...
-
-
-@dataclass(frozen=True)
-class TuningChoice:
-    """What a ``SamplingTuner`` chose: the ``temperature`` the iteration samples at, and one
-    row per candidate it tried (``{"temperature": ..., "score": ..., <more columns>}``, plain
-    numbers), stored in the iteration's ``tuning.parquet``."""
-
-    temperature: float
-    candidates: Sequence[Mapping[str, float]]
 
 
 class SamplingTuner(Protocol):

@@ -76,6 +76,11 @@ class LabelFree(Protocol):  # a Checker's (``Checker.label_free``): True: its ve
 
 
 @runtime_checkable
+class NeedsReferences(Protocol):  # a SamplingTuner's: True: its tuning reads ReferenceProbe.references
+    needs_references: bool
+
+
+@runtime_checkable
 class TrainsVerifiers(Protocol):  # a Backend's (``Backend.train_preferences`` and ``score``): ``[verifier]``
     def train_preferences(self, init: str, out: Path, pairs: Sequence[PreferencePair], spec: PreferenceSpec,
                           progress: Progress | None = None) -> TrainResult: ...

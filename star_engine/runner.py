@@ -17,7 +17,7 @@ from pathlib import Path
 import structlog
 
 from . import __version__, rundir, runlock, ui
-from .capabilities import Starts, ValidatesRun
+from .capabilities import NeedsReferences, Starts, ValidatesRun
 from .errors import UserError
 from .experiment import Experiment, config_hash
 from .labelfree import collapse_note
@@ -65,10 +65,27 @@ def check_volume(exp: Experiment) -> None:
                             f"the {MAX_ROWS:,} a stage may hold", key=key)
 
 
+def check_references(exp: Experiment) -> None:
+    """A tuner that reads each question's reference solution (``NeedsReferences``: B-STaR's
+    ``balance``) has a task that writes one: its gold completion of a training question."""
+    tuner, cfg = exp.tuner, exp.config
+    questions = [ex for ex in exp.splits.get(cfg.task.train_split, ()) if ex.answer]
+    if not (isinstance(tuner, NeedsReferences) and tuner.needs_references and questions):
+        return
+    try:
+        with exp.calling(exp.task, "gold_completion"):
+            exp.task.gold_completion(questions[0], cfg.task.direct)
+    except UserError as e:
+        raise UserError(f"generation.tuner.reference: tuner {cfg.generation.tuner['name']!r} counts each question's "
+                        f"reference solution, and the task has none ({e}); set generation.tuner.reference = false "
+                        f"to tune without it", key="generation.tuner.reference") from None
+
+
 def preflight(exp: Experiment) -> rundir.RunDir:
     """Every check a run makes before it writes anything (reads only): the stages' volume, the
     backend's, then the run directory's. ``validate`` and ``run`` both call it."""
     check_volume(exp)
+    check_references(exp)
     check_backend(exp)
     return rundir.inspect(exp.config.as_dict(), exp.defaults, exp.options)
 

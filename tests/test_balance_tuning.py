@@ -20,7 +20,8 @@ PLUGIN = textwrap.dedent('''
     import json
     import math
 
-    from star_engine import ReferenceProbe, TuningChoice, Verdict, hookimpl
+    from star_engine import ReferenceProbe, TuningChoice, UserError, Verdict, hookimpl
+    from star_testkit.scripted import ToyTask
 
 
     class Graded:
@@ -50,6 +51,18 @@ PLUGIN = textwrap.dedent('''
             with open(self.out, "a") as f:
                 f.write(json.dumps({"ids": ids, "answers": rows, "references": refs}) + "\\n")
             return TuningChoice(0.5, [{"temperature": 0.5, "score": 0.0}])
+
+
+    class NoGold(ToyTask):
+        """The toy task without gold completions (as CommonsenseQA has no gold rationales)."""
+
+        def gold_completion(self, ex, direct):
+            raise UserError("task 'toy_nogold' has no gold completions")
+
+
+    @hookimpl
+    def register_tasks(register):
+        register("toy_nogold", NoGold)
 
 
     @hookimpl
@@ -127,3 +140,15 @@ def test_the_balance_tuner_in_a_run_records_its_choice(graded, toy_toml):
         assert 0 < r["mean_reward"] < 1  # graded: the wrong answers' 1 / (1 + d)
     best = max(rows, key=lambda r: r["score"])
     assert best["chosen"]
+
+
+@pytest.mark.parametrize("reference, rc", [("true", 2), ("false", 0)])
+def test_a_task_without_gold_completions_is_refused_before_the_run_for_b_stars_reference(
+        graded, toy_toml, capsys, reference, rc):
+    path = toml(toy_toml, f'{{ name = "balance", questions = 2, samples = 2, reference = {reference} }}',
+                checker='"toy_exact"', dataset="toy_nogold")
+    assert main(["validate", str(path)]) == rc
+    err = capsys.readouterr().err
+    if rc:
+        assert len(err.strip().splitlines()) == 1 and "generation.tuner.reference" in err and "no gold" in err
+    assert not (path.parent / "run").exists()

@@ -247,6 +247,8 @@ class BalanceTuner:
         self.valid_sample_size = int(p.valid_sample_size if valid_sample_size is None else valid_sample_size)
         self.max_cap, self.target, self.reference, self.distinct = int(max_cap), int(target), reference, distinct
         self.thresholds = released_thresholds() if thresholds is None else tuple(float(t) for t in thresholds)
+        # the core checks before the run that the task writes them (star_engine.capabilities.NeedsReferences)
+        self.needs_references = self.score == "released" and reference
 
     def tune(self, iteration: int, questions: Sequence[Example], probe: Probe, seed: int) -> TuningChoice:
         ids = uniform_subset(questions, self.questions, seed, iteration)
