@@ -39,6 +39,9 @@ def _parser(commands: dict | None = None) -> argparse.ArgumentParser:
         sp.add_argument("--smoke", action="store_true",
                         help="a quick run of every stage: the backend's default (tiny) model, a few questions, one "
                              "iteration, a few steps, gold completions if nothing is kept; in OUTPUT_DIR_smoke")
+        sp.add_argument("--seeds", default=None, metavar="LIST",
+                        help="one run per seed (experiment.seed), e.g. --seeds 0,1,2, each in OUTPUT_DIR_seedN, one "
+                             "after the other (with a [sweep] table: for each of its runs; docs/many-runs.md)")
 
     run = sub.add_parser("run", help="run (or resume) an experiment")
     experiment_args(run)
@@ -50,10 +53,19 @@ def _parser(commands: dict | None = None) -> argparse.ArgumentParser:
     pl.add_argument("--requirements", action="store_true", help="print name==version lines")
     rep = sub.add_parser("report", help="write report.png and report.md for a run directory")
     rep.add_argument("run_dir", type=Path, help="a run directory (an experiment's output_dir, e.g. runs/addition)")
-    rep.add_argument("--compare", type=Path, default=None, help="a second run directory to overlay")
+    rep.add_argument("--compare", type=Path, default=None,
+                     help="a second run directory to overlay, written to RUN_DIR/report_vs_OTHER.md and .png (the "
+                          "run's own report stays); deprecated: use star-engine compare")
     rep.add_argument("--label", dest="labels", action="append", default=[], metavar="NAME",
                      help="name RUN_DIR NAME in the report (given twice: the --compare run the second; default: "
                           "the experiment's name, or with --compare each run's directory)")
+    cmp = sub.add_parser("compare", help="compare runs (those differing only by seed grouped: mean ± sd) in "
+                                         "DIR/compare.md and DIR/compare.png")
+    cmp.add_argument("runs", nargs="+", metavar="RUN_DIR",
+                     help="run directories, or globs the command expands (quoted: 'runs/addition_seed*')")
+    cmp.add_argument("--out", type=Path, required=True, metavar="DIR",
+                     help="the folder for compare.md and compare.png, outside every run directory "
+                          "(e.g. comparisons/addition)")
     exp = sub.add_parser("export", help="write a run's rationales in a training format (--pairs, --sft)")
     exp.add_argument("run_dir", type=Path, help="a run directory (an experiment's output_dir, e.g. runs/addition)")
     exp.add_argument("--pairs", action="store_true",
@@ -81,6 +93,25 @@ def _parser(commands: dict | None = None) -> argparse.ArgumentParser:
                      help="override a key of the experiment, e.g. --set task.data_root='\"/data\"'")
     chk.add_argument("--root", type=Path, default=None, metavar="DIR",
                      help="without an experiment: the data root (default: $STAR_ENGINE_DATA)")
+    show = sub.add_parser("show", help="print what the model wrote: a run's rationales and evaluation answers, "
+                                       "with their verdicts and what was kept")
+    show.add_argument("run_dir", type=Path, help="a run directory (an experiment's output_dir, e.g. runs/addition)")
+    show.add_argument("--iteration", type=int, default=None, metavar="N", help="iteration N only")
+    show.add_argument("--split", default=None, metavar="S",
+                      help="the train split (the rationales) or an evaluation split (its greedy and sampled answers)")
+    show.add_argument("--wrong", action="store_true", help="only what the checker judged wrong")
+    show.add_argument("--rationalized", action="store_true", help="only rationales generated with the hint")
+    show.add_argument("--class", dest="cls", default=None, metavar="C", help="only questions of class C")
+    show.add_argument("--question", default=None, metavar="ID",
+                      help="only question ID, and (as a table) its history across iterations (questions.parquet)")
+    show.add_argument("--grep", default=None, metavar="REGEX",
+                      help="only rows whose question, text or predicted answer matches REGEX (Python re)")
+    show.add_argument("--limit", type=int, default=None, metavar="N", help="at most N rows")
+    show.add_argument("--format", dest="fmt", default="table", choices=("table", "jsonl", "csv"),
+                      help="table (default), or every column as JSON Lines or CSV on stdout")
+    stat = sub.add_parser("status", help="whether a run is finished, running or stopped (at which stage), its time "
+                                         "spent and left")
+    stat.add_argument("run_dir", type=Path, help="a run directory (an experiment's output_dir, e.g. runs/addition)")
     for name, command in (commands or {}).items():  # subcommands contributed by plugins
         command.add_arguments(sub.add_parser(name, help=command.help))
     return p
@@ -110,15 +141,48 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .runner import run
 
     ui.configure_logging(None, quiet=args.quiet)
+    if args.seeds is not None or _sweeps(args):
+        return cmd_run_many(args)
     exp, _ = _load(args)
     run(exp, args.file)
     return 0
 
 
+def _sweeps(args: argparse.Namespace) -> bool:
+    """The file has a ``[sweep]`` table (``star_engine.sweep``)."""
+    from .sweep import plan
+
+    return plan(args.file, args.overrides, None) is not None
+
+
+def cmd_run_many(args: argparse.Namespace) -> int:
+    from .sweep import compare_command, plan, run_all
+
+    members = plan(args.file, args.overrides, args.seeds) or []
+    done = run_all(args.file, args.overrides, args.limit, args.smoke, members, args.quiet)
+    if not args.quiet:
+        print(f"{len(done)} runs of {args.file}:")
+        print("\n".join(f"  {root}: {what}" for root, what in done))
+        print(f"see them together: {compare_command([d for d, _ in done], args.file.stem)}")
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
+    if args.seeds is not None or _sweeps(args):
+        from .sweep import check_all, plan
+
+        members = plan(args.file, args.overrides, args.seeds) or []
+        for m, root, what in check_all(args.file, args.overrides, args.limit, args.smoke, members):
+            print(f"{args.file} [{m.label}]: OK (run directory {root}: {what})")
+        print(f"{args.file}: {len(members)} runs, all OK")
+        return 0
     exp, state = _load(args)
     sizes = ", ".join(f"{k}={len(v)}" for k, v in exp.splits.items())
-    what = "resumes the run there" if state.resume else "new"
+    what = "new"
+    if state.resume:
+        from .status import rerun_note
+
+        what = rerun_note(exp.run_dir, exp.config.experiment.iterations)
     print(f"{args.file}: OK (task {exp.config.task.dataset}: {sizes}; backend {exp.config.model['backend']}; "
           f"run directory {exp.run_dir}: {what})")
     return 0
@@ -158,9 +222,22 @@ def cmd_report(args: argparse.Namespace) -> int:
     from . import ui
 
     written = write_report(args.run_dir, args.compare, args.labels)
+    if args.compare is not None:  # (after it is written: an error stays one line)
+        print("note: report --compare is deprecated; it writes report_vs_*.md beside the run's own report.md, "
+              "which it no longer replaces; for any number of runs use star-engine compare RUN... --out DIR",
+              file=sys.stderr)
     ui.print_summary(written.rows)
     ui.print_text(written.reading)
     print(f"wrote {written.path} and {written.path.with_suffix('.png')}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .compare import write
+
+    done = write(args.runs, args.out)
+    print("\n".join(done.lines))
+    print(f"wrote {done.path} and {done.path.with_suffix('.png')}")
     return 0
 
 
@@ -193,8 +270,22 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_show(args: argparse.Namespace) -> int:
+    from .show import Filters, command
+
+    return command(args.run_dir, Filters(args.iteration, args.split, args.wrong, args.rationalized, args.cls,
+                                         args.question, args.grep, args.limit), args.fmt)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from .status import command
+
+    return command(args.run_dir)
+
+
 BUILTIN = {"run": cmd_run, "validate": cmd_validate, "plugins": cmd_plugins, "report": cmd_report,
-           "export": cmd_export, "data": cmd_data}
+           "export": cmd_export, "data": cmd_data, "show": cmd_show, "status": cmd_status,
+           "compare": cmd_compare}
 
 
 def _plugin_commands() -> dict:

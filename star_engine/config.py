@@ -43,7 +43,11 @@ class Config(Section):
     model: dict  # the backend's table: its factory's options (``schema.declared``)
 
 
-SCHEMA: dict[str, Any] = Config.schema()
+# ``[sweep]``: ``"dotted.key" = [values]``, one run per combination (``star_engine.sweep``). Not a
+# setting of one run: ``load_experiment`` checks that it is a table and leaves it out of the
+# configuration it returns (``config.json``, the run directory's identity, never holds it).
+SWEEP = Option("sweep", dict[str, list], (), {})
+SCHEMA: dict[str, Any] = {**Config.schema(), "sweep": SWEEP}
 
 _LINECOL = re.compile(r"\(at line (\d+), column (\d+)\)")
 
@@ -203,21 +207,27 @@ def normalize_component(value: Any) -> dict[str, Any]:
 
 
 def load_experiment(path: Path, overrides: list[str] | None = None, limit: int | None = None,
-                    registry: Registry | None = None, smoke: bool = False) -> dict[str, Any]:
+                    registry: Registry | None = None, smoke: bool = False,
+                    member: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Parse, override, validate and resolve one experiment file. An error names the file, or
     the ``--set`` that gave the faulty value (``Origins``). ``registry`` (default: a new one)
     finds the backend whose typed table the ``[*.optimizer]`` tables are checked by. ``smoke``
     (``--smoke``, or ``experiment.smoke = true``): the file's values made a smoke run's
-    (``star_engine.smoke``) before the overrides apply."""
+    (``star_engine.smoke``) before the overrides apply. ``member``: one run of a sweep
+    (``sweep.Member.apply``): its values and folder written over the data after the overrides.
+    The ``[sweep]`` table is checked to be a table and left out of the result."""
     overrides = overrides or []
     data = load_toml(path)
     if smoke or _smoke.requested(data, overrides, apply_overrides):
         _smoke.apply(data, limit)
     apply_overrides(data, overrides)
+    if member is not None:
+        member(data)
     if limit is not None:
         data.setdefault("experiment", {})["limit"] = limit
     src = Origins(path, overrides)
     cfg = _validate(src, data, SCHEMA, "")
+    cfg.pop("sweep")  # the sweep's members (star_engine.sweep), not this run's setting
     pointless = effects.pointless(cfg, SCHEMA)  # refused once every key is checked (below)
     base = path.resolve().parent
     task = cfg["task"]

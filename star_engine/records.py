@@ -9,7 +9,8 @@ is nullable, as the files have always been written), and a field named different
 ``column("class")``. ``schema`` derives the table's schema, ``table`` writes records and
 ``read`` reads them back (``row``: one record as {column: value}, the form the ledger and the
 metrics rows keep for plugins); no other module declares a column. A column missing from a file
-written by an older version reads as the field's default (``Evaluation.checker``).
+written by an older version reads as the field's default (``Evaluation.checker``,
+``Evaluation.question``).
 """
 
 from __future__ import annotations
@@ -190,6 +191,9 @@ class Evaluation:
     prompt_hash: str
     verdicts: tuple[CheckerVerdict, ...] = ()  # the [evaluation] checkers', in their order (recorded only)
     prompt_truncated: bool | None = None  # as Rationale.prompt_truncated
+    # The question as the task puts it to the model (Task.context: without the few-shot prompt);
+    # null in files written before it was recorded.
+    question: str | None = None
 
 
 GREEDY = ("sample",)

@@ -3,13 +3,17 @@ the plot (``report.png``, drawn by ``star_engine.plot``), and the summary the co
 
 Alone, the run is named by its experiment's name; with ``--compare`` each run is labelled by its
 run directory (the trailing parts of the two paths that tell them apart: two runs of one
-experiment file are told apart), or by ``--label``.
+experiment file are told apart), or by ``--label``, and the report goes to
+``report_vs_<other>.md`` / ``.png`` beside the run's own report, which stays as it is
+(``--compare`` is deprecated: ``star-engine compare``, ``star_engine.compare``, compares any
+number of runs outside their directories).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Sequence
@@ -212,11 +216,11 @@ def checker_tables(rows: Sequence[dict], name: str, own: str = "") -> list[str]:
 
 
 def markdown(rows: Sequence[dict], name: str, other: Sequence[dict] | None, other_name: str, own: str = "",
-             title: str = "", runs: str = "") -> str:
+             title: str = "", runs: str = "", image: str = "report.png") -> str:
     """``report.md``: the runs labelled ``name`` and ``other_name``; ``title``, the heading (default
-    ``name``); ``runs``, a line saying which run each label stands for."""
+    ``name``); ``runs``, a line saying which run each label stands for; ``image``, the plot's file."""
     split = eval_split(rows)
-    lines = [f"# STaR run: {title or name}", "", *([runs, ""] if runs else []), "![accuracy](report.png)", "",
+    lines = [f"# STaR run: {title or name}", "", *([runs, ""] if runs else []), f"![accuracy]({image})", "",
              reading(rows, name, other, other_name), "",
              f"| iteration | {split} accuracy | train accuracy | rationalized | kept | steps | coverage |",
              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -295,21 +299,32 @@ class Report:
     reading: str
 
 
+def comparison_stem(run_dir: Path, compare: Path) -> str:
+    """The file name (less .md / .png) of ``report RUN_DIR --compare OTHER``'s report:
+    ``report_vs_<OTHER's directory label, sanitised>``, beside the run's own report.md, which
+    it leaves alone (each compared run its own pair of files)."""
+    other = directory_labels(run_dir, compare)[1]
+    return "report_vs_" + (re.sub(r"[^A-Za-z0-9.+=-]+", "-", other).strip("-.") or "run")[:100]
+
+
 def write_report(run_dir: Path, compare: Path | None = None, labels: Sequence[str] = ()) -> Report:
-    """Write ``report.md`` and ``report.png`` of ``run_dir`` (``compare``: a second run, read only)."""
+    """Write ``report.md`` and ``report.png`` of ``run_dir``; with ``compare`` (a second run,
+    read only) ``comparison_stem``'s .md and .png instead, leaving the run's own report as it is."""
     name, other_name = run_labels(run_dir, compare, labels)
     rows = read_metrics(run_dir)
     other = read_metrics(compare) if compare else None
     from .plot import plot  # matplotlib is imported only to draw
 
-    for out in ("report.png", "report.md"):  # both replaceable before either is written
-        if in_the_way(run_dir / out):
-            raise UserError(f"{run_dir / out}: exists and is not a file (the report writes one there); move it away")
-    atomic_write_bytes(run_dir / "report.png", plot(rows, name, other, other_name))
+    stem = comparison_stem(run_dir, compare) if compare else "report"
+    md, png = run_dir / f"{stem}.md", run_dir / f"{stem}.png"
+    for out in (png, md):  # both replaceable before either is written
+        if in_the_way(out):
+            raise UserError(f"{out}: exists and is not a file (the report writes one there); move it away")
+    atomic_write_bytes(png, plot(rows, name, other, other_name))
     own = _config(run_dir, "task", "checker", "")
     title, runs = _name(run_dir), ""
     if compare:
         runs = (f"Runs: **{name}** is {run_dir} (experiment {title}); **{other_name}** is {compare} "
                 f"(experiment {_name(compare)}).")
-    atomic_write_bytes(run_dir / "report.md", markdown(rows, name, other, other_name, own, title, runs).encode())
-    return Report(run_dir / "report.md", rows, reading(rows, name, other, other_name))
+    atomic_write_bytes(md, markdown(rows, name, other, other_name, own, title, runs, png.name).encode())
+    return Report(md, rows, reading(rows, name, other, other_name))

@@ -4,8 +4,8 @@ The lock is ``fcntl.flock`` on ``RUN_DIR/.lock``, taken by ``run`` (process 0 of
 multi-process run, for all of them) before its first write and held until the
 command ends (``boundary.run_command`` releases it). A second ``run`` of the same
 directory is refused at once; the operating system releases the lock when its holder
-dies (``kill -9`` too), so a rerun resumes. ``report`` and ``validate`` only read and
-never lock.
+dies (``kill -9`` too), so a rerun resumes. ``report``, ``validate``, ``show`` and ``status``
+only read and never lock (``holder`` says who holds it).
 """
 
 from __future__ import annotations
@@ -54,6 +54,31 @@ def lock(root: Path) -> None:
     except OSError:
         pass  # the note only helps the message of a refused second run
     _held.append(fd)
+
+
+def holder(root: Path) -> str | None:
+    """Who holds ``root``'s lock: its note ("pid N on HOST since TIME", or "holder unknown") while
+    a run holds it, None when none does (``star-engine status``). Reads only: it tries a shared
+    lock for an instant (a ``run`` starting in that instant is refused, as for a second run)."""
+    try:
+        fd = os.open(root / LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None  # no lock file: never run, or not here
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return None
+            try:
+                note = os.pread(fd, 512, 0)
+            except OSError:
+                note = b""
+            return note.decode("utf-8", "replace").strip().replace("\n", " ") or "holder unknown"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 def release_locks() -> None:

@@ -274,7 +274,8 @@ class Stages(StageBase):
         # no_prompt drops the few-shot prompt once the model has been fine-tuned (as the original).
         prefix = "" if (self.cfg.evaluation.no_prompt and n > 0) else self._prompt(self.kind)
         items = [(ex, s) for ex in examples for s in range(k or 1)]
-        prompts = [prefix + self._context(ex) for ex, _ in items]
+        contexts = [self._context(ex) for ex, _ in items]  # stored as the question (Evaluation.question)
+        prompts = [prefix + q for q in contexts]
         seeds = [derive_seed(self.seed, n, ex.id, split, s, "evaluate_sample") if k else
                  derive_seed(self.seed, n, ex.id, split, "evaluate") for ex, s in items]
         what = f"evaluate {split}{' (sampled)' if k else ''}"
@@ -282,14 +283,14 @@ class Stages(StageBase):
         texts = self._generate(f"{it_dir(n)}/{name}", prompts, seeds, spec, model, f"iter {n}: {what}")
         mid = self.checkpoint_id(model)
         rows = []
-        for (ex, s), text, full, c in zip(items, texts, prompts, cut):
+        for (ex, s), text, full, c, q in zip(items, texts, prompts, cut, contexts):
             where = self.where(n, ex, s, "evaluate_sampled" if k else "evaluate", split)
             text, extracted, v = self._judge(text, ex.answer, where)
             rows.append(Evaluation(question_id=ex.id, cls=ex.cls, iteration=n, sample=s if k else None, split=split,
                                    generation=text, predicted=v.predicted, gold=ex.answer, correct=bool(v.correct),
                                    checker=self.exp.checker_name, model_checkpoint=mid, prompt_hash=prompt_hash(full),
                                    verdicts=self.judge.others(split, ex, text, extracted, v, where),
-                                   prompt_truncated=c))
+                                   prompt_truncated=c, question=q))
         self.judge.flush("evaluate_sampled" if k else "evaluate", n, split)
         self._timed("evaluate", t0)
         return self._finish(rel, rows, Evaluation, f"{it_dir(n)}/{name}", () if k else GREEDY)

@@ -29,13 +29,14 @@ def test_the_bare_command_lists_every_command_and_is_a_usage_error():
     res = star()
     assert res.returncode == 2 and res.stdout == ""
     usage = re.search(r"\{([\w,]+)\}", res.stderr).group(1).split(",")
-    assert {"run", "validate", "plugins", "report", "export", "data", "convert", "plan"} <= set(usage)
+    assert {"run", "validate", "plugins", "report", "export", "data", "show", "status", "convert", "plan"} <= set(usage)
     for command in usage:  # each with its one line of help
         assert re.search(rf"^    {command} +\w", res.stderr, re.MULTILINE), (command, res.stderr)
     assert star("--help").stdout.split("\n\n", 1)[1] == res.stderr.split("\n\n", 1)[1]
 
 
-@pytest.mark.parametrize("command", ["run", "validate", "report", "export", "data check", "plan", "convert"])
+@pytest.mark.parametrize("command", ["run", "validate", "report", "export", "data check", "show", "status", "plan",
+                                     "convert"])
 def test_every_positional_argument_has_help(command):
     res = star(*command.split(), "--help")
     assert res.returncode == 0, res.stderr

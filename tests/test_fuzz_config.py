@@ -54,7 +54,7 @@ def check(path: Path, sets: list[str]) -> None:
         blamed = Origins(path, sets).blame(e)  # what the CLI shows: still a str, never an exception
         assert isinstance(blamed, str)
         return
-    assert isinstance(cfg, dict) and set(cfg) == set(SCHEMA)
+    assert isinstance(cfg, dict) and set(cfg) == set(SCHEMA) - {"sweep"}  # [sweep] is never a run's setting
     assert isinstance(cfg["experiment"]["output_dir"], str) and cfg["model"]["backend"]
 
 

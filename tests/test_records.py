@@ -31,11 +31,11 @@ FORMAT = {
     "eval": (schema(Evaluation, GREEDY), [
         ("question_id", s), ("class", s), ("iteration", i32), ("split", s), ("generation", s), ("predicted", s),
         ("gold", s), ("correct", b), ("checker", s), ("model_checkpoint", s), ("prompt_hash", s),
-        ("verdicts", verdicts), ("prompt_truncated", b)]),
+        ("verdicts", verdicts), ("prompt_truncated", b), ("question", s)]),
     "eval_samples": (schema(Evaluation), [
         ("question_id", s), ("class", s), ("iteration", i32), ("sample", i32), ("split", s), ("generation", s),
         ("predicted", s), ("gold", s), ("correct", b), ("checker", s), ("model_checkpoint", s),
-        ("prompt_hash", s), ("verdicts", verdicts), ("prompt_truncated", b)]),
+        ("prompt_hash", s), ("verdicts", verdicts), ("prompt_truncated", b), ("question", s)]),
     "questions": (schema(Question), [
         ("iteration", i32), ("question_id", s), ("class", s), ("samples", i32), ("correct", i32),
         ("hinted_samples", i32), ("hinted_correct", i32), ("solved", b), ("solved_with_hint", b), ("kept", i32),
@@ -49,7 +49,8 @@ FORMAT = {
         ("kept_len_std", f64), ("checkers", accuracies), ("prompts_truncated", i64), ("trained_on", s),
         ("first_sample", f64), ("verifier_at_k", f64), ("temperature", f64), ("groups_all_right", i64),
         ("groups_all_wrong", i64),
-        ("rejected", pa.list_(pa.struct([("filter", s), ("examples", i64), ("questions", i64)])))]),
+        ("rejected", pa.list_(pa.struct([("filter", s), ("examples", i64), ("questions", i64)]))),
+        ("agreement", f64)]),
     "verifier_scores": (schema(VerifierScore), [
         ("question_id", s), ("class", s), ("iteration", i32), ("sample", i32), ("split", s), ("score", f64),
         ("logp", f64), ("logp_reference", f64), ("verifier_checkpoint", s), ("reference_checkpoint", s)]),
@@ -118,7 +119,7 @@ def test_files_of_older_versions_read():
                     "generation": ["x"], "predicted": [None], "gold": ["1"], "correct": [False],
                     "model_checkpoint": ["m"], "prompt_hash": ["h"]})
     (e,) = read(old, Evaluation)
-    assert e.checker is None and e.sample is None and e.cls == "all" and e.verdicts == ()
+    assert e.checker is None and e.sample is None and e.cls == "all" and e.verdicts == () and e.question is None
     with pytest.raises(IntegrityError, match="eval_dev.parquet.*no column 'prompt_hash'"):
         read(old.drop(["prompt_hash"]), Evaluation, "eval_dev.parquet")
 

@@ -31,17 +31,23 @@ def _run(path, name, dev):
 def test_report_with_a_second_run_overlaid(tmp_path, capsys):
     a = _run(tmp_path / "a", "addition", [0.05, 0.10, 0.25])
     b = _run(tmp_path / "b", "addition_no_rationalization", [0.05, 0.02, 0.03])
+    assert main(["report", str(a)]) == 0
+    own = (a / "report.md").read_bytes(), (a / "report.png").read_bytes()
     assert main(["report", str(a), "--compare", str(b)]) == 0
-    md = (a / "report.md").read_text()
+    # changed deliberately (issue #43): --compare writes report_vs_<other>.md/.png and leaves the run's own report
+    assert ((a / "report.md").read_bytes(), (a / "report.png").read_bytes()) == own
+    assert "deprecated" in capsys.readouterr().err
+    md = (a / "report_vs_b.md").read_text()
     assert md.startswith("# STaR run: addition\n")  # the experiment's name, not the folder's
+    assert "![accuracy](report_vs_b.png)" in md
     # each run labelled by its directory, and the labels explained
     assert (f"Runs: **a** is {a} (experiment addition); **b** is {b} (experiment addition_no_rationalization)."
             in md)
     assert "| 2 | 25.0% | 12.5% | 20 | 40 | 42 | 20.0% |" in md
     assert md.rstrip().endswith("Final dev accuracy: a 25.0% vs b 3.0%")
-    png = (a / "report.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
-    assert not (b / "report.md").exists()  # the compared run is only read
+    png = (a / "report_vs_b.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000 and png != own[1]
+    assert sorted(p.name for p in b.iterdir()) == ["config.json", "metrics.parquet"]  # the compared run is only read
 
 
 def test_report_without_metrics_is_a_clear_error(tmp_path, capsys):
@@ -145,13 +151,15 @@ def test_two_runs_of_one_experiment_are_labelled_by_their_directories(tmp_path):
     a = _run(tmp_path / "seed1" / "run", "addition", [0.05, 0.10, 0.25])
     b = _run(tmp_path / "seed2" / "run", "addition", [0.05, 0.02, 0.03])
     res = cli("report", str(a), "--compare", str(b))
-    assert res.returncode == 0 and res.stderr == "", res.stderr
+    # changed deliberately (issue #43): one line on stderr says --compare is deprecated
+    assert res.returncode == 0 and res.stderr.count("\n") == 1 and "star-engine compare" in res.stderr, res.stderr
     out = res.stdout
     assert "STaR run summary" in out and "rationalized" in out and "…" not in out  # the table, whole (a pipe)
     assert ("seed1/run: dev accuracy went from 5.0% at iteration 0 to 25.0% at iteration 2 (+20.0 points)." in out
             and "seed2/run ended at 3.0%, 22.0 points below seed1/run." in out)
-    assert out.rstrip().endswith(f"wrote {a / 'report.md'} and {a / 'report.png'}")
-    md = (a / "report.md").read_text()
+    assert out.rstrip().endswith(f"wrote {a / 'report_vs_seed2-run.md'} and {a / 'report_vs_seed2-run.png'}")
+    assert not (a / "report.md").exists()  # the run's own report is not the comparison
+    md = (a / "report_vs_seed2-run.md").read_text()
     assert md.startswith("# STaR run: addition\n") and "**seed1/run** is" in md and "**seed2/run** is" in md
     assert "seed2/run, dev accuracy (%) per class:" in md and "addition ended" not in md
 

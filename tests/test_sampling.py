@@ -187,4 +187,5 @@ def test_report_reads_runs_without_the_new_columns_and_overlays_two_runs(scripte
     assert any("solved among k" in line.get_label() for line in explore.get_lines())
     assert any("mean" in line.get_label() for line in titles["exploitation: kept rationale length"].get_lines())
     assert main(["report", str(run), "--compare", str(old)]) == 0
-    assert "sampling and exploration" in (run / "report.md").read_text()
+    # changed deliberately (issue #43): the comparison is report_vs_<other>.md, beside the run's own report
+    assert "sampling and exploration" in (run / f"report_vs_{old.name}.md").read_text()
