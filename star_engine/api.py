@@ -204,6 +204,11 @@ class Checker(Protocol):
         checker can only be ``task.reward``, and ``generation.samples_per_question`` (a tuner's
         probes) must be at least ``min_group`` (refused with one line naming the key).
 
+    ``check_many(items: Sequence[tuple[str, str | None, str]]) -> list[Verdict]``
+        ``check`` of each (generation, extracted, gold), in order: the core hands it a stage's
+        generations at once (a checker without ``check_in`` or ``check_group``), so that it can
+        judge them in parallel (``python_tests`` with ``workers``).
+
     Optional attribute: ``label_free: bool`` (``capabilities.LabelFree``): True when the verdicts
     never read ``gold``. As ``task.reward`` such a checker may train on questions without a gold
     answer (``task.train_split``: test-time training); rationalization, whose hint is the gold

@@ -71,6 +71,11 @@ class ChecksGroups(Protocol):  # a Checker's (``Checker``: check_group, min_grou
 
 
 @runtime_checkable
+class ChecksMany(Protocol):  # a Checker's (``Checker``: check_many): a stage's generations at once
+    def check_many(self, items: Sequence[tuple[str, str | None, str]]) -> list[Verdict]: ...
+
+
+@runtime_checkable
 class LabelFree(Protocol):  # a Checker's (``Checker.label_free``): True: its verdicts never read the gold answer
     label_free: bool
 

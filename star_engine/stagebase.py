@@ -206,14 +206,15 @@ class StageBase:
         text, extracted = self._answer(text)
         return text, extracted, self.judge(text, extracted, gold, where)
 
-    def judge_all(self, items: Sequence[tuple[Example, int]], texts: Sequence[str], stage: str, n: int
-                  ) -> list[tuple[str, str | None, Verdict]]:
-        """``_judge`` of each of ``texts`` (sample ``s`` of question ``ex`` for each ``(ex, s)`` of
-        ``items``, of ``stage``), a question's samples judged together when what judges the stage
-        judges groups (``verdicts.Judge.each``, ``capabilities.ChecksGroups``)."""
+    def judge_all(self, items: Sequence[tuple[Example, int]], texts: Sequence[str], stage: str, n: int,
+                  split: str | None = None) -> list[tuple[str, str | None, Verdict]]:
+        """``_judge`` of each of ``texts`` (sample ``s`` of question ``ex`` of ``split``, default the
+        training split, for each ``(ex, s)`` of ``items``, of ``stage``): all at once when what
+        judges the stage has ``check_many``, a question's samples together when it judges groups
+        (``verdicts.Judge.each``)."""
         answers = [self._answer(t) for t in texts]
         verdicts = self.judge.each([a[0] for a in answers], [a[1] for a in answers], [ex.answer for ex, _ in items],
-                                   [self.where(n, ex, s, stage) for ex, s in items])
+                                   [self.where(n, ex, s, stage, split) for ex, s in items])
         return [(t, e, v) for (t, e), v in zip(answers, verdicts)]
 
     def where(self, n: int, ex: Example, s: int, stage: str, split: str | None = None) -> CheckContext:

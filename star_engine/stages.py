@@ -82,14 +82,15 @@ class Stages(StageBase):
                                f"iter {n}: rationalize")
         mid = self.checkpoint_id(model)
         rows = []
-        for (ex, s), text, h, full, seed, c in zip(items, texts, hinted, prompts, seeds, cut):
+        judged = self.judge_all(items, texts, "rationalize", n)
+        for (ex, s), text, h, full, seed, c, j in zip(items, texts, hinted, prompts, seeds, cut, judged):
             # Stored as if no hint had been given, unless p_show_hint_save says otherwise.
             show = coin(r.p_show_hint_save, self.seed, n, ex.id, s, "show_hint")
             stored = (self._stored_prompt(h, self.hint_kind) if show
                       else self._stored_prompt(self._context(ex), self.kind))
             with self.exp.calling(hint, "leak_strings"):
                 leaks = hint.leak_strings(self.task, ex)
-            rows.append(self._row(n, ex, s, text, stored, full, seed, True, mid, c, leaks))
+            rows.append(self._row(n, ex, s, text, stored, full, seed, True, mid, c, leaks, judged=j))
         self.judge.flush("rationalize", n)
         self._timed("rationalize", t0)
         return self._finish(rel, rows, Rationale, f"{it_dir(n)}/rationalize", UNSELECTED)
@@ -283,9 +284,10 @@ class Stages(StageBase):
         texts = self._generate(f"{it_dir(n)}/{name}", prompts, seeds, spec, model, f"iter {n}: {what}")
         mid = self.checkpoint_id(model)
         rows = []
-        for (ex, s), text, full, c, q in zip(items, texts, prompts, cut, contexts):
-            where = self.where(n, ex, s, "evaluate_sampled" if k else "evaluate", split)
-            text, extracted, v = self._judge(text, ex.answer, where)
+        stage = "evaluate_sampled" if k else "evaluate"
+        judged = self.judge_all(items, texts, stage, n, split)
+        for (ex, s), (text, extracted, v), full, c, q in zip(items, judged, prompts, cut, contexts):
+            where = self.where(n, ex, s, stage, split)
             rows.append(Evaluation(question_id=ex.id, cls=ex.cls, iteration=n, sample=s if k else None, split=split,
                                    generation=text, predicted=v.predicted, gold=ex.answer, correct=bool(v.correct),
                                    checker=self.exp.checker_name, model_checkpoint=mid, prompt_hash=prompt_hash(full),

@@ -21,7 +21,7 @@ import numpy as np
 import structlog
 
 from .api import CheckContext, Checker, Example, Verdict
-from .capabilities import ChecksGold, ChecksGroups, ChecksInContext
+from .capabilities import ChecksGold, ChecksGroups, ChecksInContext, ChecksMany
 from .errors import PluginError, UserError
 from .records import CheckerVerdict
 from .registry import Registry
@@ -198,11 +198,15 @@ class Judge:
     def each(self, texts: Sequence[str], extracted: Sequence[str | None], golds: Sequence[str],
              wheres: Sequence[CheckContext]) -> list[Verdict]:
         """The deciding verdicts on generations of one stage (``wheres[i]``: where ``texts[i]``
-        comes from): one by one, or, when what judges the stage judges a question's samples
-        together (``ChecksGroups``), each question's generations at once, in the order given."""
+        comes from): one by one; all at once when what judges the stage has ``check_many``
+        (``ChecksMany``, and no ``check_in``); or, when it judges a question's samples together
+        (``ChecksGroups``), each question's generations at once, in the order given."""
         if not wheres:
             return []
         checker, name = self._deciding(wheres[0].stage)
+        if isinstance(checker, ChecksMany) and not isinstance(checker, ChecksGroups) \
+                and not isinstance(checker, ChecksInContext):
+            return self._many(checker, name, texts, extracted, golds)
         if not isinstance(checker, ChecksGroups):
             return [self(t, e, g, w) for t, e, g, w in zip(texts, extracted, golds, wheres)]
         groups: dict[str, list[int]] = {}
@@ -214,6 +218,19 @@ class Judge:
                              [extracted[i] for i in idx], golds[idx[0]])
             out.update(zip(idx, vs))
         return [out[i] for i in range(len(texts))]
+
+    def _many(self, checker: ChecksMany, name: str, texts: Sequence[str], extracted: Sequence[str | None],
+              golds: Sequence[str]) -> list[Verdict]:
+        """``checker.check_many`` of a stage's generations (a checker that judges them in parallel,
+        e.g. ``python_tests`` with ``workers``): one verdict each, in order."""
+        with self.registry.calling(checker, "check_many"):
+            vs = checker.check_many(list(zip(texts, extracted, golds)))
+        ok = isinstance(vs, list) and len(vs) == len(texts) and all(
+            isinstance(v, Verdict) and isinstance(v.correct, bool | np.bool_) and (
+                v.predicted is None or isinstance(v.predicted, str)) and _graded(getattr(v, "score", None))
+            for v in vs)
+        self.registry.returned(checker, "check_many", vs, ok, f"a list of {len(texts)} star_engine.Verdict")
+        return [self._counted(name, v) for v in vs]
 
     def _group(self, checker: ChecksGroups, name: str, wheres: Sequence[CheckContext], texts: Sequence[str],
                extracted: Sequence[str | None], gold: str) -> list[Verdict]:
