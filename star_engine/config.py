@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -292,7 +293,8 @@ def load_experiment(path: Path, overrides: list[str] | None = None, limit: int |
     except UserError as e:
         raise UserError(f"{src(e.key or 'evaluation')}: {e}", key=e.key) from None
     _complete_optimizers(cfg, registry if registry is not None else Registry(), src)
-    effects.refuse(pointless, src)
+    for line in effects.refuse(pointless, src, lambda key: effects.switched(data, key, src)):
+        print(f"note: {line}", file=sys.stderr)  # an ablation: the settings it makes pointless, left unused
     _check_verifier(cfg, src)
     return cfg
 

@@ -1,12 +1,18 @@
 """Settings that would be silently ignored: a key set to something other than its default that
-another key makes pointless is an error naming both (``config.load_experiment`` finds them with
-``pointless`` on the validated configuration before anything is resolved, and ``refuse``s the
-first once every other key is checked).
+another key makes pointless (``config.load_experiment`` finds them with ``pointless`` on the
+validated configuration before anything is resolved, and hands them to ``refuse`` once every
+other key is checked).
 
-A key left at its default is never an error (flipping ``rationalization.enabled`` with ``--set``
-on a file that spells out ``p_rationalization = 1.0`` still works): only a value that says
-something the run would not do is refused. A plugin does the same for its own options
-(``task.options.n_seed`` with ``seed_counts``: plugins/arithmetic).
+When the key that makes it pointless was given by ``--set`` (an ablation such as ``--set
+rationalization.enabled=false``) or is a feature's switch set off in the file (``SWITCHES``: a
+copied experiment with ``[base_training] steps = 0`` keeps its table), the settings only that
+feature used are left unused with a note each, so that one ``--set`` is an ablation. Otherwise (a
+feature's options set while it is off by default or by another setting: most likely a mistake)
+the first is refused, naming both keys and the ``--set`` that would give it an effect.
+
+A key left at its default is never pointless (flipping ``rationalization.enabled`` on a file that
+spells out ``p_rationalization = 1.0`` says nothing the run would not do). A plugin checks its own
+options likewise (``task.options.n_seed`` with ``seed_counts``: plugins/arithmetic).
 """
 
 from __future__ import annotations
@@ -76,11 +82,35 @@ def pointless(cfg: dict[str, Any], schema: dict[str, Any]) -> list[Rule]:
     return [rule for rule in rules if _value(cfg, rule[0]) != _default(schema, rule[0])]
 
 
-def refuse(rules: list[Rule], src: Callable[[str], str]) -> None:
-    """Refuse the first pointless key (of ``pointless``): one line naming it (and where it was set)
-    and the key that makes it pointless (and its ``--set``, when one gave it)."""
+# The keys that switch a feature off: set in the file (a copied experiment with the feature
+# switched off keeps its table), the settings only that feature used are left unused, with a note.
+SWITCHES = ("rationalization.enabled", "training.source", "verifier.enabled", "base_training.steps")
+
+
+def switched(data: dict[str, Any], key: str, src: Callable[[str], str]) -> bool:
+    """Whether ``key`` switched its feature off on purpose: given by a ``--set`` (an ablation), or
+    one of ``SWITCHES`` set in the file (``data``: the experiment as written, before defaults)."""
+    if src(key).startswith("--set "):
+        return True
+    section, name = key.split(".", 1)
+    table = data.get(section)
+    return key in SWITCHES and isinstance(table, dict) and name in table
+
+
+def refuse(rules: list[Rule], src: Callable[[str], str], switched: Callable[[str], bool] = lambda key: False
+           ) -> list[str]:
+    """The pointless keys (of ``pointless``): where the key that makes one pointless is
+    ``switched`` (``switched``: an ablation by ``--set``, or a feature switched off in the file), a
+    note each, returned; else (a feature's options set while it is off by default or by another
+    setting: most likely a mistake) the first is refused: one line naming it (and where it was
+    set), the key that makes it pointless and the ``--set`` that changes it."""
+    notes = []
     for key, other, value in rules:
         origin = src(other)
         given = f" ({origin})" if origin.startswith("--set ") else ""
-        raise UserError(f"{src(key)}: {key}: has no effect when {other} = {_toml(value)}{given}; remove {key} "
-                        f"(or change {other})")
+        if switched(other):
+            notes.append(f"{src(key)}: {key}: has no effect when {other} = {_toml(value)}{given}; left unused")
+            continue
+        raise UserError(f"{src(key)}: {key}: has no effect when {other} = {_toml(value)}{given}; remove {key}, or "
+                        f"set {other} (e.g. --set {other}=...) so that it takes effect")
+    return notes

@@ -23,37 +23,58 @@ FLIP = "--set rationalization.enabled=false"
 
 
 @pytest.mark.parametrize("sets,message", [
-    (["rationalization.enabled=false", "rationalization.p_show_hint_save=0.5"],
-     f"--set rationalization.p_show_hint_save=0.5: rationalization.p_show_hint_save: has no effect when "
-     f"rationalization.enabled = false ({FLIP}); remove rationalization.p_show_hint_save"),
-    (["rationalization.enabled=false", 'task.hint="toy_hint"'],
-     f"task.hint: has no effect when rationalization.enabled = false ({FLIP})"),
-    (['training.source="gold"', "task.direct=true"],  # TOY_TOML's filters = ["toy_leak"]
-     'task.filters: has no effect when training.source = "gold" (--set training.source="gold")'),
-    (['training.source="gold"', "task.direct=true", "task.filters=[]", "rationalization.p_rationalization=0.5"],
-     'rationalization.p_rationalization: has no effect when training.source = "gold"'),
-    (["base_training.batch_size=4"], "base_training.batch_size: has no effect when base_training.steps = 0"),
+    (["base_training.batch_size=4"], "base_training.batch_size: has no effect when base_training.steps = 0; remove "
+                                     "base_training.batch_size, or set base_training.steps (e.g. --set "
+                                     "base_training.steps=...) so that it takes effect"),
     (["evaluation.pass_k=1"], "evaluation.pass_k: has no effect when evaluation.samples_per_question = 0 (which is "
                               "1 here: generation.temperature is 0)"),
     (["generation.temperature=0.7", "evaluation.pass_k=1"],
      "evaluation.pass_k: has no effect when evaluation.samples_per_question = 0 (which follows [generation] here: 1 "
      "sample per question)"),
-    (["evaluation.samples_per_question=1", "evaluation.pass_k=1"],
-     "evaluation.pass_k: has no effect when evaluation.samples_per_question = 1 (--set "
-     "evaluation.samples_per_question=1)"),
     (["evaluation.sample_temperature=0.7"],
      "evaluation.sample_temperature: has no effect when evaluation.samples_per_question = 0"),
     (["evaluation.top_p=0.9"], "evaluation.top_p: has no effect when evaluation.temperature = 0.0"),
     (["generation.top_p=0.9"], "generation.top_p: has no effect when generation.temperature = 0.0"),
-], ids=["p_show_hint_save", "hint", "filters_on_gold", "p_rationalization_on_gold", "base_training", "pass_k",
-        "pass_k_generation", "pass_k_one", "sample_temperature", "evaluation_top_p", "generation_top_p"])
-def test_a_key_without_effect_is_an_error_naming_both(scripted, toy_toml, tmp_path, capsys, sets, message):
+], ids=["base_training", "pass_k", "pass_k_generation", "sample_temperature", "evaluation_top_p",
+        "generation_top_p"])
+def test_a_feature_s_option_without_the_feature_switched_on_is_an_error_naming_both(scripted, toy_toml, tmp_path,
+                                                                                     capsys, sets, message):
     path = toy_toml()
     for command in ("validate", "run"):
         assert main([command, str(path), *[x for s in sets for x in ("--set", s)]]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("sets,notes", [
+    (["rationalization.enabled=false", "rationalization.p_show_hint_save=0.5"],
+     [f"--set rationalization.p_show_hint_save=0.5: rationalization.p_show_hint_save: has no effect when "
+      f"rationalization.enabled = false ({FLIP}); left unused"]),
+    (["rationalization.enabled=false", 'task.hint="toy_hint"'],
+     [f"task.hint: has no effect when rationalization.enabled = false ({FLIP}); left unused"]),
+    (['training.source="gold"', "task.direct=true"],  # TOY_TOML's filters = ["toy_leak"]
+     ['task.filters: has no effect when training.source = "gold" (--set training.source="gold"); left unused']),
+    (['training.source="gold"', "task.direct=true", "rationalization.p_rationalization=0.5"],
+     ['rationalization.p_rationalization: has no effect when training.source = "gold"', "task.filters: "]),
+    (["evaluation.samples_per_question=1", "evaluation.pass_k=1"],
+     ["evaluation.pass_k: has no effect when evaluation.samples_per_question = 1 (--set "
+      "evaluation.samples_per_question=1); left unused"]),
+], ids=["p_show_hint_save", "hint", "filters_on_gold", "p_rationalization_on_gold", "pass_k_one"])
+def test_an_ablation_in_one_set_leaves_the_settings_it_makes_pointless_unused_with_a_note(
+        scripted, toy_toml, capsys, sets, notes):
+    path = toy_toml()
+    assert main(["validate", str(path), *[x for s in sets for x in ("--set", s)]]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("note: ")]
+    assert len(lines) == len(notes) and all(n in line for n, line in zip(notes, sorted(lines, key=lambda x: x[6:])))
+
+
+def test_a_copied_file_that_switches_base_training_off_keeps_its_table(scripted, toy_toml, capsys):
+    path = toy_toml(extra="\n[base_training]\nsteps = 0\nbatch_size = 4\n")
+    assert main(["validate", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "base_training.batch_size: has no effect when base_training.steps = 0; left unused" in err
 
 
 def test_the_same_keys_with_an_effect_or_at_their_default_are_fine(scripted, toy_toml):
