@@ -168,6 +168,8 @@ def cmd_run_many(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from .ui import progress_interval
+    progress_interval()  # the environment variables run reads (STAR_ENGINE_PROGRESS_INTERVAL), checked here too
     if args.seeds is not None or _sweeps(args):
         from .sweep import check_all, plan
 

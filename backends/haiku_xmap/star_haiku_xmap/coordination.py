@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import os
 import threading
 import time
 from typing import Any
@@ -46,6 +45,8 @@ from jax._src import distributed
 
 from star_engine import ProcessLost
 
+from .preflight import BARRIER_TIMEOUT, PEER_TIMEOUT, env_seconds
+
 PREFIX = "star-engine"
 HEARTBEAT_S = 2.0
 _counter = itertools.count(1)
@@ -54,11 +55,11 @@ _stop = threading.Event()
 
 
 def barrier_timeout() -> float:
-    return float(os.environ.get("STAR_HAIKU_XMAP_BARRIER_TIMEOUT", 3600))
+    return env_seconds(*BARRIER_TIMEOUT)
 
 
 def peer_timeout() -> float:
-    return float(os.environ.get("STAR_HAIKU_XMAP_PEER_TIMEOUT", 60))
+    return env_seconds(*PEER_TIMEOUT)
 
 
 def _client() -> Any:

@@ -18,7 +18,6 @@ H heads, K head dim, V vocabulary.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -29,6 +28,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from .config import ModelConfig
+from .preflight import ATTENTION_ENV, ATTENTION_KINDS, attention_choice  # noqa: F401 -- ATTENTION_* re-exported
 
 # Finite "minus infinity": a fully masked row (a left-padding query) softmaxes to
 # uniform over the keys it is given, not NaN; its output is never used.
@@ -191,8 +191,6 @@ def write_slots(buf_BHSK, new_BHTK, start, per_row: bool) -> jax.Array:
 
 # ----------------------------------------------------------------------------- fused attention
 
-ATTENTION_ENV = "STAR_HAIKU_XMAP_ATTENTION"
-ATTENTION_KINDS = ("auto", "reference", "xla", "cudnn")
 
 
 def attention_kind() -> str:
@@ -202,9 +200,7 @@ def attention_kind() -> str:
     blocks: what the CPU figures and every golden test were made with), ``xla`` or
     ``cudnn`` (``jax.nn.dot_product_attention`` with that implementation; cuDNN's flash
     attention falls back to XLA's for a shape or dtype it does not take)."""
-    kind = os.environ.get(ATTENTION_ENV, "auto").strip() or "auto"
-    if kind not in ATTENTION_KINDS:
-        raise ValueError(f"{ATTENTION_ENV}: must be one of {list(ATTENTION_KINDS)}, got {kind!r}")
+    kind = attention_choice()
     if kind == "auto":
         return "reference" if jax.default_backend() == "cpu" else "cudnn"
     return kind

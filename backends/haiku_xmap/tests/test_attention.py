@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from star_engine import UserError
+
 from star_haiku_xmap import layers, model, train
 from star_haiku_xmap.config import preset
 
@@ -105,7 +107,7 @@ def test_the_cpu_default_is_the_reference_and_cudnn_falls_back(monkeypatch):
     monkeypatch.delenv(layers.ATTENTION_ENV, raising=False)
     assert layers.attention_kind() == "reference"  # CPU results unchanged
     monkeypatch.setenv(layers.ATTENTION_ENV, "flash")
-    with pytest.raises(ValueError, match="STAR_HAIKU_XMAP_ATTENTION"):
+    with pytest.raises(UserError, match="STAR_HAIKU_XMAP_ATTENTION"):  # validate names it too
         layers.attention_kind()
     q = jnp.asarray(RNG.standard_normal((1, 4, 8, 16)), jnp.float32)
     kv = jnp.asarray(RNG.standard_normal((1, 2, 8, 16)), jnp.float32)
