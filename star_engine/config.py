@@ -10,6 +10,7 @@ returns (the resolved configuration, ``config.json``).
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import sys
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from . import dataroot, effects, smoke as _smoke
 from .datafiles import not_utf8, read_capped
 from .errors import PluginError, UserError
-from .registry import Registry, close_matches
+from .registry import Registry, check_options, close_matches
 from .schema import Option, describe_value, validate
 from .settings import BaseTraining, EvaluationSection, ExperimentSection, Generation, Rationalization, Section, \
     TaskSection, Training, Verifier
@@ -220,6 +221,7 @@ def load_experiment(path: Path, overrides: list[str] | None = None, limit: int |
     overrides = overrides or []
     data = load_toml(path)
     if smoke or _smoke.requested(data, overrides, apply_overrides):
+        _check_as_written(path, data, overrides, registry)  # what the smoke settings replace, checked first
         _smoke.apply(data, limit)
     apply_overrides(data, overrides)
     if member is not None:
@@ -297,6 +299,31 @@ def load_experiment(path: Path, overrides: list[str] | None = None, limit: int |
         print(f"note: {line}", file=sys.stderr)  # an ablation: the settings it makes pointless, left unused
     _check_verifier(cfg, src)
     return cfg
+
+
+def _check_as_written(path: Path, data: dict[str, Any], overrides: list[str], registry: Registry | None) -> None:
+    """``--smoke``: the experiment as written (the file and its ``--set``s) passes the checks a run
+    of it would pass before the smoke settings replace some of its values (``[model]``,
+    ``experiment.iterations``): every key and type, and the ``[model]`` table against the
+    backend's options."""
+    written = copy.deepcopy(data)
+    apply_overrides(written, overrides)
+    src = Origins(path, overrides)
+    cfg = _validate(src, written, SCHEMA, "")
+    model = cfg.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("backend"), str):
+        return  # named by the full load that follows
+    try:
+        factory = (registry if registry is not None else Registry()).get("backend", model["backend"],
+                                                                          "model.backend").factory
+    except PluginError:
+        return  # an unknown or broken backend: named when the experiment is built
+    try:
+        check_options(factory, {k: v for k, v in model.items() if k != "backend"}, "model",
+                      f"backend '{model['backend']}'")
+    except UserError as e:
+        raise UserError(f"{src(e.key or 'model')}: {e} (checked as written: --smoke replaces [model])",
+                        key=e.key) from None
 
 
 def _check_verifier(cfg: dict[str, Any], src: Callable[[str], str]) -> None:
