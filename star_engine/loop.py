@@ -97,6 +97,10 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
             rationales = stages.select(n, R + Rr)                             # checker + filters
         kept = training_examples(rationales)
         trained_on = "gold" if tr.source == "gold" else "kept"
+        nothing = not kept and not cfg.experiment.smoke
+        if nothing:  # a warning, a line under the summary; experiment.stop_when_nothing_kept stops
+            log.warning("nothing_kept", iteration=n, questions=len(D), samples=len(rationales),
+                        stop=cfg.experiment.stop_when_nothing_kept)
         if not kept and cfg.experiment.smoke:  # --smoke: the training stage runs all the same
             kept, trained_on = training_examples(smoke_gold(stages, n, D)), "gold_fallback"
         init = M0 if tr.restart_from_base else M                           # restart from base
@@ -124,6 +128,9 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
                 log.info("early_stop", iteration=n, best_accuracy=best, patience=patience)
                 break
         if collapse_stop(cfg, all_rows, n):  # agreement up, held-out accuracy down (SRT's collapse)
+            break
+        if nothing and cfg.experiment.stop_when_nothing_kept:
+            log.info("stop_nothing_kept", iteration=n)
             break
     return all_rows
 

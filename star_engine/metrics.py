@@ -290,3 +290,14 @@ def has_exploration(rows: Sequence[dict]) -> bool:
 def train_all(rows: Sequence[dict]) -> list[dict]:
     """The train rows of class "all", by iteration."""
     return sorted((r for r in rows if r["split"] == "train" and r["class"] == "all"), key=lambda r: r["iteration"])
+
+
+def nothing_kept_note(rows: Sequence[dict]) -> str | None:
+    """The run summary's line for the iterations that kept nothing to train on (a ``nothing_kept``
+    warning each; ``experiment.stop_when_nothing_kept`` ends the run at the first)."""
+    its = sorted({r["iteration"] for r in rows if r["split"] == "train" and r["class"] == "all" and not r.get("kept")
+                  and r.get("trained_on") in (None, "kept")})  # not gold, not the smoke fallback
+    if not its:
+        return None
+    return (f"kept nothing to train on in iteration{'s' if len(its) > 1 else ''} {', '.join(map(str, its))}: "
+            f"no sample was judged right (or every right one was filtered), so the model was not trained there")

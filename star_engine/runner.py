@@ -22,6 +22,7 @@ from .errors import UserError
 from .experiment import Experiment, config_hash
 from .labelfree import collapse_note
 from .loop import run_star
+from .metrics import nothing_kept_note
 from .records import MAX_ROWS
 from .seeds import derive_seed
 from .store import RunStore, clean_temporaries, json_bytes
@@ -153,5 +154,6 @@ def _run(exp: Experiment, toml_path: Path) -> list[dict]:
     exp.processes.primary_does("write report", lambda: write_report(store.root))
     exp.notify("on_run_end", run_dir=store.root, metrics=rows)
     if not ui.is_quiet():
-        ui.print_summary(rows, collapse_note(exp.config, rows))  # a line when the collapse guard stopped it
+        notes = [n for n in (collapse_note(exp.config, rows), nothing_kept_note(rows)) if n]
+        ui.print_summary(rows, "\n".join(notes) or None)  # the collapse guard's stop; iterations that kept nothing
     return rows

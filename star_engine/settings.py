@@ -81,6 +81,7 @@ class ExperimentSection(Section):
     # the collapse guard (star_engine.labelfree): stop when, over the last N evaluated iterations, the
     # training samples' agreement rose at each while the first evaluation split's accuracy fell; 0 = off
     collapse_patience: NonNegInt = 0
+    stop_when_nothing_kept: bool = False  # an iteration that keeps nothing (a nothing_kept warning) ends the run
     limit: NonNegInt = 0
     smoke: bool = False  # --smoke: the tiny model, a few questions, every stage (config.smoke)
 
