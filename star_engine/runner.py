@@ -26,6 +26,7 @@ from .metrics import nothing_kept_note
 from .records import MAX_ROWS
 from .seeds import derive_seed
 from .store import RunStore, clean_temporaries, json_bytes
+from .trial import try_components
 from .verdicts import log_skipped
 
 log = structlog.get_logger("star_engine")
@@ -84,8 +85,10 @@ def check_references(exp: Experiment) -> None:
 
 def preflight(exp: Experiment) -> rundir.RunDir:
     """Every check a run makes before it writes anything (reads only): the stages' volume, the
-    backend's, then the run directory's. ``validate`` and ``run`` both call it."""
+    components tried on a few questions (``trial``), the backend's, then the run directory's.
+    ``validate`` and ``run`` both call it."""
     check_volume(exp)
+    try_components(exp)
     check_references(exp)
     check_backend(exp)
     return rundir.inspect(exp.config.as_dict(), exp.defaults, exp.options)
