@@ -135,7 +135,7 @@ TRAINING_STAGES = ("generate", "rationalize", "tune")
 """The stages whose verdicts decide what is trained on: ``task.reward`` judges them when set."""
 
 
-def _check(registry: Registry, checker: Checker, where: CheckContext | None, text: str, extracted: str | None,
+def check_verdict(registry: Registry, checker: Checker, where: CheckContext | None, text: str, extracted: str | None,
            gold: str) -> Verdict:
     """``checker``'s verdict, told ``where`` the generation comes from when it asks
     (``Checker.check_in``, ``capabilities.ChecksInContext``); a failure names its plugin and the
@@ -193,7 +193,7 @@ class Judge:
         checker, name = self._deciding(where.stage if where is not None else None)
         if where is not None and isinstance(checker, ChecksGroups):
             return self._group(checker, name, [where], [text], [extracted], gold)[0]
-        return self._counted(name, _check(self.registry, checker, where, text, extracted, gold))
+        return self._counted(name, check_verdict(self.registry, checker, where, text, extracted, gold))
 
     def each(self, texts: Sequence[str], extracted: Sequence[str | None], golds: Sequence[str],
              wheres: Sequence[CheckContext]) -> list[Verdict]:
@@ -262,7 +262,7 @@ class Judge:
             if e.is_task_checker:
                 v = own
             else:
-                v = _check(self.registry, e.checker, where, text, extracted, ex.answer)
+                v = check_verdict(self.registry, e.checker, where, text, extracted, ex.answer)
             timed_out = bool(getattr(v, "timed_out", False))
             if not e.is_task_checker:
                 self.timeouts[e.label] += timed_out
