@@ -153,7 +153,10 @@ class CodeTask:
         return solution if self.layout == "humaneval" else solution.rstrip("\n") + "\n[DONE]"
 
     def extract(self, generation: str) -> str | None:
-        return generation if generation.strip() else None
+        """The program: the generation up to the layout's end marker (MBPP's ``[DONE]``, which the
+        sampler stops at and a gold completion ends with), None when nothing is left."""
+        program = generation.split(MBPP_STOP[0], 1)[0] if self.layout == "mbpp" else generation
+        return program if program.strip() else None
 
     def gold_completion(self, example: Example, direct: bool) -> str:
         return self.completion(str(example.fields["solution"]))

@@ -189,7 +189,7 @@ def test_a_misspelt_convention_through_the_registry():
     reg = Registry(autoload=False)
     assert reg.add(plugin).error is None
     with pytest.raises(UserError, match=r"^task\.options\.extraction: must be one of lenient, boxed, hendrycks, "
-                                        r"minerva, got 'hendryks'$"):
+                                        r"minerva, got 'hendryks' \(did you mean 'hendrycks'\?\)$"):
         reg.create("task", "math", {"extraction": "hendryks"}, "task.dataset", "task.options")
 
 
@@ -209,7 +209,7 @@ def test_a_misspelt_convention_on_the_command_line(tmp_path):
               'task.options.extraction="minerwa"', cwd=tmp_path)
     assert res.returncode == 2, (res.stdout, res.stderr)
     assert res.stderr == ("error: --set task.options.extraction=\"minerwa\": task.options.extraction: must be one "
-                          "of lenient, boxed, hendrycks, minerva, got 'minerwa'\n")
+                          "of lenient, boxed, hendrycks, minerva, got 'minerwa' (did you mean 'minerva'?)\n")
     assert res.stdout == "" and list(tmp_path.iterdir()) == []
 
 
