@@ -45,7 +45,7 @@ from jax._src import distributed
 
 from star_engine import ProcessLost
 
-from .preflight import BARRIER_TIMEOUT, PEER_TIMEOUT, env_seconds
+from .envvars import BARRIER_TIMEOUT, PEER_TIMEOUT, env_seconds
 
 PREFIX = "star-engine"
 HEARTBEAT_S = 2.0

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from star_engine import GenSpec, IntegrityError, TrainSpec, UserError
 
 from .checkpoint.format import MANIFEST, checked_manifest
+from .envvars import BARRIER_TIMEOUT, PEER_TIMEOUT, attention_choice, env_seconds
 from .checkpoint.safeio import MAX_BUFFER, check_alloc, memory_available, np_dtype
 
 
@@ -30,38 +31,6 @@ def check_generation(key: str, spec: GenSpec, n_ctx: int) -> None:
         raise UserError(f"{key}.max_new_tokens: {n} leaves no room for a prompt in the model's context of "
                         f"n_ctx = {n_ctx} tokens (model.n_ctx); use at most {n_ctx - 1}",
                         key=f"{key}.max_new_tokens")
-
-
-def env_seconds(name: str, default: float) -> float:
-    """The environment variable ``name`` as a number of seconds > 0 (``default`` when unset); a
-    value that is none is one line naming the variable (``validate`` checks them all)."""
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise UserError(f"{name}: must be a number of seconds > 0, got {value!r}")
-    return seconds
-
-
-ATTENTION_ENV = "STAR_HAIKU_XMAP_ATTENTION"
-ATTENTION_KINDS = ("auto", "reference", "xla", "cudnn")
-
-
-def attention_choice() -> str:
-    """``STAR_HAIKU_XMAP_ATTENTION`` as set ("auto" when unset; ``layers.attention_kind``
-    resolves "auto"); another value is one line naming the variable."""
-    kind = os.environ.get(ATTENTION_ENV, "auto").strip() or "auto"
-    if kind not in ATTENTION_KINDS:
-        raise UserError(f"{ATTENTION_ENV}: must be one of {', '.join(ATTENTION_KINDS)}, got {kind!r}")
-    return kind
-
-
-BARRIER_TIMEOUT = ("STAR_HAIKU_XMAP_BARRIER_TIMEOUT", 3600.0)
-PEER_TIMEOUT = ("STAR_HAIKU_XMAP_PEER_TIMEOUT", 60.0)
 
 
 def validate_run(backend: Any, generation: Mapping[str, GenSpec], training: Mapping[str, TrainSpec]) -> None:
