@@ -18,7 +18,7 @@ from .api import Example, Verdict
 from .capabilities import ChecksInContext, ChecksMany, Trims
 from .errors import UserError
 from .experiment import Experiment
-from .verdicts import check_verdict
+from .verdicts import check_verdict, is_verdict
 
 TRIES = 3
 
@@ -57,7 +57,7 @@ def _verdicts(exp: Experiment, items: list[tuple[str, str | None, str]]) -> list
         with exp.calling(checker, "check_many"):
             vs = checker.check_many(items)
         exp.registry.returned(checker, "check_many", vs, isinstance(vs, list) and len(vs) == len(items)
-                              and all(isinstance(v, Verdict) for v in vs), f"a list of {len(items)} star_engine.Verdict")
+                              and all(is_verdict(v) for v in vs), f"a list of {len(items)} star_engine.Verdict")
         return list(vs)
     return [check_verdict(exp.registry, checker, None, t, e, g) for t, e, g in items]
 

@@ -147,10 +147,15 @@ def check_verdict(registry: Registry, checker: Checker, where: CheckContext | No
             method, v = "check_in", checker.check_in(where, text, extracted, gold)
         else:
             v = checker.check(text, extracted, gold)
-    ok = isinstance(v, Verdict) and isinstance(v.correct, bool | np.bool_) and (
-        v.predicted is None or isinstance(v.predicted, str)) and _graded(getattr(v, "score", None))
-    return registry.returned(checker, method, v, ok, "a star_engine.Verdict(predicted: str | None, correct: bool, "
+    return registry.returned(checker, method, v, is_verdict(v), "a star_engine.Verdict(predicted: str | None, correct: bool, "
                              "score: a finite number or None)")
+
+
+def is_verdict(v: Any) -> bool:
+    """``v`` keeps the checker protocol: a ``Verdict`` with a bool ``correct``, a str or None
+    ``predicted`` and a finite or None ``score``."""
+    return isinstance(v, Verdict) and isinstance(v.correct, bool | np.bool_) and (
+        v.predicted is None or isinstance(v.predicted, str)) and _graded(getattr(v, "score", None))
 
 
 def _graded(score: Any) -> bool:
@@ -225,10 +230,7 @@ class Judge:
         e.g. ``python_tests`` with ``workers``): one verdict each, in order."""
         with self.registry.calling(checker, "check_many"):
             vs = checker.check_many(list(zip(texts, extracted, golds)))
-        ok = isinstance(vs, list) and len(vs) == len(texts) and all(
-            isinstance(v, Verdict) and isinstance(v.correct, bool | np.bool_) and (
-                v.predicted is None or isinstance(v.predicted, str)) and _graded(getattr(v, "score", None))
-            for v in vs)
+        ok = isinstance(vs, list) and len(vs) == len(texts) and all(is_verdict(v) for v in vs)
         self.registry.returned(checker, "check_many", vs, ok, f"a list of {len(texts)} star_engine.Verdict")
         return [self._counted(name, v) for v in vs]
 
@@ -237,10 +239,7 @@ class Judge:
         """``checker.check_group`` of one question's generations: one verdict each."""
         with self.registry.calling(checker, "check_group"):
             vs = checker.check_group(list(wheres), list(texts), list(extracted), gold)
-        ok = isinstance(vs, list) and len(vs) == len(texts) and all(
-            isinstance(v, Verdict) and isinstance(v.correct, bool | np.bool_) and (
-                v.predicted is None or isinstance(v.predicted, str)) and _graded(getattr(v, "score", None))
-            for v in vs)
+        ok = isinstance(vs, list) and len(vs) == len(texts) and all(is_verdict(v) for v in vs)
         self.registry.returned(checker, "check_group", vs, ok, f"a list of {len(texts)} star_engine.Verdict")
         return [self._counted(name, v) for v in vs]
 
