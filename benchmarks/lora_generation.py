@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     # The same model as a plain checkpoint (the adapters merged, written whole): both sides then
     # generate the very same tokens, and only how the weights reach the sampler differs.
     plain = str(root / "plain")
-    b._save(Path(plain), b._load(adapted), {"kind": "merged", "from": b.checkpoint_id(adapted)})
+    b.save_params(Path(plain), b.load_params(adapted), {"kind": "merged", "from": b.checkpoint_id(adapted)})
     requests = [GenRequest(f"Q: {i} + {i * 7 % 13}\nA:", i) for i in range(a.requests)]
     spec = GenSpec(a.new_tokens, 0.0, 1.0, (), 64)
 
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     def side(checkpoint, warm: bool):
         b._cache = None
         if warm:
-            b._load(checkpoint)  # on the devices, as a run leaves it after training
+            b.load_params(checkpoint)  # on the devices, as a run leaves it after training
         t = time.perf_counter()
         outputs[checkpoint] = b.generate(checkpoint, requests, spec)
         return time.perf_counter() - t

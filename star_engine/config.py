@@ -283,7 +283,7 @@ def load_experiment(path: Path, overrides: list[str] | None = None, limit: int |
     if longest > NAME_MAX:
         raise UserError(f"{src(key)}: {key}: a folder name of {longest} bytes in the run directory's path; file "
                         f"systems allow at most {NAME_MAX}", key=key)
-    cfg["experiment"]["output_dir"] = out
+    cfg["experiment"]["output_dir"] = _resolve(base, out, key, src)  # relative to the file, as every path in it
     if not cfg["evaluation"]["splits"]:
         raise UserError(f"{src('evaluation.splits')}: evaluation.splits: needs at least one split")
     twice = sorted({s for s in cfg["evaluation"]["splits"] if cfg["evaluation"]["splits"].count(s) > 1})

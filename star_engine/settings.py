@@ -73,7 +73,8 @@ def _plain(value: Any) -> Any:
 
 @dataclass(frozen=True, kw_only=True)
 class ExperimentSection(Section):
-    name: Annotated[str, NON_EMPTY]  # the run's folder runs/<name> when output_dir is not set
+    name: Annotated[str, NON_EMPTY]  # the run's folder runs/<name> beside the experiment file when output_dir is not set
+    # output_dir: relative to the experiment file's folder, as every path in an experiment (docs/configuration.md)
     seed: NonNegInt = 0
     output_dir: str = ""
     iterations: PosInt

@@ -86,15 +86,15 @@ class StageBase:
             return self.backend.checkpoint_id(path)
 
     # -- the task's methods, a failure named after its plugin ---------------------------
-    def _prompt(self, kind: str) -> str:
+    def prompt_for(self, kind: str) -> str:
         with self.exp.calling(self.task, "prompt"):
             return self.task.prompt(kind)
 
-    def _context(self, ex: Example) -> str:
+    def context_for(self, ex: Example) -> str:
         with self.exp.calling(self.task, "context"):
             return self.task.context(ex)
 
-    def _trim(self, text: str) -> str:
+    def trim_text(self, text: str) -> str:
         """The part of a generation that is checked and stored (the optional ``Task.trim``)."""
         if not isinstance(self.task, Trims):
             return text
@@ -102,7 +102,7 @@ class StageBase:
             return self.task.trim(text)
 
     # -- timing --------------------------------------------------------------------
-    def _timed(self, name: str, start: float) -> None:
+    def timed(self, name: str, start: float) -> None:
         self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
 
     def pop_truncations(self) -> dict[str, int]:
@@ -117,7 +117,7 @@ class StageBase:
         return out
 
     # -- generation in stored chunks ----------------------------------------------
-    def _generate(self, rel_dir: str, prompts: Sequence[str], seeds: Sequence[int], spec: GenSpec,
+    def generate_texts(self, rel_dir: str, prompts: Sequence[str], seeds: Sequence[int], spec: GenSpec,
                   model: str, what: str) -> list[str]:
         size = self.cfg.generation.chunk_size
         texts: list[str] = []
@@ -141,17 +141,17 @@ class StageBase:
     def _finish(self, rel: str, rows: list, kind: type, chunk_dir: str | None, omit: tuple[str, ...] = ()) -> list:
         self.store.write_records(rel, rows, kind, omit)
         if chunk_dir:
-            self._drop_chunks(chunk_dir)
+            self.drop_chunks(chunk_dir)
         return rows
 
     def _stored(self, rel: str, chunk_dir: str, kind: type) -> list:
         """A finished stage's rows; chunks left by a run killed just after the stage's
         file was written are dropped now (their rows are in that file)."""
         if (self.store.root / chunk_dir).exists():
-            self._drop_chunks(chunk_dir)
+            self.drop_chunks(chunk_dir)
         return self.store.read_records(rel, kind)
 
-    def _drop_chunks(self, chunk_dir: str) -> None:
+    def drop_chunks(self, chunk_dir: str) -> None:
         self.store.forget(chunk_dir + "/")  # the chunks are inside the stage's file
         self.store.remove(chunk_dir)
 
@@ -186,14 +186,14 @@ class StageBase:
 
     def stored_context(self, ex: Example) -> str:
         """``ex``'s hint-free prompt as a rationale of it is stored (and trained on)."""
-        return self._stored_prompt(self._context(ex), self.kind)
+        return self._stored_prompt(self.context_for(ex), self.kind)
 
     def _stored_prompt(self, context: str, kind: str) -> str:
-        return (self._prompt(kind) + context) if self.cfg.task.few_shot_train else context
+        return (self.prompt_for(kind) + context) if self.cfg.task.few_shot_train else context
 
     def _answer(self, text: str) -> tuple[str, str | None]:
         """(the generation as the task keeps it, the task's extraction from it)."""
-        text = self._trim(text)
+        text = self.trim_text(text)
         with self.exp.calling(self.task, "extract"):
             extracted = self.task.extract(text)
         self.exp.registry.returned(self.task, "extract", extracted, extracted is None or isinstance(extracted, str),

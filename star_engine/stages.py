@@ -43,20 +43,20 @@ class Stages(StageBase):
             return self._stored(rel, f"{it_dir(n)}/generate", Rationale)
         t0, k = time.perf_counter(), self.cfg.generation.samples_per_question
         items = [(ex, s) for ex in questions for s in range(k)]
-        prefix = self._prompt(self.kind)
-        prompts = [prefix + self._context(ex) for ex, _ in items]
+        prefix = self.prompt_for(self.kind)
+        prompts = [prefix + self.context_for(ex) for ex, _ in items]
         seeds = [derive_seed(self.seed, n, ex.id, s, "generate") for ex, s in items]
         spec = spec or self.sample_spec
         cut = self.truncation.flags(prompts, spec, "generate", n)
-        texts = self._generate(f"{it_dir(n)}/generate", prompts, seeds, spec, model,
+        texts = self.generate_texts(f"{it_dir(n)}/generate", prompts, seeds, spec, model,
                                f"iter {n}: generate")
         mid = self.checkpoint_id(model)
         judged = self.judge_all(items, texts, "generate", n)  # a group reward: each question's samples at once
-        rows = [self._row(n, ex, s, text, self._stored_prompt(self._context(ex), self.kind), full, seed,
+        rows = [self._row(n, ex, s, text, self._stored_prompt(self.context_for(ex), self.kind), full, seed,
                           False, mid, c, judged=j)
                 for (ex, s), text, full, seed, c, j in zip(items, texts, prompts, seeds, cut, judged)]
         self.judge.flush("generate", n)
-        self._timed("generate", t0)
+        self.timed("generate", t0)
         return self._finish(rel, rows, Rationale, f"{it_dir(n)}/generate", UNSELECTED)
 
     # -- 3. rationalization ---------------------------------------------------------
@@ -69,7 +69,7 @@ class Stages(StageBase):
         chosen = [ex for ex in wrong if coin(r.p_rationalization, self.seed, n, ex.id, "rationalize")]
         k = self.cfg.generation.samples_per_question
         items = [(ex, s) for ex in chosen for s in range(k)]
-        prefix = self._prompt(self.hint_kind)
+        prefix = self.prompt_for(self.hint_kind)
         hint = self.exp.hint
         assert hint is not None  # rationalization has its hint formatter (experiment.build)
         with self.exp.calling(hint, "context"):
@@ -78,7 +78,7 @@ class Stages(StageBase):
         seeds = [derive_seed(self.seed, n, ex.id, s, "rationalize") for ex, s in items]
         spec = spec or self.sample_spec
         cut = self.truncation.flags(prompts, spec, "rationalize", n)
-        texts = self._generate(f"{it_dir(n)}/rationalize", prompts, seeds, spec, model,
+        texts = self.generate_texts(f"{it_dir(n)}/rationalize", prompts, seeds, spec, model,
                                f"iter {n}: rationalize")
         mid = self.checkpoint_id(model)
         rows = []
@@ -87,12 +87,12 @@ class Stages(StageBase):
             # Stored as if no hint had been given, unless p_show_hint_save says otherwise.
             show = coin(r.p_show_hint_save, self.seed, n, ex.id, s, "show_hint")
             stored = (self._stored_prompt(h, self.hint_kind) if show
-                      else self._stored_prompt(self._context(ex), self.kind))
+                      else self._stored_prompt(self.context_for(ex), self.kind))
             with self.exp.calling(hint, "leak_strings"):
                 leaks = hint.leak_strings(self.task, ex)
             rows.append(self._row(n, ex, s, text, stored, full, seed, True, mid, c, leaks, judged=j))
         self.judge.flush("rationalize", n)
-        self._timed("rationalize", t0)
+        self.timed("rationalize", t0)
         return self._finish(rel, rows, Rationale, f"{it_dir(n)}/rationalize", UNSELECTED)
 
     # -- before 3: the questions a filter declines (not rationalized, none of them kept) -
@@ -174,7 +174,7 @@ class Stages(StageBase):
         direct = self.cfg.task.direct if direct is None else direct
         rows = []
         for ex in questions:
-            ctx = self._stored_prompt(self._context(ex), self.kind)
+            ctx = self._stored_prompt(self.context_for(ex), self.kind)
             with self.exp.calling(self.task, "gold_completion"):
                 completion = self.task.gold_completion(ex, direct)
             rows.append(rationale_of(n, ex, 0, ctx, completion, Verdict(ex.answer, True),
@@ -221,7 +221,7 @@ class Stages(StageBase):
         info["seconds"] = time.perf_counter() - t0
         info["trained_on"] = trained_on
         self.store.write_json(rel, info)
-        self._timed("train", t0)
+        self.timed("train", t0)
         return self._recorded(info, model_rel)
 
     def _recorded(self, info: dict[str, Any], model_rel: str) -> tuple[str, dict[str, Any]]:
@@ -273,15 +273,15 @@ class Stages(StageBase):
             return self._stored(rel, f"{it_dir(n)}/{name}", Evaluation)
         t0, examples = time.perf_counter(), self.exp.splits[split]
         # no_prompt drops the few-shot prompt once the model has been fine-tuned (as the original).
-        prefix = "" if (self.cfg.evaluation.no_prompt and n > 0) else self._prompt(self.kind)
+        prefix = "" if (self.cfg.evaluation.no_prompt and n > 0) else self.prompt_for(self.kind)
         items = [(ex, s) for ex in examples for s in range(k or 1)]
-        contexts = [self._context(ex) for ex, _ in items]  # stored as the question (Evaluation.question)
+        contexts = [self.context_for(ex) for ex, _ in items]  # stored as the question (Evaluation.question)
         prompts = [prefix + q for q in contexts]
         seeds = [derive_seed(self.seed, n, ex.id, split, s, "evaluate_sample") if k else
                  derive_seed(self.seed, n, ex.id, split, "evaluate") for ex, s in items]
         what = f"evaluate {split}{' (sampled)' if k else ''}"
         cut = self.truncation.flags(prompts, spec, what, n)
-        texts = self._generate(f"{it_dir(n)}/{name}", prompts, seeds, spec, model, f"iter {n}: {what}")
+        texts = self.generate_texts(f"{it_dir(n)}/{name}", prompts, seeds, spec, model, f"iter {n}: {what}")
         mid = self.checkpoint_id(model)
         rows = []
         stage = "evaluate_sampled" if k else "evaluate"
@@ -294,7 +294,7 @@ class Stages(StageBase):
                                    verdicts=self.judge.others(split, ex, text, extracted, v, where),
                                    prompt_truncated=c, question=q))
         self.judge.flush("evaluate_sampled" if k else "evaluate", n, split)
-        self._timed("evaluate", t0)
+        self.timed("evaluate", t0)
         return self._finish(rel, rows, Evaluation, f"{it_dir(n)}/{name}", () if k else GREEDY)
 
     def evaluate_all(self, n: int, model: str, verifier: Verifying | None = None) -> Evaluated:

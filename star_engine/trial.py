@@ -9,14 +9,19 @@ written, not found in a run's first table of zeros.
   example (the ``math_verify`` checker on addition's digit answers,
   or on CommonsenseQA's letters). One gold completion judged wrong among right ones is the data's
   business, not the checker's.
-- the hint formatter (rationalization) writes its prompt for the first ``TRIES`` training questions.
+- the task writes the question context (the prompt's end) of the first ``TRIES`` questions of
+  each split, and the hint formatter (rationalization) its hinted context for the first
+  ``TRIES`` training questions; the few-shot prompts are read when the experiment is built. A
+  refusal there (a ``UserError``: the data does not suit the component, e.g. a hint formatter
+  for letter choices on a question without choices) is an error naming ``task.dataset`` or
+  ``task.hint``, the split and the question.
 """
 
 from __future__ import annotations
 
 from .api import Example, Verdict
 from .capabilities import ChecksInContext, ChecksMany, Trims
-from .errors import UserError
+from .errors import PluginError, UserError
 from .experiment import Experiment
 from .verdicts import check_verdict, is_verdict
 
@@ -73,7 +78,27 @@ def try_components(exp: Experiment) -> None:
         if e.key == "task.checker":
             raise
     except Exception:  # noqa: BLE001 -- a plugin's fault: named where the run meets it
-        return
+        pass
+    _try_contexts(exp)
+
+
+def _try_contexts(exp: Experiment) -> None:
+    """The task's context on a few questions of each split; the hint formatter's on a few
+    training questions (when the run rationalizes)."""
+    tries: list[tuple[str, Example, str, object, str, tuple[object, ...]]] = [
+        (split, ex, "task.dataset", exp.task, "context", (ex,))
+        for split, examples in exp.splits.items() for ex in examples[:TRIES]]
+    if exp.hint is not None:
+        tries += [(exp.config.task.train_split, ex, "task.hint", exp.hint, "context", (exp.task, ex))
+                  for ex in exp.splits.get(exp.config.task.train_split, [])[:TRIES]]
+    for split, ex, key, component, method, args in tries:
+        try:
+            with exp.calling(component, method):
+                getattr(component, method)(*args)
+        except PluginError:
+            return  # a plugin's fault (not a refusal of the data): named where the run meets it
+        except UserError as e:
+            raise UserError(f"{key}: cannot write the prompt of {split} question {ex.id!r}: {e}", key=key) from None
 
 
 def _try(exp: Experiment) -> None:
@@ -95,8 +120,3 @@ def _try(exp: Experiment) -> None:
                             f"on the gold completions of {len(tried)} {split} questions, {what} (question {ex.id!r}: "
                             f"gold answer {ex.answer!r}, completion {completion[-120:]!r}, extracted {extracted!r}); "
                             f"choose a checker for this task's answers", key="task.checker")
-    hint = exp.hint
-    if hint is not None:
-        for ex in exp.splits.get(exp.config.task.train_split, [])[:TRIES]:
-            with exp.calling(hint, "context"):
-                hint.context(exp.task, ex)

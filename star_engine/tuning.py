@@ -48,7 +48,7 @@ def tune(st: Stages, n: int, model: str, questions: Sequence[Example]) -> GenSpe
     names = sorted({k for r in rows for k in r} - {"chosen"})
     schema = pa.schema([(k, pa.float64()) for k in names] + [("chosen", pa.bool_())])
     st.store.write_table(rel, [{k: r.get(k) for k in schema.names} for r in rows], schema)
-    st._drop_chunks(f"{it_dir(n)}/tune")
+    st.drop_chunks(f"{it_dir(n)}/tune")
     return replace(st.sample_spec, temperature=choice.temperature)
 
 
@@ -87,7 +87,7 @@ class CoreProbe:
         for ex in self._asked(f"references({len(ids)} ids)", ids):
             with st.exp.calling(st.task, "gold_completion"):
                 completion = st.task.gold_completion(ex, st.cfg.task.direct)
-            out.append(st._trim(completion))
+            out.append(st.trim_text(completion))
         return out
 
 
@@ -115,10 +115,10 @@ def _probe(st: Stages, n: int, model: str, questions: Sequence[Example], tempera
     key = hashlib.sha256(repr((temperature, [q.id for q in questions], samples)).encode()).hexdigest()[:12]
     spec = replace(st.sample_spec, temperature=temperature)
     items = [(ex, s) for ex in questions for s in range(samples)]
-    prefix = st._prompt(st.kind)
-    prompts = [prefix + st._context(ex) for ex, _ in items]
+    prefix = st.prompt_for(st.kind)
+    prompts = [prefix + st.context_for(ex) for ex, _ in items]
     seeds = [derive_seed(st.seed, n, ex.id, s, "tune", temperature) for ex, s in items]
-    texts = st._generate(f"{it_dir(n)}/tune/{key}", prompts, seeds, spec, model,
+    texts = st.generate_texts(f"{it_dir(n)}/tune/{key}", prompts, seeds, spec, model,
                          f"iter {n}: tune t={temperature:g}")
     out: dict[str, list[ProbeSample]] = {ex.id: [] for ex in questions}
     for (ex, s), (trimmed, _, v) in zip(items, st.judge_all(items, texts, "tune", n)):

@@ -211,7 +211,10 @@ class LineProgress:
     seconds (None: adaptive, the larger of ``MIN_INTERVAL`` and a tenth of the stage's time so
     far, at most ``MAX_INTERVAL``: a line every 10 s in the first minutes, every 5 min in an
     hours-long stage), and one when the stage ends. A line: the stage, units done of the total,
-    the share, the rate, the time elapsed and left."""
+    the share, the rate, the time elapsed and left. The rate and the time left are measured from
+    the first report on: the first batch's time holds the step's compilation (seconds to
+    minutes), which the rest of the stage does not pay again; until a second report there is no
+    estimate, and the line says so."""
 
     MIN_INTERVAL = 10.0
     MAX_INTERVAL = 300.0
@@ -222,6 +225,7 @@ class LineProgress:
         self.write, self.clock = write, clock
         self.done = 0
         self.start = self.last = clock()
+        self.first: tuple[float, int] | None = None  # (when, units done) at the first report
 
     def interval(self, elapsed: float) -> float:
         if self.fixed is not None:
@@ -231,6 +235,8 @@ class LineProgress:
     def advance(self, n: int = 1) -> None:
         self.done += n
         now = self.clock()
+        if self.first is None:
+            self.first = (now, self.done)
         if self.done < self.total and now - self.last >= self.interval(now - self.start):
             self.last = now
             self.write(self.line(now))
@@ -240,18 +246,29 @@ class LineProgress:
         self.done = self.total
         self.write(self.line(self.clock(), final=True))
 
+    def rate(self, now: float) -> float | None:
+        """Units per second since the first report (None before a second one)."""
+        if self.first is None:
+            return None
+        when, done = self.first
+        return (self.done - done) / (now - when) if self.done > done and now > when else None
+
     def line(self, now: float, final: bool = False) -> str:
         elapsed = now - self.start
         unit = self.unit + ("" if self.total == 1 else "s")
         parts = [f"{self.description}: {self.done}/{self.total} {unit}", f"{100 * self.done / self.total:.0f}%"]
-        if elapsed > 0 and self.done > 0:
-            rate = self.done / elapsed
+        rate = self.rate(now)
+        if rate is None and final and elapsed > 0 and self.done > 0:
+            rate = self.done / elapsed  # one report only: the stage's whole time
+        if rate:
             parts.append(f"{rate:.1f} {self.unit}s/s" if rate >= 1 else f"{1 / rate:.1f} s/{self.unit}")
         parts.append(f"{_clock(elapsed)} elapsed")
         if final:
             parts.append("done")
-        elif elapsed > 0 and self.done > 0:
-            parts.append(f"{_clock(elapsed * (self.total - self.done) / self.done)} left")
+        elif rate:
+            parts.append(f"{_clock((self.total - self.done) / rate)} left")
+        elif self.done > 0:
+            parts.append("time left estimated after the first batch (it includes compilation)")
         stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         return f"{stamp} [progress ] " + ", ".join(parts)
 

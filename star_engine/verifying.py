@@ -67,7 +67,7 @@ class Verifying:
                               verifier_checkpoint=vid, reference_checkpoint=rid)
                 for r, lv, lr in zip(samples, logp, ref)]
         st.store.write_records(rel, rows, VerifierScore)
-        st._timed("verify", t0)
+        st.timed("verify", t0)
         return rows
 
 

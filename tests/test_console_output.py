@@ -144,9 +144,27 @@ def test_a_fixed_interval_and_slow_units():
     assert len(lines_at(5, 1.0, 0)) == 5  # 0: every update (the last one as the final line)
     out = lines_at(3, 40.0, None)
     assert [t for t, _ in out] == [40, 80, 120]
-    assert out[0][1].endswith("1/3 prompts, 33%, 40.0 s/prompt, 0:00:40 elapsed, 0:01:20 left")
+    assert out[0][1].endswith("1/3 prompts, 33%, 0:00:40 elapsed, "
+                              "time left estimated after the first batch (it includes compilation)")
+    assert out[1][1].endswith("2/3 prompts, 67%, 40.0 s/prompt, 0:01:20 elapsed, 0:00:40 left")
     (only,) = lines_at(1, 0.0, None)  # instant: the final line alone
     assert only[1].endswith("iter 1: generate: 1/1 prompt, 100%, 0:00:00 elapsed, done")
+
+
+def test_the_first_batch_holds_the_compilation_and_is_left_out_of_the_rate():
+    """A first report after 100 s (the step compiled), then a unit a second: the estimate is
+    the steady second per unit, not 100 s per unit (issue #43: '31.8 s/prompt, 0:03:42 left'
+    printed for a stage that ended 5 s later)."""
+    now = [0.0]
+    out: list[str] = []
+    p = LineProgress("iter 1: generate", 120, "prompt", 0, out.append, clock=lambda: now[0])
+    now[0] = 100.0
+    p.advance(8)
+    now[0] = 110.0
+    p.advance(10)
+    assert out[0].endswith("8/120 prompts, 7%, 0:01:40 elapsed, "
+                           "time left estimated after the first batch (it includes compilation)")
+    assert out[1].endswith("18/120 prompts, 15%, 1.0 prompts/s, 0:01:50 elapsed, 0:01:42 left")
 
 
 def test_the_last_line_counts_the_stage_done_when_the_backend_reports_no_progress():

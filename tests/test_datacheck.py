@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -174,9 +175,19 @@ def test_data_check_without_an_experiment_checks_every_known_file(scripted, tmp_
     assert states == {"toy/a.txt": "ok", "toy/b.txt": "different", "toy/c.txt": "present", "toy/d.txt": "missing"}
     assert "data check: 1 ok, 1 present, 1 missing, 1 different" in err
     (root / "toy/b.txt").write_text("a\n")
-    monkeypatch.setenv(ENV, str(root))  # the default root; a missing file is no failure without an experiment
+    monkeypatch.setenv(ENV, str(root))  # the default root; a task with some of its files there: each one expected
+    assert main(["data", "check"]) == 2  # as the per-experiment form: a missing file fails (issue #43)
+    out, err = capsys.readouterr()
+    assert "task knowing_toy: incomplete: 1 of its 4 files missing" in out and "data check: 2 ok, 1 present, 1 missing" in err
+    (root / "toy/d.txt").write_text("a\n")
     assert main(["data", "check"]) == 0
-    assert capsys.readouterr().out.endswith("data check: 2 ok, 1 present, 1 missing\n")
+    assert capsys.readouterr().out.endswith("task knowing_toy: complete\ndata check: 3 ok, 1 present\n")
+    shutil.rmtree(root / "toy")  # a task with none of its files here is not set up here: no failure
+    assert main(["data", "check"]) == 0
+    assert "task knowing_toy: not set up here (none of its files)" in capsys.readouterr().out
+    (root / "toy").mkdir()
+    for name, text in (("a.txt", "a\n"), ("b.txt", "a\n"), ("c.txt", "anything")):
+        (root / "toy" / name).write_text(text)
     monkeypatch.delenv(ENV)
     assert main(["data", "check"]) == 2
     assert "say which data: an experiment file, --root DIR, or the environment variable STAR_ENGINE_DATA" in \

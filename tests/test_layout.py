@@ -47,3 +47,58 @@ def test_core_modules_import_without_a_cycle():
         m.imports &= set(modules)
     assert len(modules) > 30 and modules["star_engine.runner"].imports  # the graph is read, not empty
     assert house_report.cycles(modules) == []
+
+
+# Underscore names that are public by convention: a NamedTuple's methods, os._exit (a child
+# process's exit without the parent's cleanup).
+PUBLIC_UNDERSCORE = {"_replace", "_asdict", "_fields", "_make", "_exit"}
+
+
+def package_dirs() -> list[Path]:
+    """Every package of the project: the core, the backend, each plugin."""
+    plugins = [p for p in sorted((REPO / "plugins").glob("*/star_*")) if (p / "__init__.py").is_file()]
+    backends = [p for p in sorted((REPO / "backends").glob("*/star_*")) if (p / "__init__.py").is_file()]
+    return [REPO / "star_engine", *backends, *plugins]
+
+
+def private_reaches(source: str) -> list[str]:
+    """Where ``source`` uses another object's or module's private name: ``from m import _x``, or
+    ``obj._x`` with ``obj`` anything but ``self``/``cls`` (``self.backend._load`` included)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            found += [f"line {node.lineno}: from {'.' * node.level}{node.module or ''} import {a.name}"
+                      for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+        elif (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+              and node.attr not in PUBLIC_UNDERSCORE
+              and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_private_reach_check_sees_each_form():
+    code = ("from .plugin import _load\nimport m\nx = m._helper()\nbackend._keep_written(1)\n"
+            "self.backend._load(2)\nself._own()\ncls._own\nt._replace(a=1)\n")
+    assert [r.split(": ", 1)[1] for r in private_reaches(code)] == [
+        "from .plugin import _load", "m._helper", "backend._keep_written", "self.backend._load"]
+
+
+def test_no_module_calls_another_module_s_private_name():
+    """A module uses its own underscore names only (issue #40: the preference and LoRA stages
+    called the backend's ``_load`` and ``_keep_written``, the tuner ``Stages._generate``): what
+    another module needs is public, named without the underscore."""
+    dirs = package_dirs()
+    assert len(dirs) >= 14  # the core, the backend, twelve plugins: the tree is read
+    reaches = [f"{path.relative_to(REPO)} {r}" for d in dirs for path in sorted(d.rglob("*.py"))
+               for r in private_reaches(path.read_text())]
+    assert reaches == []
+
+
+def test_the_type_checker_covers_every_package():
+    """pyproject.toml's mypy ``files`` names every package (a new plugin is checked too), with
+    ``check_untyped_defs`` (one setting for all)."""
+    import tomllib
+
+    mypy = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mypy"]
+    assert mypy.get("check_untyped_defs") is True
+    assert {str(d.relative_to(REPO)) for d in package_dirs()} <= set(mypy["files"])

@@ -123,4 +123,4 @@ def test_a_nested_name_is_a_nested_folder_under_runs(scripted, toy_toml, capsys,
     path = toy_toml()
     assert main(["validate", str(path), "--set", 'experiment.name="cqa/rationalize"', "--set",
                  'experiment.output_dir=""']) == 0
-    assert "run directory runs/cqa/rationalize: new" in capsys.readouterr().out
+    assert f"run directory {path.parent / 'runs' / 'cqa' / 'rationalize'}: new" in capsys.readouterr().out

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from collections.abc import Mapping
 
 DTYPES = ("float32", "bfloat16")
@@ -38,6 +38,8 @@ class ModelConfig:
     every architecture has (not dataclass fields of this class, which has none)."""
 
     NAME: ClassVar[str]
+    if TYPE_CHECKING:  # each subclass is a dataclass (for dataclasses.fields, asdict, replace)
+        __dataclass_fields__: ClassVar[dict[str, Any]]
     n_layer: int
     d_model: int
     n_head: int
@@ -196,7 +198,7 @@ def architecture(config: ModelConfig) -> str:
 
 
 _LLAMA3_ROPE = (32.0, 1.0, 4.0, 8192)
-_QWEN25 = dict(rms_eps=1e-6, rope_theta=1e6, qkv_bias=True, n_ctx=32768, vocab=151936)
+_QWEN25: dict[str, Any] = dict(rms_eps=1e-6, rope_theta=1e6, qkv_bias=True, n_ctx=32768, vocab=151936)
 
 MAX_LAYERS = 1024
 """The most layers a model may have: its abstract shapes are traced layer by layer (a checkpoint's

@@ -119,7 +119,7 @@ class _Peers:
 
     def __init__(self, count: int, me: int):
         start = time.monotonic()
-        self.seen = {p: (None, start) for p in range(count) if p != me}
+        self.seen: dict[int, tuple[str | None, float]] = {p: (None, start) for p in range(count) if p != me}
 
     def stale(self, beats: dict[int, str], now: float, limit: float) -> list[int]:
         out = []

@@ -54,7 +54,7 @@ def resolve_options(option: Any, environ: Mapping[str, str] | None = None) -> di
     if unknown:
         raise UserError(f"model.distributed: unknown keys {unknown}; allowed: coordinator, num_processes, "
                         "process_id, local_device_ids", key="model.distributed")
-    out = {
+    out: dict[str, Any] = {
         "coordinator": table.get("coordinator", env.get(ENV_COORDINATOR)),
         "num_processes": table.get("num_processes", env.get(ENV_NUM_PROCESSES)),
         "process_id": table.get("process_id", env.get(ENV_PROCESS_ID)),
@@ -177,7 +177,7 @@ def barrier(name: str) -> None:
     coordinated(name)
 
 
-def save_checkpoint(path: Any, params: Any, **kw: Any) -> None:
+def save_checkpoint(path: Any, params: Any, **kw: Any) -> dict | None:
     """``checkpoint.write.save_checkpoint`` of parameters that may span processes:
     every process takes part in the per-leaf gathers, process 0 writes (the path must be
     on a filesystem all of them see), then all wait."""
@@ -194,6 +194,7 @@ def save_checkpoint(path: Any, params: Any, **kw: Any) -> None:
         for _ in leaves:
             pass
     barrier(f"saved {path}")
+    return None
 
 
 def host_leaves(params: Any) -> Any:

@@ -133,7 +133,7 @@ def module_paths(config: ModelConfig, spec: LoraSpec) -> list[str]:
 def adapter_specs(config: ModelConfig, spec: LoraSpec) -> dict[tuple[str, ...], tuple[tuple[int, ...], str]]:
     """{key path: (shape, dtype)} of the adapters (a checkpoint's expected leaves)."""
     shapes = _shapes(config)
-    out = {}
+    out: dict[tuple[str, ...], tuple[tuple[int, ...], str]] = {}
     for path in module_paths(config, spec):
         n_in, n_out = shapes[path]["w"].shape
         out[(path, "lora_a")] = ((n_in, spec.rank), "float32")

@@ -52,7 +52,7 @@ def load_merged(backend: Any, checkpoint: str, manifest: dict, dtype: str) -> An
     """The LoRA checkpoint ``checkpoint`` as a plain model on the backend's mesh: its base
     (loaded in ``dtype``) with W + s A B merged in (``lora.merge``)."""
     base, spec, adapters = load_adapters(backend, checkpoint, manifest)
-    return lora.merge(backend._load(base, dtype, keep=False), adapters, spec, dtype)
+    return lora.merge(backend.load_params(base, dtype, keep=False), adapters, spec, dtype)
 
 
 def train_adapters(backend: Any, init: str, out: Path, encoded: Sequence[Any], spec: TrainSpec,
@@ -74,7 +74,7 @@ def train_adapters(backend: Any, init: str, out: Path, encoded: Sequence[Any], s
     else:
         base, adapters = init, None
     snapshots = stage_snapshots(backend, init, out, spec, encoded)
-    frozen = backend._load(base)  # the compute dtype: no copy when the base is stored in it
+    frozen = backend.load_params(base)  # the compute dtype: no copy when the base is stored in it
     try:
         trained, losses, tokens = tr.train(frozen, backend.config, encoded, backend.train_config(spec, want),
                                            mesh=backend.mesh, progress=progress, snapshots=snapshots,
@@ -82,7 +82,7 @@ def train_adapters(backend: Any, init: str, out: Path, encoded: Sequence[Any], s
     except pk.PackingError as exc:
         raise UserError(f"training.packing: {exc}", key="training.packing") from None
     out.parent.mkdir(parents=True, exist_ok=True)
-    ckpt_id = backend._keep_written(
+    ckpt_id = backend.keep_written(
         out, trained, {"kind": "lora", "lora": want.to_dict(), "base": backend.checkpoint_id(base),
                        "base_path": os.path.relpath(Path(base).resolve(), out.resolve()),
                        "init": backend.checkpoint_id(init), "steps": spec.steps, "seed": spec.seed,

@@ -22,7 +22,7 @@ import os
 import platform
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from collections.abc import Mapping
 
 from star_engine import UserError, is_int
@@ -152,9 +152,9 @@ def use_every_core(mesh: Mapping[str, Any] | None = None) -> None:
     if accelerator_present():  # the mesh is the GPU's or TPU's devices: XLA:CPU's count stays as it is
         return
     if ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
-            or jax.config.jax_num_cpu_devices != -1 or xla_bridge.backends_are_initialized()):
+            or cast(Any, jax.config).jax_num_cpu_devices != -1 or xla_bridge.backends_are_initialized()):
         return
-    sizes = [mesh.get(a) for a in ("dp", "mp")] if isinstance(mesh, Mapping) else []
+    sizes: list[Any] = [mesh.get(a) for a in ("dp", "mp")] if isinstance(mesh, Mapping) else []
     if len(sizes) == 2 and all(is_int(v) and v > 0 for v in sizes):
         jax.config.update("jax_num_cpu_devices", sizes[0] * sizes[1])
     else:
@@ -174,7 +174,7 @@ def use_compile_cache() -> None:
     if folder is None:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         folder = os.path.join(base, "star-engine", "jax")
-    if folder in ("", "0") or jax.config.jax_compilation_cache_dir:
+    if folder in ("", "0") or cast(Any, jax.config).jax_compilation_cache_dir:
         return
     try:
         os.makedirs(folder, exist_ok=True)

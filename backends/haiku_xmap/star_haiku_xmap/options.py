@@ -8,7 +8,10 @@ failure is a ``UserError`` whose ``key`` is the ``model.<option>`` at fault."""
 from __future__ import annotations
 
 import math
+import re
+import shlex
 import dataclasses
+from pathlib import Path
 from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, NamedTuple, get_args
@@ -26,6 +29,7 @@ OPT_STATE_DTYPES = get_args(OptStateDtype)
 SHAPE = ("n_layer", "d_model", "n_head", "d_head", "d_ff", "rotary_dim", "n_ctx", "n_kv_head", "vocab")
 Size = Annotated[int | None, at_least(1)]  # None: the preset's, or the checkpoint's
 MAX_CONTEXT = 1 << 20  # model.n_ctx: tokens; a training row of the context is allocated
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")  # owner/name[@revision] (a branch, tag or commit)
 MAX_CPU_DEVICES = 1024  # [model] cpu_devices: XLA:CPU's collectives fail at 4096 devices (jax 0.10), it crashes at 10^5
 
 
@@ -50,7 +54,9 @@ class ModelOptions(Section):
     prompt) are prefilled once (continuous generation; ``continuous.shared_prefix``).
     ``train_checkpoint_steps`` / ``train_checkpoint_minutes``: how often a fine-tuning stage
     snapshots its whole training state so that a killed run resumes mid-stage (``resume.py``;
-    0 = off; default: every 10 minutes, 30 for models of 1B parameters or more)."""
+    0 = off; default: every 10 minutes, 30 for models of 1B parameters or more).
+    ``hub_id``: the Hugging Face hub id (``owner/name[@revision]``) the checkpoint is converted
+    from; a missing checkpoint's message then gives the exact ``convert`` command."""
 
     preset: str | None = None
     dtype: Dtype | None = None
@@ -67,6 +73,7 @@ class ModelOptions(Section):
     tokenizer: Literal["byte", "hf"] = "byte"
     tokenizer_file: str = ""
     checkpoint_path: str = ""
+    hub_id: str = ""
     mesh: dict | None = None
     seq_len: Annotated[int | None, at_least(2)] = None
     zero: Literal[0, 1] = 0
@@ -187,6 +194,9 @@ def base_config(o: ModelOptions) -> tuple[Any, dict | None]:
     if o.checkpoint_path:
         from .checkpoint.format import read_manifest
 
+        missing = missing_checkpoint(o)
+        if missing:
+            raise _fail("checkpoint_path", missing)
         manifest = read_manifest(o.checkpoint_path)
         base = config_from_dict(manifest["model_config"])
         if o.architecture is not None and o.architecture != arch_of(base):
@@ -207,6 +217,25 @@ def base_config(o: ModelOptions) -> tuple[Any, dict | None]:
     return base, None
 
 
+def missing_checkpoint(o: ModelOptions) -> str:
+    """"" when ``model.checkpoint_path`` holds a checkpoint (a manifest); else what is there and
+    the exact command that makes it: ``convert --from hf`` of ``model.hub_id`` (or of a
+    Hugging Face folder: a placeholder without it) into that path, ``--mp`` of the mesh."""
+    root = Path(o.checkpoint_path)
+    if (root / "manifest.msgpack").is_file():
+        return ""
+    mp = (o.mesh or {}).get("mp")
+    split = f" --mp {mp}" if isinstance(mp, int) and not isinstance(mp, bool) and mp > 1 else ""
+    if (root / "config.json").is_file():
+        return (f"{root} is a Hugging Face folder, not a checkpoint of this backend; convert it once into another "
+                f"folder and set model.checkpoint_path to that: "
+                f"star-engine convert --from hf {shlex.quote(str(root))} {shlex.quote(str(root) + '-native')}{split}")
+    what = "does not exist" if not root.exists() else "holds no checkpoint (no manifest.msgpack)"
+    source = shlex.quote(o.hub_id) if o.hub_id else "<a Hugging Face folder or hub id>"
+    return (f"{root} {what}; make it with: star-engine convert --from hf {source} {shlex.quote(str(root))}{split}"
+            f" (docs/models.md{'' if o.hub_id else '; model.hub_id names the source in this message'})")
+
+
 def _config_error(exc: ConfigError) -> UserError:
     """A config refusal (a rule across its fields) as the ``[model]`` key it is about."""
     return _fail(exc.field, exc.rule)
@@ -218,6 +247,8 @@ def resolve(o: ModelOptions) -> Model:
     from .sharding import mesh_shape
     from .tokenizer import ByteTokenizer, HFTokenizer, tokenizer_from_dict
 
+    if o.hub_id and not HUB_ID.fullmatch(o.hub_id):
+        raise _fail("hub_id", f"expected a Hugging Face hub id, owner/name or owner/name@revision, got {o.hub_id!r}")
     base, stored_tok = base_config(o)
     overrides = {k: getattr(o, k) for k in SHAPE if getattr(o, k) is not None}
     for key, most in (("n_layer", MAX_LAYERS), ("n_ctx", MAX_CONTEXT)):
@@ -234,7 +265,7 @@ def resolve(o: ModelOptions) -> Model:
     except ConfigError as exc:
         raise _config_error(exc) from None
     if o.tokenizer_file:
-        tokenizer = HFTokenizer(o.tokenizer_file)
+        tokenizer: ByteTokenizer | HFTokenizer = HFTokenizer(o.tokenizer_file)
     elif stored_tok is not None:
         tokenizer = tokenizer_from_dict(stored_tok)
     elif o.tokenizer == "hf":

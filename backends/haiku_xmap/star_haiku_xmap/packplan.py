@@ -40,7 +40,7 @@ class PackedStep(NamedTuple):
     rows: list[list[int]]  # positions into idx, one list per row (row k in micro-batch k // R)
 
 
-def plan_steps(lengths: Sequence[int], *, steps: int, per_step: int, seed: int, window: int = 8,
+def plan_steps(lengths: Sequence[int] | np.ndarray, *, steps: int, per_step: int, seed: int, window: int = 8,
                stratified: bool = False) -> list[np.ndarray]:
     """Example indices for each optimizer step, deterministic in ``seed``.
 

@@ -38,7 +38,7 @@ class HaikuXmapBackend:
         self.config, self.tokenizer, self.seq_len = resolve(options)
         self.checkpoint_path = options.checkpoint_path
         """The configured checkpoint (``model.checkpoint_path``), "" when the base is a random init."""
-        self._processes = resolve_options(options.distributed)  # the layout, before jax starts
+        self.process_layout = resolve_options(options.distributed)  # the layout, before jax starts
         self._runtime: Any = None  # machine.Runtime, once started
         self._cache: tuple[tuple[str, str], str, Any] | None = None  # ((path, checkpoint id), dtype, params)
 
@@ -75,7 +75,7 @@ class HaikuXmapBackend:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _save(self, path: Path, params: Any, extra: dict, dtype: str | None = None, specs: Any = None) -> None:
+    def save_params(self, path: Path, params: Any, extra: dict, dtype: str | None = None, specs: Any = None) -> None:
         """Write ``params``; ``dtype``: the stored dtype when it is not the compute
         dtype (fp32 master weights), recorded as the checkpoint's model dtype; ``specs``:
         the leaves expected when they are not the model's (LoRA adapters)."""
@@ -87,7 +87,7 @@ class HaikuXmapBackend:
         save_checkpoint(path, params, model_config=config.to_dict(), tokenizer=self.tokenizer.to_dict(),
                         extra=extra, mp_split=int(self.mesh.shape["mp"]), specs=specs)
 
-    def _keep_written(self, out: Path, params: Any, extra: dict, *, dtype: str | None = None, specs: Any = None,
+    def keep_written(self, out: Path, params: Any, extra: dict, *, dtype: str | None = None, specs: Any = None,
                       compute: Any = None) -> str:
         """Write a stage's checkpoint ``out`` of ``params`` (``_save``'s arguments) and keep its
         weights on the devices for the generation or scoring that follows, in the compute dtype:
@@ -98,7 +98,7 @@ class HaikuXmapBackend:
 
         from . import sharding
 
-        self._save(out, params, extra, dtype=dtype, specs=specs)
+        self.save_params(out, params, extra, dtype=dtype, specs=specs)
         ckpt_id = self.checkpoint_id(str(out))
         if compute is None:
             cast = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(jnp.dtype(self.config.dtype)), p),
@@ -112,7 +112,7 @@ class HaikuXmapBackend:
 
         return manifest_sha256(checkpoint)
 
-    def _load(self, checkpoint: str, dtype: str | None = None, keep: bool = True) -> Any:
+    def load_params(self, checkpoint: str, dtype: str | None = None, keep: bool = True) -> Any:
         """Params of ``checkpoint`` on the mesh, cast to ``dtype`` (default: the compute
         dtype). The last one loaded is cached (``keep``) in its dtype; the cache also
         serves another dtype when it holds the stored values (the cast is then exact)."""
@@ -166,7 +166,7 @@ class HaikuXmapBackend:
                 return str(out)
         out.parent.mkdir(parents=True, exist_ok=True)
         params = model.init_params(self.config, keys_from_seeds([seed])[0])
-        self._save(out, params, extra)
+        self.save_params(out, params, extra)
         return str(out)
 
     # ------------------------------------------------------------------ train
@@ -210,7 +210,7 @@ class HaikuXmapBackend:
         snapshots = stage_snapshots(self, init, out, spec, encoded)
         try:
             # No local reference to the loaded weights: the trainer's master copy replaces them.
-            params, losses, tokens = tr.train(self._load(init, self.options.master_dtype, keep=False), self.config,
+            params, losses, tokens = tr.train(self.load_params(init, self.options.master_dtype, keep=False), self.config,
                                               encoded, self.train_config(spec), mesh=self.mesh, progress=progress,
                                               snapshots=snapshots)
         except pk.PackingError as exc:
@@ -218,7 +218,7 @@ class HaikuXmapBackend:
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
         stored = str(jax.tree.leaves(params)[0].dtype)
-        ckpt_id = self._keep_written(out, params, {"kind": "finetune", "init": self.checkpoint_id(init),
+        ckpt_id = self.keep_written(out, params, {"kind": "finetune", "init": self.checkpoint_id(init),
                                                    "steps": spec.steps, "seed": spec.seed, "examples": len(encoded),
                                                    "packing": spec.packing, "loss": spec.loss,
                                                    "compute_dtype": self.config.dtype}, dtype=stored)
@@ -265,7 +265,7 @@ class HaikuXmapBackend:
         from .preflight import check_generation
 
         check_generation("generation", spec, self.config.n_ctx)  # a caller that skipped validate_run
-        return generate_text(self._load(checkpoint), requests, spec, tokenizer=self.tokenizer, config=self.config,
+        return generate_text(self.load_params(checkpoint), requests, spec, tokenizer=self.tokenizer, config=self.config,
                              mesh=self.mesh, decode=self.decode_config(spec),
                              continuous=self.options.generation == "continuous", progress=progress)
 
@@ -284,10 +284,10 @@ class HaikuXmapBackend:
 
     def _layout(self) -> tuple[int, int]:
         """(this process's index, the number of processes)."""
-        if self._runtime is None and self._processes is None:
+        if self._runtime is None and self.process_layout is None:
             return 0, 1
-        if self._runtime is None and not self._processes.get("auto"):
-            return int(self._processes["process_id"]), int(self._processes["num_processes"])
+        if self._runtime is None and self.process_layout is not None and not self.process_layout.get("auto"):
+            return int(self.process_layout["process_id"]), int(self.process_layout["num_processes"])
         import jax
 
         self.runtime()

@@ -197,7 +197,7 @@ def train_preferences(backend: Any, init: str, out: Path, pairs: Sequence[Prefer
     # The loaded weights: the frozen base (compute dtype) under adapters, else the policy's
     # start in the master dtype (the one list holds the only reference: the trainer's master
     # copy replaces it).
-    held = [backend._load(init) if want is not None else backend._load(init, backend.options.master_dtype, keep=False)]
+    held = [backend.load_params(init) if want is not None else backend.load_params(init, backend.options.master_dtype, keep=False)]
     batches = None
     if spec.steps > 0:
         ref_N = sequence_logps(held[0], seqs, rows=2 * spec.batch_size, max_len=backend.seq_len,
@@ -215,12 +215,12 @@ def train_preferences(backend: Any, init: str, out: Path, pairs: Sequence[Prefer
              "steps": spec.steps, "seed": spec.seed, "batch_size": spec.batch_size, "grad_accum": spec.grad_accum,
              "pairs": len(pairs), "compute_dtype": config.dtype}
     if want is not None:
-        ckpt_id = backend._keep_written(
+        ckpt_id = backend.keep_written(
             out, trained, {"kind": "lora", "lora": want.to_dict(), "base": init_id,
                            "base_path": os.path.relpath(Path(init).resolve(), out.resolve()), **extra},
             specs=lora.adapter_specs(config, want), compute=lora.merge(frozen, trained, want, config.dtype))
     else:
-        ckpt_id = backend._keep_written(out, trained, {"kind": "verifier", **extra},
+        ckpt_id = backend.keep_written(out, trained, {"kind": "verifier", **extra},
                                         dtype=str(jax.tree.leaves(trained)[0].dtype))
     del trained, frozen
     return TrainResult(checkpoint=str(out), checkpoint_id=ckpt_id, steps=spec.steps, tokens=tokens,
@@ -241,7 +241,7 @@ def score(backend: Any, checkpoint: str, examples: Sequence[TrainExample], batch
         except ValueError:
             raise UserError(f"{KEY}: scored example {i}: its completion does not fit the model's context of "
                             f"n_ctx = {n_ctx} tokens after its prompt: {ex.completion[:60]!r}...", key=KEY) from None
-    logp_N = sequence_logps(backend._load(checkpoint), seqs, rows=batch_size, max_len=n_ctx,
+    logp_N = sequence_logps(backend.load_params(checkpoint), seqs, rows=batch_size, max_len=n_ctx,
                             pad_id=backend.tokenizer.pad_id, config=backend.config, mesh=backend.mesh,
                             progress=progress)
     return [float(x) for x in logp_N]

@@ -49,7 +49,7 @@ def validate_run(backend: Any, generation: Mapping[str, GenSpec], training: Mapp
     if backend.checkpoint_path:
         check_checkpoint(backend.checkpoint_path)
     else:
-        check_model_memory(backend.config, (backend._processes or {}).get("num_processes") or 1)
+        check_model_memory(backend.config, (backend.process_layout or {}).get("num_processes") or 1)
 
 
 def check_model_memory(config: Any, processes: int = 1) -> None:

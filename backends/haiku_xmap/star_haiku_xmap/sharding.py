@@ -155,7 +155,7 @@ def needs_serial_steps(mesh: Mesh | None) -> bool:
 
 def batch_sharding(mesh: Mesh, batch_axis: int = 0, ndim: int = 2) -> NamedSharding:
     """Arrays whose ``batch_axis`` is split over "dp" (the rest replicated)."""
-    axes = [None] * ndim
+    axes: list[str | None] = [None] * ndim
     axes[batch_axis] = "dp"
     return NamedSharding(mesh, P(*axes))
 

@@ -357,7 +357,7 @@ def _first_state(params: Any, tx: optax.GradientTransformation, master_dtype: st
     return _build_state(params, tx, state_sh), state_sh, None  # the moments born in their (ZeRO) shardings
 
 
-def _put_batch(batch_sh: Any) -> Callable[[dict], dict]:
+def _put_batch(batch_sh: Any) -> Callable[[Mapping], dict]:
     """A host batch as global arrays with ``batch_sh`` (each process places its own slices)."""
     return lambda batch: {k: global_array(v, batch_sh) for k, v in batch.items()}
 
@@ -384,7 +384,7 @@ def packing_batches(encoded: Sequence[Encoded], *, config: GPTJConfig, **kw) -> 
 
 
 def run_steps(update: Callable, state: TrainState, batches: Iterable[Mapping[str, np.ndarray]], *, mesh=None,
-              put: Callable[[dict], dict] = lambda batch: batch,
+              put: Callable[[Mapping], Any] = lambda batch: batch,
               progress: Callable[[int], None] | None = None, snapshots: Any = None,
               restored: Any = None) -> tuple[TrainState, list, int]:
     """The step loop of ``train``: one update per host batch.

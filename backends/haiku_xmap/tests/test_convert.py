@@ -71,7 +71,7 @@ def test_cli_refuses_pickles_and_points_to_safetensors(tmp_path, capsys):
     assert "pickle-based weights are never loaded" in err and "safetensors" in err
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "out").exists()
     assert main(["convert", "--from", "hf", str(FIXTURE), str(tmp_path / "o2")]) == 2  # no tokenizer.json
-    assert "--tokenizer-file: required" in capsys.readouterr().err
+    assert "no tokenizer.json in this Hugging Face folder; pass --tokenizer-file" in capsys.readouterr().err
 
 
 def _hf_random_folder(dest: Path, n_layer=12, d=512, vocab=1024, files=3) -> tuple[int, int]:

@@ -130,7 +130,7 @@ def stage(tmp_path_factory):
 
 def test_score_is_the_hand_summed_log_probability(stage):
     b, _, base, _, _ = stage
-    params = b._load(base)
+    params = b.load_params(base)
     long_prompt = "".join(f"Q{i};" for i in range(40))  # 160 bytes: keeps its end
     examples = [TrainExample("Q: 1 + 1\nA:", " 2\n"), TrainExample("ab", "c"),
                 TrainExample("Q: 12 + 30\nA:", " 42 because 12 and 30 make 42\n"), TrainExample(long_prompt, " 7")]

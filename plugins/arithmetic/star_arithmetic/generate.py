@@ -10,6 +10,7 @@ count is measured on equally many questions) and fails instead of shifting it.
 from __future__ import annotations
 
 import random
+from collections.abc import Set as AbstractSet
 
 Problem = tuple[int, int]
 
@@ -34,7 +35,7 @@ class NotEnough(ValueError):
     """More problems asked for than the digit counts hold."""
 
 
-def draw(rng: random.Random, digits: list[int], n: int, exclude: set[Problem] = frozenset(),
+def draw(rng: random.Random, digits: list[int], n: int, exclude: AbstractSet[Problem] = frozenset(),
          max_fraction: float = 1.0) -> list[Problem]:
     """``n`` distinct problems over ``digits`` (ascending), none in ``exclude``,
     taking at most ``max_fraction`` of any digit count's problems; shuffled."""
@@ -80,7 +81,7 @@ def draw_equal(rng: random.Random, digits: list[int], n: int, max_fraction: floa
     return out
 
 
-def _draw_one(rng: random.Random, d: int, k: int, free: int, exclude: set[Problem]) -> list[Problem]:
+def _draw_one(rng: random.Random, d: int, k: int, free: int, exclude: AbstractSet[Problem]) -> list[Problem]:
     lo, hi = bounds(d)
     if k <= 0:
         return []

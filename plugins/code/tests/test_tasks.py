@@ -109,7 +109,7 @@ def test_bad_checker_options_are_one_line_naming_the_key(star, tmp_path, option,
     toml = tmp_path / "exp.toml"
     toml.write_text((ROOT / "experiments" / "code_expr.toml").read_text().replace(
         'checker = { name = "python_tests", timeout_seconds = 2.0, memory_mb = 512, workers = 1 }',
-        f'checker = {{ name = "python_tests", {option} }}').replace('output_dir = "runs/code_expr"',
+        f'checker = {{ name = "python_tests", {option} }}').replace('output_dir = "../runs/code_expr"',
                                                                   f'output_dir = "{tmp_path}/run"'))
     code, err = star("validate", str(toml))
     assert code == 2 and err.count("\n") == 1 and message in err, err

@@ -18,7 +18,7 @@ original joins them: ``"\\n\\n".join(prompts) + "\\n\\n" + context``).
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Literal, cast
 
 from star_engine import (NON_EMPTY, PROMPT_KINDS, Example, TrainExample, UserError, few_shot_prompts, get, prompt_files,
                          read_blocks, read_jsonl)
@@ -76,7 +76,8 @@ def _marked(where: str, text: str, letter: str) -> str:
 
 
 def _builtin(kind: str) -> list[tuple[str, str, str]]:
-    return [("built-in", text, extract_letter(_split_answer(text)[1])) for text in builtin_blocks(kind == "direct")]
+    return [("built-in", text, cast(str, extract_letter(cast("tuple[str, str]", _split_answer(text))[1])))
+            for text in builtin_blocks(kind == "direct")]
 
 
 class CQATask:
@@ -128,7 +129,7 @@ class CQATask:
             question = get(row, "question", dict, where)
             stem = get(question, "stem", str, where, "question.stem")
             raw_choices = get(question, "choices", list, where, "question.choices")
-            choices = []
+            choices: list[dict[str, str]] = []
             for i, choice in enumerate(raw_choices):
                 name = f"question.choices[{i}]"
                 if not isinstance(choice, dict):

@@ -40,7 +40,7 @@ def add_hint(block: str, hint: str) -> str:
 
 def _checked_blocks(path: str, kind: str, verbatim: bool) -> list[tuple[str, str, str | None]]:
     """Prompt examples of a file as (file:line, text, answer after ####)."""
-    out = []
+    out: list[tuple[str, str, str | None]] = []
     for where, text in read_blocks(path, verbatim=verbatim):
         if not text.startswith("Q:") or not re.search(r"\nA:", text):
             raise UserError(f"{where}: a {kind} prompt example must start with 'Q:' and have a line starting with 'A:'")

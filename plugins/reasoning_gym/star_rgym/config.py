@@ -196,7 +196,7 @@ def _when(value: Any, ann: type, key: str) -> Any:
         return value
     if isinstance(value, str):
         try:
-            return ann.fromisoformat(value)
+            return typing.cast(Any, ann).fromisoformat(value)
         except ValueError:
             pass
     what = "a date (1900-01-01)" if ann is datetime.date else "a time of day (08:30:00)"

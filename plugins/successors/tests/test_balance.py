@@ -273,7 +273,7 @@ def test_validate_refuses_a_misspelt_preset_with_exit_2(tmp_path):
     assert 'preset = "cpu"' in text
     path = tmp_path / "bstar.toml"
     path.write_text(text.replace('preset = "cpu"', 'preset = "relesed"').replace(
-        'output_dir = "runs/addition_bstar"', f'output_dir = "{(tmp_path / "run").as_posix()}"'))
+        'output_dir = "../runs/addition_bstar"', f'output_dir = "{(tmp_path / "run").as_posix()}"'))
     res = subprocess.run([sys.executable, "-m", "star_engine", "validate", str(path)], capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 2, res.stderr

@@ -153,7 +153,8 @@ def read_manifest(path: str | os.PathLike) -> dict:
     leaves = m.get("leaves")
     if not isinstance(leaves, list):
         raise bad("field 'leaves' missing or not a list")
-    files, paths = set(), set()
+    files: set[str] = set()
+    paths: set[tuple[str, ...]] = set()
     for i, leaf in enumerate(leaves):
         if split_ok and isinstance(leaf, dict) and set(leaf) == _SPLIT_LEAF_KEYS:
             _check_split_leaf(leaf, i, m["mp_split"], files, paths, bad)

@@ -18,7 +18,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import numpy as np
@@ -219,7 +219,7 @@ def read_zstd_part(path: str | os.PathLike, *, compressed_bytes: int, raw_bytes:
         f.seek(0)
         check_alloc(raw_bytes + window, str(p))  # the output buffer and the decoder's window
         out = np.empty(raw_bytes, dtype=np.uint8)
-        view = memoryview(out)
+        view = memoryview(cast(Any, out))  # numpy's stubs declare __buffer__ only for 3.12+
         h = hashlib.sha256()
         pos = 0
         try:

@@ -9,7 +9,7 @@ import filecmp
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from collections.abc import Iterable, Mapping
 
 import msgpack
@@ -117,6 +117,7 @@ def write_checkpoint(path: str | os.PathLike, leaves: Iterable[tuple[tuple[str, 
     published = False
     try:
         entries, seen = [], set()
+        raw: memoryview | None
         for index, (key_path, value) in enumerate(leaves):
             key_path = tuple(key_path)
             arr = np.asarray(jax.device_get(value))
@@ -132,7 +133,7 @@ def write_checkpoint(path: str | os.PathLike, leaves: Iterable[tuple[tuple[str, 
             arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).reshape(arr.shape)
             axis = split_axis_for(key_path, arr.shape, mp_split)
             if axis is None:
-                raw = memoryview(arr.reshape(-1).view(np.uint8))
+                raw = memoryview(cast(Any, arr.reshape(-1).view(np.uint8)))
                 part = f"{index:05d}.zst"
                 compressed, sha = write_zstd_part(tmp / part, raw)
                 entries.append({"path": list(key_path), "dtype": name, "shape": list(arr.shape), "file": part,
@@ -142,7 +143,8 @@ def write_checkpoint(path: str | os.PathLike, leaves: Iterable[tuple[tuple[str, 
                 for k, piece in enumerate(np.split(arr, mp_split, axis=axis)):
                     piece = np.ascontiguousarray(piece)
                     part = f"{index:05d}.{k:03d}.zst"
-                    compressed, sha = write_zstd_part(tmp / part, memoryview(piece.reshape(-1).view(np.uint8)))
+                    compressed, sha = write_zstd_part(tmp / part,
+                                                      memoryview(cast(Any, piece.reshape(-1).view(np.uint8))))
                     parts.append({"file": part, "compressed_bytes": compressed, "raw_bytes": piece.nbytes,
                                   "sha256": sha})
                     del piece

@@ -41,6 +41,40 @@ def _tokenizer_dict(args: argparse.Namespace, default_file: Path | None, stored:
                     "or --byte-tokenizer for a byte-level model")
 
 
+def default_destination(src: str) -> Path:
+    """``checkpoints/<name>``: the source's last path part (a folder's, or a hub id's without
+    its revision) in lower case, relative to the working directory."""
+    name = Path(src.split("@", 1)[0].rstrip("/")).name.lower()
+    if not name or name in (".", ".."):
+        raise UserError(f"dest: required (no folder name can be made from {src!r})")
+    return Path("checkpoints") / name
+
+
+def hf_source(src: Path) -> Path:
+    """The local folder (or file) ``src`` names; a hub id (``owner/name[@revision]``) that names
+    nothing here is downloaded (safetensors, JSON and tokenizer files only) through
+    ``huggingface_hub`` into its cache, and that snapshot's folder returned."""
+    from ..options import HUB_ID
+
+    if src.exists() or not HUB_ID.fullmatch(str(src)):
+        return src  # a path: iter_hf names what is wrong with it
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise UserError(f"{src}: no such folder here; to download it as a hub id, install huggingface_hub "
+                        f"(python3 -m pip install huggingface_hub)") from None
+    repo, _, revision = str(src).partition("@")
+    print(f"downloading {repo}{f' at {revision}' if revision else ''} from the Hugging Face hub "
+          f"(safetensors, JSON and tokenizer files) ...", flush=True)
+    try:
+        folder = snapshot_download(repo, revision=revision or None,
+                                   allow_patterns=["*.safetensors", "*.json", "tokenizer*"])
+    except Exception as e:  # noqa: BLE001 - offline, unknown repo, gated model, disk: one line, its words
+        said = " ".join(str(e).split())[:300] or type(e).__name__
+        raise UserError(f"{src}: no such folder here, and the hub download failed: {said}") from None
+    return Path(folder)
+
+
 class ConvertCommand:
     help = ("convert weights (hf safetensors: GPT-J or Llama/Qwen2/Mistral | mtj slim checkpoint | native) into "
             "a native or mtj checkpoint, or a native checkpoint into a Hugging Face folder")
@@ -57,9 +91,15 @@ class ConvertCommand:
             "(GPT-J, Llama, Qwen2, Mistral) as a Hugging Face folder that transformers loads: safetensors, "
             "config.json, generation_config.json, tokenizer.json and tokenizer_config.json. With --to mtj or "
             "--to hf the source is a native checkpoint (--from native, the default there).")
-        parser.add_argument("src", type=Path, help="source folder")
-        parser.add_argument("dest", type=Path, help="destination folder (created; an existing checkpoint is "
-                                                    "replaced atomically; --to mtj|hf: must not exist)")
+        parser.add_argument("src", type=Path, help="source folder; with --from hf also a Hugging Face hub id "
+                                                   "(owner/name[@revision], downloaded through huggingface_hub "
+                                                   "when no such folder exists here)")
+        parser.add_argument("dest", type=Path, nargs="?", default=None,
+                            help="destination folder (created; an existing checkpoint is replaced atomically; "
+                                 "--to mtj|hf: must not exist). Default with --from hf: checkpoints/NAME in the "
+                                 "working directory, NAME the source's last path part in lower case (Qwen/Qwen2.5-1.5B: "
+                                 "checkpoints/qwen2.5-1.5b), where the experiment files expect it when run from "
+                                 "the repository's root")
         parser.add_argument("--from", dest="source", default=None, choices=("hf", "mtj", "native"),
                             help="required with --to native; --to mtj|hf read a native checkpoint")
         parser.add_argument("--to", dest="target", default="native", choices=("native", "mtj", "hf"))
@@ -89,6 +129,10 @@ class ConvertCommand:
         if args.tokenizer_file is not None and args.byte_tokenizer:
             raise UserError("--tokenizer-file and --byte-tokenizer exclude each other")
         src, dest = args.src, args.dest
+        if dest is None:
+            if args.source != "hf" or args.target != "native":
+                raise UserError("dest: required (the default destination is only for --from hf)")
+            dest = default_destination(str(src))
         if args.max_shard_size is not None and args.target != "hf":
             raise UserError("--max-shard-size: only with --to hf")
         if args.target in ("mtj", "hf"):
@@ -102,10 +146,14 @@ class ConvertCommand:
             from .hf_import import iter_hf, source_name
 
             dtype = args.dtype or "bfloat16"
+            src = hf_source(src)
             folder = src if src.is_dir() else src.parent
+            if not (args.tokenizer_file or args.byte_tokenizer or (folder / "tokenizer.json").is_file()):
+                raise UserError(f"{folder}: no tokenizer.json in this Hugging Face folder; pass --tokenizer-file "
+                                f"(the model's tokenizer.json) or --byte-tokenizer")
             tok = _tokenizer_dict(args, folder / "tokenizer.json")
             config, leaves = iter_hf(src, dtype=dtype)  # the architecture from config.json's model_type
-            extra = {"source": source_name(config)}
+            extra: dict[str, object] = {"source": source_name(config)}
         elif args.source == "mtj":
             from .mtj_import import iter_mtj_gptj
             from .mtj_layout import resolve_config
@@ -130,8 +178,9 @@ class ConvertCommand:
         self._check_vocab(tok, config)
         write_checkpoint(dest, leaves, model_config=config.to_dict(), tokenizer=tok, extra=extra, mp_split=mp)
         split = f", leaves pre-split for mp={mp}" if mp > 1 else ""
-        print(f"wrote {dest} ({config.n_layer} layers, d_model {config.d_model}, vocab {config.vocab}, "
-              f"{config.dtype}{split})")
+        print(f"wrote {dest.resolve()} ({config.n_layer} layers, d_model {config.d_model}, vocab {config.vocab}, "
+              f"{config.dtype}{split}); an experiment reads it with [model] checkpoint_path = its path relative "
+              f"to the experiment file")
         return 0
 
     @staticmethod

@@ -90,7 +90,7 @@ def hf_config_to_gptj(hf: dict, *, dtype: str = "float32", where: str = "config.
         raise UserError(f"{where}: {exc}") from None
 
 
-def _hf_name(key_path: tuple[str, ...]) -> tuple[str, bool]:
+def hf_name(key_path: tuple[str, ...]) -> tuple[str, bool]:
     """HF tensor name for a haiku key path, and whether it is transposed."""
     module, leaf = "/".join(key_path[:-1]), key_path[-1]
     if module == "wte":
@@ -156,7 +156,7 @@ def _family(hf: dict, dtype: str, where: str):
     if hf.get("model_type") != "gptj":
         raise UserError(f"{where}: model_type is {hf.get('model_type')!r}, expected one of "
                         f"gptj, {', '.join(hf_llama.MODEL_TYPES)}")
-    return hf_config_to_gptj(hf, dtype=dtype, where=where), _hf_name, _IGNORED, "GPT-J"
+    return hf_config_to_gptj(hf, dtype=dtype, where=where), hf_name, _IGNORED, "GPT-J"
 
 
 def _plan(src: Path, dtype: str) -> tuple[ModelConfig, list[tuple[tuple[str, ...], str, bool, Path, TensorInfo]]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import struct
+import typing
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -192,10 +193,10 @@ def _read_member(mem: Member) -> np.ndarray:
             stored_shape = shape[::-1] if fortran else shape
             check_alloc(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, where)
             buf = np.empty(stored_shape, dtype)
-            view = memoryview(buf.reshape(-1).view(np.uint8))
+            view = memoryview(typing.cast(typing.Any, buf.reshape(-1).view(np.uint8)))  # numpy stubs: 3.12+ only
             pos = 0
             while pos < len(view):
-                n = f.readinto(view[pos:pos + (1 << 24)])
+                n = typing.cast(typing.Any, f).readinto(view[pos:pos + (1 << 24)])  # a ZipExtFile, typed IO[bytes]
                 if not n:
                     raise IntegrityError(f"{where}: data ends after {pos} of {len(view)} bytes")
                 pos += n
@@ -227,6 +228,7 @@ def _combine(leaf: MtjLeaf, shard_members: list[Member]) -> np.ndarray:
                 total = total.astype(np.float32) + x.astype(np.float32)
         return total
     axis = how[1]
+    first: np.ndarray | None
     first = _read_member(shard_members[0])
     check_alloc(int(np.prod(leaf.full_shape, dtype=np.int64)) * first.dtype.itemsize,
                 f"{shard_members[0].zip_path}:{shard_members[0].name} ({leaf.name})")
@@ -246,6 +248,7 @@ def iter_mtj_gptj(src: str | os.PathLike, config: GPTJConfig
     in this backend's sorted parameter order. Everything is validated first."""
     layout, members = plan_mtj(src, config)
     by_native: dict[tuple[str, ...], int] = {}
+    i: int | None
     for i, leaf in enumerate(layout):
         if leaf.native is not None:
             by_native[leaf.native] = i

@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -165,7 +166,7 @@ def config_from_file(path: str | os.PathLike, *, dtype: str = "bfloat16") -> GPT
 def resolve_config(spec: str, *, dtype: str = "bfloat16") -> GPTJConfig:
     """A preset name (``gptj-6b``) or a JSON config file."""
     if spec in PRESETS:
-        return PRESETS[spec].replace(dtype=dtype)
+        return cast(GPTJConfig, PRESETS[spec].replace(dtype=dtype))
     if Path(spec).is_file():
         return config_from_file(spec, dtype=dtype)
     raise UserError(f"--config: {spec!r} is neither a preset ({sorted(PRESETS)}) nor a JSON file")

@@ -22,8 +22,12 @@ re-run on the target (``--platform default``) to confirm.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
+from collections.abc import Iterator
 import json
 from pathlib import Path
+from typing import Any
 
 from star_engine import UserError, run_command
 
@@ -144,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     # jax: this module loads with the CLI (the plan's options); jax when a plan runs
     import jax
 
-    from .memory import _parse_mesh, _setup_devices, plan_one
+    from .memory import parse_mesh, setup_devices, plan_one
 
     if getattr(args, "experiment", None) is not None:
         return _run_experiment(args)
@@ -157,11 +161,11 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "models", None):
         return run_models(args)
     if args.standard:
-        jobs = [(_parse_mesh(m), *rest) for m, *rest in STANDARD]
+        jobs: list[tuple[Any, ...]] = [(parse_mesh(m), *rest) for m, *rest in STANDARD]
     else:
-        jobs = [(_parse_mesh(args.mesh), args.zero, args.master_dtype, args.opt_state_dtype, args.grad_accum_dtype,
+        jobs = [(parse_mesh(args.mesh), args.zero, args.master_dtype, args.opt_state_dtype, args.grad_accum_dtype,
                  args.remat, args.device_gib, args.batch, args.grad_accum)]
-    _setup_devices(max(dp * mp for (dp, mp), *_ in jobs), args.platform)
+    setup_devices(max(dp * mp for (dp, mp), *_ in jobs), args.platform)
     if not args.json:
         print(f"# {args.preset}: {config.n_layer} layers, d_model {config.d_model}, {config.dtype}; "
               f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} devices)")
@@ -171,10 +175,12 @@ def run(args: argparse.Namespace) -> int:
         todo = tuple(w for w in what if w != "sample" or (dp, mp) not in done_sample)
         if "sample" in todo:
             done_sample.add((dp, mp))
-        for r in plan_one(config=config, dp=dp, mp=mp, zero=zero, opt_state_dtype=opt_dtype, batch=batch,
-                          grad_accum=grad_accum, seq_len=args.seq_len, gen_batch=args.gen_batch,
-                          prompt_len=args.prompt_len, new_tokens=args.new_tokens, what=todo,
-                          master_dtype=master, accum_dtype=accum, remat=remat):
+        with _compiling(todo, dp, mp):
+            rows = plan_one(config=config, dp=dp, mp=mp, zero=zero, opt_state_dtype=opt_dtype, batch=batch,
+                            grad_accum=grad_accum, seq_len=args.seq_len, gen_batch=args.gen_batch,
+                            prompt_len=args.prompt_len, new_tokens=args.new_tokens, what=todo,
+                            master_dtype=master, accum_dtype=accum, remat=remat)
+        for r in rows:
             if args.json:
                 print(json.dumps({**r, "device_gib": gib, "fits": r["peak"] <= gib * GIB}), flush=True)
             else:
@@ -182,10 +188,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _compiling(what: tuple[str, ...], dp: int, mp: int) -> Iterator[None]:
+    """A line on stderr before XLA compiles a program (seconds for a small model, minutes for
+    a 6B one: ``plan`` printed nothing for 141 s, issue #43); the table's row gives the time."""
+    print(f"# compiling the {' and '.join(what)} program{'s' if len(what) > 1 else ''} for a dp={dp} mp={mp} "
+          f"mesh (XLA; minutes for a model of billions of parameters) ...", file=sys.stderr, flush=True)
+    yield
+
+
 def _run_experiment(args: argparse.Namespace) -> int:
     """``plan EXPERIMENT``: the experiment's train steps and sampler (``experiment.py``)."""
     from .experiment import SECTIONS, job, load, unplanned  # jax (haiku, via lora), as run
-    from .memory import _setup_devices, plan_one
+    from .memory import setup_devices, plan_one
 
     what = tuple(w.strip() for w in args.what.split(",") if w.strip())
     if not what or set(what) - {*SECTIONS, "sample"}:
@@ -196,7 +211,7 @@ def _run_experiment(args: argparse.Namespace) -> int:
     trains = [w for w in what if w in SECTIONS]
     jobs = [job(args, w, cfg) for w in trains or ["train"]]  # every program refused before any compiles
     config, kw, _ = jobs[0]
-    _setup_devices(kw["dp"] * kw["mp"], args.platform)
+    setup_devices(kw["dp"] * kw["mp"], args.platform)
     if not args.json:
         for _, _, line in jobs:
             print(line)
@@ -206,7 +221,9 @@ def _run_experiment(args: argparse.Namespace) -> int:
     programs = [(kw, ("train",)) for _, kw, _ in jobs] if trains else []
     programs += [(kw, ("sample",))] if "sample" in what else []
     for kw, todo in programs:
-        for r in plan_one(config=config, what=todo, **kw):
+        with _compiling(todo, kw["dp"], kw["mp"]):
+            rows = plan_one(config=config, what=todo, **kw)
+        for r in rows:
             if args.json:
                 print(json.dumps({**r, "device_gib": args.device_gib, "fits": r["peak"] <= args.device_gib * GIB}),
                       flush=True)

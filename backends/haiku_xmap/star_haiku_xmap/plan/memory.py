@@ -2,7 +2,7 @@
 mesh with abstract parameters (``jax.ShapeDtypeStruct``s carrying their
 ``NamedSharding``s, nothing allocated), and XLA's per-device memory analysis of each
 (``command.py`` says what the figures mean). jax is imported here but its backends
-start only after ``_setup_devices`` has asked for the simulated devices.
+start only after ``setup_devices`` has asked for the simulated devices.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import time
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +26,7 @@ from ..sampling import static
 MAX_DEVICES = 4096  # simulated CPU devices a plan may ask for
 
 
-def _parse_mesh(text: str) -> tuple[int, int]:
+def parse_mesh(text: str) -> tuple[int, int]:
     try:
         dp, mp = (int(x) for x in text.lower().split("x"))
     except ValueError:
@@ -37,7 +37,7 @@ def _parse_mesh(text: str) -> tuple[int, int]:
 
 
 
-def _setup_devices(n: int, platform: str) -> None:
+def setup_devices(n: int, platform: str) -> None:
     """Ask for ``n`` simulated CPU devices before jax starts its backends."""
     if platform == "cpu":
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -50,7 +50,7 @@ def _setup_devices(n: int, platform: str) -> None:
             os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_enable_concurrency_optimized_scheduler=false").strip()
         try:
             jax.config.update("jax_platforms", "cpu")
-            jax.config.update("jax_num_cpu_devices", max(n, jax.config.jax_num_cpu_devices or 1))
+            jax.config.update("jax_num_cpu_devices", max(n, cast(Any, jax.config).jax_num_cpu_devices or 1))
         except (AttributeError, RuntimeError):
             pass  # backends already started: checked below
     if jax.device_count() < n:
@@ -110,7 +110,7 @@ def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch
         if objective == "dpo":
             batch_abs["ref"] = jax.ShapeDtypeStruct((grad_accum, rows, 1), jnp.float32, sharding=bsh)
         t0 = time.perf_counter()
-        lowered = update.lower(_abstract(state_abs, state_sh), batch_abs, *frozen)
+        lowered = cast(Any, update).lower(_abstract(state_abs, state_sh), batch_abs, *frozen)
         t1 = time.perf_counter()
         compiled = lowered.compile()
         t2 = time.perf_counter()

@@ -106,7 +106,7 @@ def _row(r: dict) -> str:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    from .memory import _setup_devices  # jax, as _one
+    from .memory import setup_devices  # jax, as _one
 
     models = args.models.split(",") if args.models != "all" else list(MODELS)
     lora_targets = [t for t in TARGETS if t[1] * t[2] == 1]  # LoRA rows: the one-GPU target
@@ -122,7 +122,7 @@ def run_models(args: argparse.Namespace) -> int:
         raise UserError(f"--fit-layers: two layer counts like 2,4, got {args.fit_layers!r}") from None
     if layers is not None and (len(layers) != 2 or not 1 <= layers[0] < layers[1]):
         raise UserError(f"--fit-layers: two increasing layer counts like 2,4, got {args.fit_layers!r}")
-    _setup_devices(max(dp * mp for _, dp, mp, _ in targets), args.platform)
+    setup_devices(max(dp * mp for _, dp, mp, _ in targets), args.platform)
     if not args.json:
         print(HEADER)
     for name in models:

@@ -162,6 +162,7 @@ class _Batcher:
         self.key_data = np.asarray(jax.random.key_data(keys_from_seeds([seeds[i] for i in range(len(prompts))])))
         self.slot_req = np.full(B, -1)  # request in each slot
         self.slot_step = np.zeros(B, np.int64)  # its tokens so far
+        self.state: device.Slots | None
         self.L, self.state = 0, None
         prefix = shared_prefix([prompts[i] for i in pending]) if decode.share_prefix else 0
         self.shared = _prefix_cache(params, prompts[pending[0]][:prefix], config, mesh) if prefix else None

@@ -11,6 +11,7 @@ on its own seed only, never on its batch mates.
 from __future__ import annotations
 
 import functools
+from typing import Any, cast
 from collections.abc import Callable, Sequence
 
 import jax
@@ -154,7 +155,8 @@ def _generate_rows(params, tokens_BT, mask_BT, keys_B, budget_B, temperature, to
             cache = model.KVCache(*(tuple(jnp.pad(x, ((0, 0), (0, 0), (0, grow), (0, 0))) for x in xs)
                                     for xs in cache))
             state = (i, logits_BV, cache, jnp.pad(key_mask_BS, ((0, 0), (0, grow))), out_BN, done_B)
-        state = jax.lax.while_loop(lambda s, end=end: (s[0] < end) & any_shard(~jnp.all(s[5]), mesh), body, state)
+        state = jax.lax.while_loop(  # (cast: mypy infers no lambda with a default argument)
+            cast(Callable[[Any], Any], lambda s, end=end: (s[0] < end) & any_shard(~jnp.all(s[5]), mesh)), body, state)
     return state[4]
 
 
@@ -217,7 +219,7 @@ def generate_batches(params, prompts: Sequence[Sequence[int]], seeds: Sequence[i
     return results
 
 
-def trim(tokens_N: Sequence[int], eos_id: int) -> list[int]:
+def trim(tokens_N: Sequence[int] | np.ndarray, eos_id: int) -> list[int]:
     """A row's tokens before its first end-of-text."""
     out = []
     for t in tokens_N:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 from typing import Any
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from star_engine import GenRequest, GenSpec, Progress
 
@@ -42,7 +42,7 @@ def generate_text(params: Any, requests: Sequence[GenRequest], spec: GenSpec, *,
         return any(s in text for s in stops)
 
     if continuous:
-        run = functools.partial(cont.generate, stop=stop if stops else None)
+        run: Callable[..., list[list[int]]] = functools.partial(cont.generate, stop=stop if stops else None)
     else:  # the static path: length-sorted batches, each until its last row ends
         run = static.generate_batches
     out = run(params, prompts, [r.seed for r in requests], [spec.max_new_tokens] * len(requests),
