@@ -106,6 +106,7 @@ def jax_workloads(a) -> tuple[dict, object, object]:
     from star_haiku_xmap.sampling import static as sample
     from star_haiku_xmap.config import GPTJConfig, LlamaConfig
     from star_haiku_xmap.machine import set_cpu_devices
+    from star_haiku_xmap.options import AdamW
 
     set_cpu_devices(a.cpu_devices)  # model.cpu_devices: before jax starts its backends
 
@@ -133,7 +134,7 @@ def jax_workloads(a) -> tuple[dict, object, object]:
 
     info["generate_first_call_s"] = first_call(gen)
 
-    tx = train.make_optimizer({"lr": 1e-4, "warmup_steps": 0}, 1000)
+    tx = AdamW.from_table({"lr": 1e-4, "warmup_steps": 0}).build(1000)
     state = train.init_state(jax.tree.map(jnp.copy, params), tx)  # the update donates its state
     update = train.make_update(cfg, tx, mesh, state)
     tokens = rng.integers(0, a.vocab, (1, a.train_batch, a.train_seq)).astype(np.int32)

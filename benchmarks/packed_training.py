@@ -75,11 +75,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from star_haiku_xmap import model, sharding, train
     from star_haiku_xmap.config import PRESETS
+    from star_haiku_xmap.options import AdamW
 
     cfg = PRESETS["tiny"].replace(n_layer=4, n_head=8, d_head=16)  # experiments/addition.toml's model
     mesh = sharding.make_mesh({"dp": a.cpu_devices, "mp": 1})
     params = sharding.shard_tree(model.init_params(cfg, 0), mesh)
-    tx = train.make_optimizer({"lr": 1e-4, "warmup_steps": 0}, 10_000)
+    tx = AdamW.from_table({"lr": 1e-4, "warmup_steps": 0}).build(10_000)
     put = lambda b: jax.device_put(b, sharding.batch_sharding(mesh, batch_axis=1, ndim=3))
     load = os.getloadavg()
     for name, enc in mixes(1500, 0).items():

@@ -177,6 +177,7 @@ def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
     from star_haiku_xmap import model, packing, sharding, train
     from star_haiku_xmap.sampling import continuous, static as sample
     from star_haiku_xmap.config import GPTJConfig
+    from star_haiku_xmap.options import AdamW
     mesh = sharding.make_mesh({"dp": -1, "mp": 1})
     info = {"mesh": dict(mesh.shape), "jax": jax.__version__, "cpu_devices": n}
     fns = {}
@@ -208,7 +209,7 @@ def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
                                                  batch_size=mix["train_batch"], grad_accum=1, seed=0,
                                                  seq_len=cfg.n_ctx, pad_id=mix["pad"], dp=sharding.dp_size(mesh),
                                                  packing=pack))
-            tx = train.make_optimizer({"lr": 1e-4, "warmup_steps": 0}, 10_000)
+            tx = AdamW.from_table({"lr": 1e-4, "warmup_steps": 0}).build(10_000)
             box = [train.init_state(jax.tree.map(jnp.copy, params), tx)]
             update = train.make_update(cfg, tx, mesh, box[0])
             put = lambda b: jax.device_put(b, sharding.batch_sharding(mesh, batch_axis=1, ndim=3))

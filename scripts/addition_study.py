@@ -5,7 +5,7 @@
 optimizer, batch size and seed mix needs the curve in between. This script trains
 the base model of an experiment file exactly as its ``[base_training]`` section says
 (same task seed set, backend, model, optimizer and step function: the backend's
-``train.make_optimizer`` / ``make_update`` / ``run_steps``), stops every
+``options.AdamW.build`` / ``make_update`` / ``run_steps``), stops every
 ``--eval-every`` steps and measures on the dev split:
 
 - **teacher-forced digit accuracy** per digit count and digit role (the share of
@@ -132,6 +132,7 @@ def measure(args: argparse.Namespace) -> None:
     from star_haiku_xmap import sharding, train
     from star_haiku_xmap.checkpoint import format as ckpt
     from star_haiku_xmap.checkpoint import write as ckpt_write
+    from star_haiku_xmap.options import AdamW
 
     registry = Registry()
     exp = build(load_experiment(Path(args.experiment), args.set, registry=registry), registry)
@@ -148,7 +149,7 @@ def measure(args: argparse.Namespace) -> None:
     # The run's own initial weights (same seed, same backend.base), as star-engine starts from them.
     init = backend.base(work / "base", seed) if not args.init else args.init
     params = sharding.shard_tree(ckpt.load_checkpoint(init)[0], backend.mesh)
-    tx = train.make_optimizer(optimizer, steps)
+    tx = AdamW.from_table(optimizer).build(steps)
     state = train.init_state(train.master_params(params, backend.master_dtype), tx)
     update = train.make_update(backend.config, tx, backend.mesh, state)
     out = Path(args.out)

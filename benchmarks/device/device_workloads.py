@@ -126,10 +126,11 @@ def train(s: dict, a, pk: dict, adapter: dict | None = None) -> dict:
 
     from star_haiku_xmap import lora, model
     from star_haiku_xmap import train as tr
+    from star_haiku_xmap.options import AdamW
 
     cfg, T, A, R = s["config"], s["seq"], a.train_accum, a.train_rows
     spec = None if adapter is None else lora.check_table(adapter, cfg, "adapter")
-    tx = tr.make_optimizer({"lr": 1e-5, "warmup_steps": 0}, 1000)
+    tx = AdamW.from_table({"lr": 1e-5, "warmup_steps": 0}).build(1000)
     params = model.init_params(cfg, 0)
     if spec is None:
         state, frozen = tr.init_state(tr.master_params(params, "float32"), tx), ()

@@ -113,6 +113,41 @@ class AdamW(Section):
     b1: Annotated[float, between(0, 1, hi_open=True)] = 0.9
     b2: Annotated[float, between(0, 1, hi_open=True)] = 0.999
 
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any] | AdamW, key: str = "optimizer") -> AdamW:
+        """An ``[*.optimizer]`` table (``TrainSpec.optimizer``: the core checked and completed
+        it at load) as the object; a table a caller writes by hand is checked here, the
+        ``UserError`` naming ``key.<name>``."""
+        return table if isinstance(table, AdamW) else cls(**check_table(dict(table), cls.schema(), key))
+
+    def schedule_fn(self, total_steps: int) -> Any:
+        """The learning rate per step (an ``optax.Schedule``): linear warmup 0 -> lr over
+        ``warmup_steps``, then constant, or a linear / cosine anneal to ``end_lr`` at ``total_steps``."""
+        import optax  # jax-free options: optax when a job builds its optimizer
+
+        decay_steps = max(1, total_steps - self.warmup_steps)
+        if self.schedule == "constant":
+            after = optax.constant_schedule(self.lr)
+        elif self.schedule == "linear":
+            after = optax.linear_schedule(self.lr, self.end_lr, decay_steps)
+        else:
+            after = optax.cosine_decay_schedule(self.lr, decay_steps, alpha=self.end_lr / self.lr)
+        if self.warmup_steps == 0:
+            return after
+        return optax.join_schedules([optax.linear_schedule(0.0, self.lr, self.warmup_steps), after],
+                                    [self.warmup_steps])
+
+    def build(self, total_steps: int) -> Any:
+        """The optax transformation (levanter's ``AdamConfig.build``): global-norm clipping, then
+        AdamW on ``schedule_fn(total_steps)``; weight decay on matrices only (LayerNorms and
+        biases are not decayed)."""
+        import jax
+        import optax
+
+        adamw = optax.adamw(self.schedule_fn(total_steps), b1=self.b1, b2=self.b2, eps=1e-8,
+                            weight_decay=self.weight_decay, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p))
+        return optax.chain(optax.clip_by_global_norm(self.clip_norm), adamw)
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -126,7 +161,7 @@ class TrainConfig:
     batch_size: int
     grad_accum: int
     seed: int
-    optimizer: Mapping[str, Any]
+    optimizer: AdamW  # a table given here (a Mapping) becomes the object, checked once (__post_init__)
     seq_len: int
     pad_id: int
     packing: str = "segments"
@@ -137,6 +172,9 @@ class TrainConfig:
     accum_dtype: str = "float32"
     remat: bool = False
     adapter: Any = None  # lora.LoraSpec
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "optimizer", AdamW.from_table(self.optimizer))
 
 
 @dataclass(frozen=True)

@@ -176,7 +176,7 @@ class HaikuXmapBackend:
         LoRA stage's ``lora.LoraSpec``)."""
         o = self.options
         return TrainConfig(steps=spec.steps, batch_size=spec.batch_size, grad_accum=spec.grad_accum,
-                           seed=spec.seed, optimizer=spec.optimizer, seq_len=self.seq_len,
+                           seed=spec.seed, optimizer=AdamW.from_table(spec.optimizer), seq_len=self.seq_len,
                            pad_id=self.tokenizer.pad_id, packing=spec.packing, loss=spec.loss, zero=o.zero,
                            opt_state_dtype=o.opt_state_dtype, master_dtype=o.master_dtype,
                            accum_dtype=o.grad_accum_dtype, remat=o.remat, adapter=adapter)

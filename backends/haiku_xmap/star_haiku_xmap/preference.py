@@ -42,6 +42,7 @@ from . import lora, sharding
 from . import train as tr
 from .distributed import global_array, to_host
 from .packing import Encoded, bucket_lengths, empty_batch, encode_example
+from .options import AdamW
 from .resume import stage_snapshots
 
 KEY = "verifier"  # the TOML section a refusal names
@@ -187,7 +188,7 @@ def train_preferences(backend: Any, init: str, out: Path, pairs: Sequence[Prefer
         raise UserError(f"{KEY}: {spec.steps} steps requested but there are no preference pairs", key=KEY)
     if not (math.isfinite(spec.beta) and spec.beta > 0):
         raise UserError(f"{KEY}.beta: must be a number > 0, got {spec.beta!r}", key=f"{KEY}.beta")
-    tr.optimizer_options(spec.optimizer, f"{KEY}.optimizer")
+    AdamW.from_table(spec.optimizer, f"{KEY}.optimizer")  # a hand-built job's table: named by its key here
     want = None if spec.adapter is None else lora.check_table(spec.adapter, backend.config, f"{KEY}.adapter")
     seqs = encode_pairs(backend.tokenizer, pairs, backend.seq_len)
     tspec = TrainSpec(spec.steps, spec.batch_size, spec.grad_accum, spec.seed, spec.optimizer, packing="none",

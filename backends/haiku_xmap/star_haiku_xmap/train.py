@@ -27,15 +27,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from star_engine import check_table
 
 from . import lora, model, packing, sharding
 from .distributed import global_array, place, to_host
-from .options import OPT_STATE_DTYPES, AdamW, TrainConfig, check_dtypes
+from .options import OPT_STATE_DTYPES, TrainConfig, check_dtypes
 from .config import GPTJConfig
 from .packing import Encoded, bucket_lengths, encode_example, plan_steps  # noqa: F401  (the backend's API)
-
-OPTIMIZER_DEFAULTS: dict[str, Any] = {name: f.default for name, f in AdamW.schema().items()}  # the paper's
 
 
 class TrainState(NamedTuple):
@@ -45,38 +42,6 @@ class TrainState(NamedTuple):
 
 
 # ----------------------------------------------------------------------------- optimizer
-
-
-def optimizer_options(opt: Mapping[str, Any], key: str = "optimizer") -> dict[str, Any]:
-    """The optimizer table ``opt`` (TOML key ``key``) checked against ``AdamW`` with its
-    defaults filled in (``UserError`` naming ``key.<name>``)."""
-    return check_table(dict(opt), AdamW.schema(), key)
-
-
-def make_schedule(opt: Mapping[str, Any], total_steps: int) -> optax.Schedule:
-    """Linear warmup 0 -> lr over warmup_steps, then constant lr or a linear/cosine
-    anneal to end_lr at ``total_steps`` (``opt`` as ``optimizer_options`` completes it)."""
-    lr, end_lr, warmup = opt["lr"], opt["end_lr"], opt["warmup_steps"]
-    decay_steps = max(1, total_steps - warmup)
-    if opt["schedule"] == "constant":
-        after = optax.constant_schedule(lr)
-    elif opt["schedule"] == "linear":
-        after = optax.linear_schedule(lr, end_lr, decay_steps)
-    else:
-        after = optax.cosine_decay_schedule(lr, decay_steps, alpha=end_lr / lr)
-    if warmup == 0:
-        return after
-    return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), after], [warmup])
-
-
-def make_optimizer(opt: Mapping[str, Any], total_steps: int) -> optax.GradientTransformation:
-    """Global-norm clipping, then AdamW. Weight decay applies to matrices only (LayerNorms
-    and biases are not decayed). ``opt``: an optimizer table, completed and checked here."""
-    o = optimizer_options(opt)
-    adamw = optax.adamw(make_schedule(o, total_steps), b1=o["b1"], b2=o["b2"], eps=1e-8,
-                        weight_decay=o["weight_decay"],
-                        mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p))
-    return optax.chain(optax.clip_by_global_norm(o["clip_norm"]), adamw)
 
 
 def master_params(params: Any, master_dtype: str) -> Any:
@@ -313,7 +278,7 @@ def train(params: Any, config: GPTJConfig, encoded: Sequence[Encoded], job: Trai
         batches = packing_batches(encoded, steps=job.steps, batch_size=job.batch_size, grad_accum=job.grad_accum,
                                   seed=job.seed, seq_len=job.seq_len, pad_id=job.pad_id, dp=rows,
                                   packing=job.packing, loss=job.loss, config=config)
-    tx = with_state_dtype(make_optimizer(job.optimizer, job.steps), job.opt_state_dtype)
+    tx = with_state_dtype(job.optimizer.build(job.steps), job.opt_state_dtype)
     compute = model.dtype_of(config)
     base = None
     if adapter is not None:

@@ -84,10 +84,11 @@ def test_ceiling_train_step_learns_a_repeated_batch():
     ceiling = _ceiling_module()
     from star_haiku_xmap import model, sharding, train
     from star_haiku_xmap.config import GPTJConfig
+    from star_haiku_xmap.options import AdamW
 
     cfg = GPTJConfig(n_layer=1, d_model=32, n_head=2, d_head=16, d_ff=64, rotary_dim=8, n_ctx=16, vocab=64)
     mesh = sharding.make_mesh({"dp": 1, "mp": 1}, jax.devices()[:1])
-    tx = train.make_optimizer({"lr": 1e-2, "warmup_steps": 0}, 100)
+    tx = AdamW.from_table({"lr": 1e-2, "warmup_steps": 0}).build(100)
     state = train.init_state(jax.tree.map(jnp.copy, model.init_params(cfg, 0)), tx)
     update = ceiling.make_dense_update(cfg, tx, mesh, state)
     tokens = np.random.default_rng(0).integers(0, 64, (4, 16)).astype(np.int32)

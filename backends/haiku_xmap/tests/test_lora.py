@@ -24,6 +24,7 @@ from star_haiku_xmap.config import preset
 from star_haiku_xmap.checkpoint.format import read_manifest
 from star_haiku_xmap.tokenizer import ByteTokenizer
 from star_testkit import Killed, killer
+from star_haiku_xmap.options import AdamW
 
 TOK = ByteTokenizer()
 CONFIGS = {  # GPT-J, Llama, Qwen2 (q/k/v biases, tied embeddings), Mistral (sliding window)
@@ -80,7 +81,7 @@ def test_a_bf16_base_stays_bf16_and_the_adapters_and_their_moments_are_fp32():
     cfg = CONFIGS["llama"].replace(dtype="bfloat16")
     base = model.init_params(cfg, 0)
     spec = _spec(cfg)
-    tx = train.make_optimizer({"lr": 1e-3}, 10)
+    tx = AdamW.from_table({"lr": 1e-3}).build(10)
     ad = train.fresh_adapters(cfg, spec, 0)
     state = train.init_state(ad, tx)
     update = train.make_update(cfg, tx, adapter=spec)

@@ -1,7 +1,7 @@
 """Adam's moments in the paper files' storage dtype follow fp32 moments over a long stage.
 
 A replay of a STaR iteration's optimizer steps (9,495: iteration 31 of the paper's
-40 x 1.2^n schedule) through the engine's own optimizer (``train.make_optimizer`` with the
+40 x 1.2^n schedule) through the engine's own optimizer (``options.AdamW.build`` with the
 paper files' ``[training.optimizer]`` table, wrapped by ``train.with_state_dtype``), with
 gradients of steady scale and of a scale that halves every 2,000 steps, compares each
 step's update with fp32 moments' (RMS ratio). Both-bf16 moments, rounded to nearest,
@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from star_haiku_xmap import train
+from star_haiku_xmap.options import AdamW
 
 REPO = Path(__file__).resolve().parents[3]
 STEPS = 9495
@@ -38,8 +39,8 @@ def _noise(key):
 def _rms_ratios(optimizer: dict, dtype: str, halve_every: int | None) -> np.ndarray:
     """Per-step RMS(update with ``dtype`` moments) / RMS(update with fp32 moments), the
     same gradients (scale 1e-3, or halved every ``halve_every`` steps) into both."""
-    ref_tx = train.make_optimizer(optimizer, STEPS)
-    tx = train.with_state_dtype(train.make_optimizer(optimizer, STEPS), dtype)
+    ref_tx = AdamW.from_table(optimizer).build(STEPS)
+    tx = train.with_state_dtype(AdamW.from_table(optimizer).build(STEPS), dtype)
     params = {"w": jnp.zeros((64, 64), jnp.float32)}
     scales = 1e-3 * (0.5 ** (np.arange(STEPS) / halve_every) if halve_every else np.ones(STEPS))
     grads = _noise(jax.random.key(0)) * jnp.asarray(scales, jnp.float32)[:, None, None]
@@ -78,8 +79,9 @@ def test_bf16_moments_drift_from_fp32(halve_every):
 
 def test_mixed_stores_the_first_moment_in_bf16_and_the_second_in_fp32():
     import optax
+    from star_haiku_xmap.options import AdamW
 
-    tx = train.with_state_dtype(train.make_optimizer({"lr": 1e-3}, 10), "mixed")
+    tx = train.with_state_dtype(AdamW.from_table({"lr": 1e-3}).build(10), "mixed")
     state = tx.init({"w": jnp.zeros((4, 4))})
     adam = [n for n in jax.tree.leaves(state, is_leaf=lambda n: isinstance(n, optax.ScaleByAdamState))
             if isinstance(n, optax.ScaleByAdamState)]

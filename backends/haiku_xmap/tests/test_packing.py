@@ -12,6 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from star_haiku_xmap.options import AdamW
+
 from star_haiku_xmap import model, packing, packplan, train
 from star_haiku_xmap.config import GPTJConfig
 from star_haiku_xmap.tokenizer import ByteTokenizer
@@ -59,7 +61,7 @@ def test_packed_step_equals_padded_step(grad_accum, batch_size):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6 * float(np.abs(a).max()),
                                    err_msg=jax.tree_util.keystr(path))
     # The jit'd update (scan over micro-batches, clipping, AdamW): the same step.
-    tx = train.make_optimizer({"lr": 1e-3, "warmup_steps": 0}, 1)
+    tx = AdamW.from_table({"lr": 1e-3, "warmup_steps": 0}).build(1)
     update = train.make_update(CFG, tx)
     s_a, m_a = update(train.init_state(jax.tree.map(jnp.copy, params), tx), padded)
     s_b, m_b = update(train.init_state(jax.tree.map(jnp.copy, params), tx), packed)

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import pytest
 
+
 from star_haiku_xmap import model, sharding
 from star_haiku_xmap.config import GPTJConfig
 
@@ -70,6 +71,7 @@ _SCRIPT = r"""
 import json, sys
 import jax, jax.numpy as jnp, numpy as np
 from star_haiku_xmap import model, sharding, train
+from star_haiku_xmap.options import AdamW
 from star_haiku_xmap.sampling import static as sample
 from star_haiku_xmap.config import GPTJConfig
 cfg = GPTJConfig(**json.loads(sys.argv[1]))
@@ -86,7 +88,7 @@ def loss(p, t, m, lm):
     return s / n
 def logits_and_grads(p, t, m, lm):
     return model.forward(p, t, cfg, mask=m), jax.grad(loss)(p, t, m, lm)
-tx = train.make_optimizer({"lr": 1e-2, "warmup_steps": 0, "clip_norm": 0.5, "weight_decay": 0.1}, 10)
+tx = AdamW.from_table({"lr": 1e-2, "warmup_steps": 0, "clip_norm": 0.5, "weight_decay": 0.1}).build(10)
 w = np.roll(loss_mask, -1, axis=1)
 w[:, -1] = False
 batch = {"tokens": tokens[None], "targets": np.roll(tokens, -1, axis=1)[None], "weights": w[None],

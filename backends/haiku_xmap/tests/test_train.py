@@ -3,6 +3,8 @@ determinism, and a tiny model learning to reverse strings it never saw."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 import re
 
@@ -16,6 +18,7 @@ from star_haiku_xmap import model, packing, train
 from star_haiku_xmap.sampling import static as sample
 from star_haiku_xmap.config import PRESETS, GPTJConfig
 from star_haiku_xmap.tokenizer import ByteTokenizer
+from star_haiku_xmap.options import AdamW
 
 CFG = GPTJConfig(n_layer=2, d_model=64, n_head=4, d_head=16, d_ff=128, rotary_dim=8, n_ctx=64, vocab=264)
 TOK = ByteTokenizer()
@@ -27,25 +30,27 @@ TOK = ByteTokenizer()
 def test_schedules_warmup_then_anneal():
     base = {"lr": 1.0, "warmup_steps": 10, "end_lr": 0.1}
     for kind in ("constant", "linear", "cosine"):
-        s = train.make_schedule({**base, "schedule": kind}, total_steps=110)
+        s = AdamW(**base, schedule=kind).schedule_fn(total_steps=110)
         assert float(s(0)) == 0.0 and float(s(5)) == pytest.approx(0.5)
         assert float(s(10)) == pytest.approx(1.0)
-    const = train.make_schedule({**base, "schedule": "constant"}, 110)
-    lin = train.make_schedule({**base, "schedule": "linear"}, 110)
-    cos = train.make_schedule({**base, "schedule": "cosine"}, 110)
+    const = AdamW(**base, schedule="constant").schedule_fn(110)
+    lin = AdamW(**base, schedule="linear").schedule_fn(110)
+    cos = AdamW(**base, schedule="cosine").schedule_fn(110)
     assert float(const(100)) == pytest.approx(1.0)
     assert float(lin(60)) == pytest.approx(0.55) and float(lin(110)) == pytest.approx(0.1)
     assert float(cos(60)) == pytest.approx(0.55) and float(cos(110)) == pytest.approx(0.1)
     assert float(cos(30)) > float(lin(30))  # cosine stays high early
 
 
-def test_optimizer_options_validated():
+def test_the_optimizer_table_is_one_object_with_one_set_of_defaults():
     """One table (``options.AdamW``), one set of defaults: the paper's, whoever asks (the core
-    loading an experiment, or a caller of ``make_optimizer``)."""
-    assert train.optimizer_options({}) == train.OPTIMIZER_DEFAULTS == {
+    loading an experiment, or a caller building a ``TrainConfig``); it builds its optimizer."""
+    assert dataclasses.asdict(AdamW.from_table({})) == {
         "lr": 1e-6, "warmup_steps": 100, "schedule": "constant", "end_lr": 1e-6, "weight_decay": 0.0,
         "clip_norm": 1.0, "b1": 0.9, "b2": 0.999}
-    assert train.optimizer_options({"lr": 1e-3})["end_lr"] == 1e-6
+    assert AdamW.from_table({"lr": 1e-3}).end_lr == 1e-6
+    same = AdamW(lr=1e-3)
+    assert AdamW.from_table(same) is same  # an object is not checked twice
     for bad, message in (({"learning_rate": 1e-3}, "unknown key 'optimizer.learning_rate'; allowed in [optimizer]: lr,"),
                          ({"schedule": "step"}, "optimizer.schedule: must be one of constant, linear, cosine"),
                          ({"warmup_steps": 1.5}, "optimizer.warmup_steps: expected an integer"),
@@ -53,9 +58,17 @@ def test_optimizer_options_validated():
                          ({"lr": 0.0}, "optimizer.lr: must be > 0"),
                          ({"clip_norm": float("nan")}, "optimizer.clip_norm: must be a finite number")):
         with pytest.raises(UserError, match=re.escape(message)):
-            train.optimizer_options(bad)
+            AdamW.from_table(bad)
     with pytest.raises(UserError, match="training.optimizer.b1"):
-        train.optimizer_options({"b1": -0.1}, "training.optimizer")
+        AdamW.from_table({"b1": -0.1}, "training.optimizer")
+    job = train.TrainConfig(steps=1, batch_size=1, grad_accum=1, seed=0, optimizer={"lr": 1e-3, "warmup_steps": 0},
+                            seq_len=8, pad_id=0)
+    assert job.optimizer == AdamW(lr=1e-3, warmup_steps=0)  # a hand-written table becomes the object, checked once
+    tx = job.optimizer.build(10)
+    state = tx.init({"w": jnp.ones((2, 2)), "b": jnp.ones(2)})
+    grads = {"w": jnp.ones((2, 2)), "b": jnp.ones(2)}
+    updates, _ = tx.update(grads, state, {"w": jnp.ones((2, 2)), "b": jnp.ones(2)})
+    assert float(jnp.abs(updates["w"]).max()) > 0 and float(jnp.abs(updates["b"]).max()) > 0
 
 
 # ----------------------------------------------------------------------------- loss / data
@@ -121,7 +134,7 @@ def test_collate_pads_rows_for_data_parallelism():
 def test_gradient_accumulation_is_a_per_token_mean_over_the_whole_step():
     params = model.init_params(CFG, 1)
     enc = [train.encode_example(TOK, "p" * (i + 1), "c" * (3 * i + 1), 32) for i in range(4)]
-    tx = train.make_optimizer({"lr": 1e-3, "warmup_steps": 0}, 1)
+    tx = AdamW.from_table({"lr": 1e-3, "warmup_steps": 0}).build(1)
     out = {}
     for A, B in ((1, 4), (2, 2)):  # micro-batches of 7 and 19 loss tokens
         batch = packing.collate_padded(enc, np.arange(4), grad_accum=A, batch_size=B, seq_len=32, pad_id=0)
@@ -184,7 +197,7 @@ def test_bfloat16_training_keeps_fp32_masters_and_moments():
     params, losses, _ = train.train(model.init_params(cfg, 0), cfg, enc, train.TrainConfig(**kw))
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))  # the master weights
     assert np.isfinite(losses).all() and losses[1] < losses[0]
-    tx = train.make_optimizer({"lr": 1e-3, "warmup_steps": 0}, 1)
+    tx = AdamW.from_table({"lr": 1e-3, "warmup_steps": 0}).build(1)
     moments = [x for x in jax.tree.leaves(train.init_state(params, tx).opt_state) if x.ndim > 0]
     assert moments and all(x.dtype == jnp.float32 for x in moments)
     p16, losses16, _ = train.train(model.init_params(cfg, 0), cfg, enc, train.TrainConfig(master_dtype="bfloat16", **kw))

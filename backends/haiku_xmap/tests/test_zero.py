@@ -16,6 +16,7 @@ import textwrap
 import jax
 import numpy as np
 import pytest
+
 from jax.sharding import PartitionSpec as P
 
 from star_engine.errors import UserError
@@ -26,6 +27,7 @@ SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from star_haiku_xmap import distributed as D, model, sharding, train as tr
     from star_haiku_xmap.config import GPTJConfig
+    from star_haiku_xmap.options import AdamW
 
     cfg32 = GPTJConfig(n_layer=1, d_model=64, n_head=4, d_head=16, d_ff=256, rotary_dim=8, n_ctx=64, vocab=72)
     cfg = cfg32.replace(dtype="bfloat16")
@@ -46,7 +48,7 @@ SCRIPT = textwrap.dedent("""
                      "param_spec": str(p["h_0/attn/q"]["w"].sharding.spec)}
     # the state itself: where the moments live
     params = model.init_params(cfg, 0)
-    tx = tr.make_optimizer({"lr": 1e-2, "warmup_steps": 0}, 4)
+    tx = AdamW.from_table({"lr": 1e-2, "warmup_steps": 0}).build(4)
     state, _ = tr.init_train_state(D.place(params, mesh), tx, mesh, zero=1)
     adam = state.opt_state[1][0]
     specs = {k: str(getattr(adam.mu[k.rsplit("/", 1)[0]][k.rsplit("/", 1)[1]], "sharding").spec)

@@ -21,6 +21,7 @@ from star_engine import UserError
 from .. import model, packing, preference, sharding
 from .. import train as tr
 from ..config import architecture as arch
+from ..options import AdamW
 from ..sampling import static
 
 MAX_DEVICES = 4096  # simulated CPU devices a plan may ask for
@@ -87,7 +88,7 @@ def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch
     results = []
     base = {"mesh": f"{dp}x{mp}", "layers": config.n_layer, "dtype": config.dtype}
     if "train" in what:
-        tx = tr.with_state_dtype(tr.make_optimizer({"lr": 1e-6, "clip_norm": 1.0}, 1000), opt_state_dtype)
+        tx = tr.with_state_dtype(AdamW().build(1000), opt_state_dtype)
         if adapter is None:
             master_abs = jax.eval_shape(lambda p: tr.master_params(p, master_dtype), params_abs)
         else:
