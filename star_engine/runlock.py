@@ -21,7 +21,7 @@ from .errors import UserError
 
 LOCK = ".lock"
 
-_held: list[int] = []  # file descriptors of the locks this process holds (the process's, as flock's are)
+_held: dict[Path, int] = {}  # the run directories this process holds locked, and the lock files' descriptors
 
 
 def lock(root: Path) -> None:
@@ -53,7 +53,7 @@ def lock(root: Path) -> None:
         os.pwrite(fd, note, 0)
     except OSError:
         pass  # the note only helps the message of a refused second run
-    _held.append(fd)
+    _held[root] = fd
 
 
 def holder(root: Path) -> str | None:
@@ -81,10 +81,18 @@ def holder(root: Path) -> str | None:
         os.close(fd)
 
 
-def release_locks() -> None:
-    """Release the locks this process holds (the command ended)."""
-    while _held:
+def release(root: Path) -> None:
+    """Release ``root``'s lock, when this process holds it: its run ended while the command goes
+    on (``run --seeds``, a sweep: the next member runs, and ``status`` of this one says finished)."""
+    fd = _held.pop(root, None)
+    if fd is not None:
         try:
-            os.close(_held.pop())
+            os.close(fd)
         except OSError:
             pass
+
+
+def release_locks() -> None:
+    """Release the locks this process holds (the command ended)."""
+    for root in list(_held):
+        release(root)

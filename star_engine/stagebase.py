@@ -118,7 +118,7 @@ class StageBase:
 
     # -- generation in stored chunks ----------------------------------------------
     def generate_texts(self, rel_dir: str, prompts: Sequence[str], seeds: Sequence[int], spec: GenSpec,
-                  model: str, what: str) -> list[str]:
+                       model: str, what: str) -> list[str]:
         size = self.cfg.generation.chunk_size
         texts: list[str] = []
         with ui.progress(what, len(prompts)) as advance:

@@ -45,17 +45,8 @@ class Stages(StageBase):
         items = [(ex, s) for ex in questions for s in range(k)]
         prefix = self.prompt_for(self.kind)
         prompts = [prefix + self.context_for(ex) for ex, _ in items]
-        seeds = [derive_seed(self.seed, n, ex.id, s, "generate") for ex, s in items]
-        spec = spec or self.sample_spec
-        cut = self.truncation.flags(prompts, spec, "generate", n)
-        texts = self.generate_texts(f"{it_dir(n)}/generate", prompts, seeds, spec, model,
-                               f"iter {n}: generate")
-        mid = self.checkpoint_id(model)
-        judged = self.judge_all(items, texts, "generate", n)  # a group reward: each question's samples at once
-        rows = [self._row(n, ex, s, text, self._stored_prompt(self.context_for(ex), self.kind), full, seed,
-                          False, mid, c, judged=j)
-                for (ex, s), text, full, seed, c, j in zip(items, texts, prompts, seeds, cut, judged)]
-        self.judge.flush("generate", n)
+        rows = self._sampled("generate", n, model, items, prompts, spec,
+                             lambda i: (self._stored_prompt(self.context_for(items[i][0]), self.kind), ()))
         self.timed("generate", t0)
         return self._finish(rel, rows, Rationale, f"{it_dir(n)}/generate", UNSELECTED)
 
@@ -74,26 +65,40 @@ class Stages(StageBase):
         assert hint is not None  # rationalization has its hint formatter (experiment.build)
         with self.exp.calling(hint, "context"):
             hinted = [hint.context(self.task, ex) for ex, _ in items]
-        prompts = [prefix + h for h in hinted]
-        seeds = [derive_seed(self.seed, n, ex.id, s, "rationalize") for ex, s in items]
-        spec = spec or self.sample_spec
-        cut = self.truncation.flags(prompts, spec, "rationalize", n)
-        texts = self.generate_texts(f"{it_dir(n)}/rationalize", prompts, seeds, spec, model,
-                               f"iter {n}: rationalize")
-        mid = self.checkpoint_id(model)
-        rows = []
-        judged = self.judge_all(items, texts, "rationalize", n)
-        for (ex, s), text, h, full, seed, c, j in zip(items, texts, hinted, prompts, seeds, cut, judged):
-            # Stored as if no hint had been given, unless p_show_hint_save says otherwise.
+
+        def stored(i: int) -> tuple[str, Sequence[str]]:
+            """Stored as if no hint had been given, unless p_show_hint_save says otherwise; the
+            strings that would leak the answer (``hint_leak``)."""
+            ex, s = items[i]
             show = coin(r.p_show_hint_save, self.seed, n, ex.id, s, "show_hint")
-            stored = (self._stored_prompt(h, self.hint_kind) if show
+            prompt = (self._stored_prompt(hinted[i], self.hint_kind) if show
                       else self._stored_prompt(self.context_for(ex), self.kind))
             with self.exp.calling(hint, "leak_strings"):
-                leaks = hint.leak_strings(self.task, ex)
-            rows.append(self._row(n, ex, s, text, stored, full, seed, True, mid, c, leaks, judged=j))
-        self.judge.flush("rationalize", n)
+                return prompt, hint.leak_strings(self.task, ex)
+
+        rows = self._sampled("rationalize", n, model, items, [prefix + h for h in hinted], spec, stored)
         self.timed("rationalize", t0)
         return self._finish(rel, rows, Rationale, f"{it_dir(n)}/rationalize", UNSELECTED)
+
+    def _sampled(self, stage: str, n: int, model: str, items: Sequence[tuple[Example, int]], prompts: Sequence[str],
+                 spec: GenSpec | None, stored: Callable[[int], tuple[str, Sequence[str]]]) -> list[Rationale]:
+        """What generation and rationalization share: ``prompts`` (one per (question, sample) of
+        ``items``) sampled with seeds derived for ``stage``, truncation counted, judged (each
+        question's samples at once: a group reward), and the rows, ``stored(i)`` giving row i's
+        stored prompt and leak strings."""
+        seeds = [derive_seed(self.seed, n, ex.id, s, stage) for ex, s in items]
+        spec = spec or self.sample_spec
+        cut = self.truncation.flags(prompts, spec, stage, n)
+        texts = self.generate_texts(f"{it_dir(n)}/{stage}", prompts, seeds, spec, model, f"iter {n}: {stage}")
+        mid = self.checkpoint_id(model)
+        judged = self.judge_all(items, texts, stage, n)
+        rows = []
+        for i, ((ex, s), text, full, seed, c, j) in enumerate(zip(items, texts, prompts, seeds, cut, judged)):
+            prompt, leaks = stored(i)
+            rows.append(self._row(n, ex, s, text, prompt, full, seed, stage == "rationalize", mid, c, leaks,
+                                  judged=j))
+        self.judge.flush(stage, n)
+        return rows
 
     # -- before 3: the questions a filter declines (not rationalized, none of them kept) -
     def undeclined(self, n: int, wrong: Sequence[Example], generated: Sequence[Rationale]) -> list[Example]:

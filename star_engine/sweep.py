@@ -248,7 +248,7 @@ def run_all(path: Path, overrides: Sequence[str], limit: int | None, smoke: bool
             quiet: bool) -> list[tuple[Path, str]]:
     """Check every member, then run them one after the other (a finished one is skipped);
     returns each run directory and what became of it."""
-    from . import ui
+    from . import runlock, ui
     from .runner import run
 
     checked = check_all(path, overrides, limit, smoke, members)
@@ -262,5 +262,6 @@ def run_all(path: Path, overrides: Sequence[str], limit: int | None, smoke: bool
         exp, _ = load(path, overrides, limit, smoke, m)
         run(exp, path)
         ui.close_run_log()  # the next member's checks write to no run's event log
+        runlock.release(exp.run_dir)  # finished: status says so while the next member runs
         done.append((root, "finished" if what == "new" else "resumed, finished"))
     return done

@@ -119,7 +119,7 @@ def _probe(st: Stages, n: int, model: str, questions: Sequence[Example], tempera
     prompts = [prefix + st.context_for(ex) for ex, _ in items]
     seeds = [derive_seed(st.seed, n, ex.id, s, "tune", temperature) for ex, s in items]
     texts = st.generate_texts(f"{it_dir(n)}/tune/{key}", prompts, seeds, spec, model,
-                         f"iter {n}: tune t={temperature:g}")
+                              f"iter {n}: tune t={temperature:g}")
     out: dict[str, list[ProbeSample]] = {ex.id: [] for ex in questions}
     for (ex, s), (trimmed, _, v) in zip(items, st.judge_all(items, texts, "tune", n)):
         score = None if v.score is None else float(v.score)

@@ -61,6 +61,24 @@ def test_a_raised_iteration_count_resumes_each_seed(scripted, toy, tmp_path, cap
         assert (tmp_path / f"run_seed{s}" / "iterations" / "002").is_dir()
 
 
+def test_a_finished_member_is_released_while_the_next_one_runs(scripted, toy, tmp_path, monkeypatch):
+    """Each member's run-directory lock ends with its run, not with the command: while seed 2
+    runs, seed 0's folder is held by no one (``status`` says finished, ``validate`` finished)."""
+    from star_engine import runlock, runner
+
+    held_while_next: list = []
+    real = runner.run
+
+    def run(exp, path):
+        if exp.run_dir.name == "run_seed2":
+            held_while_next.append(runlock.holder(tmp_path / "run_seed0"))
+        return real(exp, path)
+
+    monkeypatch.setattr(runner, "run", run)
+    assert main(["run", str(toy()), "--seeds", "0,2", "--quiet"]) == 0
+    assert held_while_next == [None]
+
+
 def test_a_sweep_runs_the_product_of_its_lists(scripted, toy, tmp_path, capsys):
     path = toy('\n[sweep]\n"generation.temperature" = [0.0, 0.5]\ntraining.batch_size = [4]\n')
     assert main(["validate", str(path), "--seeds", "0,1"]) == 0  # checks every member, writes nothing
