@@ -1,8 +1,11 @@
 """star-engine: a plugin-driven implementation of STaR (Self-Taught Reasoner).
 
-This module is the plugin API: everything a plugin (a task, checker, hint formatter,
-filter, schedule, sampler, tracker, a backend, a command) may use is named in ``__all__``
-below and imported from here, ``from star_engine import Example, UserError, hookimpl``.
+This module is the plugin API's nouns: the records, protocols, jobs, errors and option
+declarations a plugin (a task, checker, hint formatter, filter, schedule, sampler, tracker, a
+backend, a command) is written against, named in ``__all__`` below and imported from here,
+``from star_engine import Example, UserError, hookimpl``; the helpers it may use (reading data
+files, atomic writes, seeds, ...) are ``star_engine.helpers``'s (moved there in 0.1.x: the old
+names here still work until 0.2, with a ``DeprecationWarning``).
 Every other module of the package is private: it may change in any release, and the
 plugins of this repository do not import it (``tests/test_plugin_api.py`` checks). The
 names are loaded on first use, so importing the package costs nothing (the CLI starts
@@ -12,6 +15,7 @@ from it). docs/plugins.md describes each group.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -33,46 +37,37 @@ _SURFACE: dict[str, str] = {
                      "PreferencePair", "PreferenceSpec"), "jobs"),
     # failures that end a command with one line
     **dict.fromkeys(("UserError", "IntegrityError", "PluginError", "ProcessLost"), "errors"),
-    # declaring options (types, ranges) and checking a table of them
+    # declaring options (types, ranges)
     "Section": "settings",
     **dict.fromkeys((
-        "Range", "at_least", "above", "between", "NON_EMPTY", "NonNegInt", "PosInt", "NonNegFloat", "Fraction",
-        "close_matches", "is_int", "is_number"), "schema"),
-    "check_table": "config",
-    "load_experiment": "config",
-    # reading users' data files, capped, with file:line errors
-    **dict.fromkeys((
-        "DATA_MAX", "PROMPT_KINDS", "check_option_path", "few_shot_prompts", "get", "prompt_files",
-        "read_blocks", "read_capped", "read_jsonl"), "datafiles"),
-    # writing files atomically
-    **dict.fromkeys(("fsync_dir", "temporary_sibling"), "fsio"),
-    "atomic_write_json": "store",
-    # seeds, question draws, the run's records
-    "derive_seed": "seeds",
-    "uniform_subset": "questions",
-    "latest": "ledger",
-    "natural": "metrics",
+        "Range", "at_least", "above", "between", "NON_EMPTY", "NonNegInt", "PosInt", "NonNegFloat", "Fraction"),
+        "schema"),
+    "PROMPT_KINDS": "datafiles",
     "Registry": "registry",
-    # a plugin's own command, with the core's exit codes and one-line errors
-    "run_command": "boundary",
 }
 
-__all__ = [  # the plugin API: hookimpl, __version__ and every name of _SURFACE
+# Helpers moved to star_engine.helpers (release 0.1.x); the old names work until 0.2, warning.
+_MOVED = ("close_matches", "is_int", "is_number", "check_table", "load_experiment", "DATA_MAX", "check_option_path",
+          "few_shot_prompts", "get", "prompt_files", "read_blocks", "read_capped", "read_jsonl", "fsync_dir",
+          "temporary_sibling", "atomic_write_json", "derive_seed", "uniform_subset", "latest", "natural",
+          "run_command")
+
+__all__ = [  # the plugin API's nouns: hookimpl, __version__ and every name of _SURFACE
     "hookimpl", "__version__", "Example", "DataFile", "TrainExample", "Candidate", "Verdict", "GenSpec",
     "GenRequest", "TrainSpec", "TrainResult", "Progress", "Task", "Checker", "HintFormatter",
     "RationaleFilter", "StepSchedule", "QuestionSampler", "Backend", "MultiProcess", "Packing", "Loss",
     "PACKINGS", "LOSSES", "PreferencePair", "PreferenceSpec", "CheckContext", "ProbeSample", "Probe",
     "ReferenceProbe", "TuningChoice", "SamplingTuner", "UserError", "IntegrityError", "PluginError", "ProcessLost",
-    "Section", "Range",
-    "at_least", "above", "between", "NON_EMPTY", "NonNegInt", "PosInt", "NonNegFloat", "Fraction",
-    "close_matches", "is_int", "is_number", "check_table", "load_experiment", "DATA_MAX", "PROMPT_KINDS",
-    "check_option_path", "few_shot_prompts", "get", "prompt_files", "read_blocks", "read_capped",
-    "read_jsonl", "fsync_dir", "temporary_sibling", "atomic_write_json", "derive_seed", "uniform_subset",
-    "latest", "natural", "Registry", "run_command",
+    "Section", "Range", "at_least", "above", "between", "NON_EMPTY", "NonNegInt", "PosInt", "NonNegFloat",
+    "Fraction", "PROMPT_KINDS", "Registry",
 ]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _MOVED:  # not cached: each use warns, so that every importer hears of it
+        warnings.warn(f"star_engine.{name} moved to star_engine.helpers.{name}; the old name goes in release 0.2 "
+                      f"(docs/plugins.md, 'Moved names')", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module("star_engine.helpers"), name)
     module = _SURFACE.get(name)
     if module is None:
         raise AttributeError(f"module 'star_engine' has no attribute {name!r}")
@@ -91,18 +86,8 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
                       StepSchedule, Task, TrainExample, TuningChoice, Verdict)
     from .jobs import (LOSSES, PACKINGS, GenRequest, GenSpec, Loss, Packing, PreferencePair, PreferenceSpec,
                        TrainResult, TrainSpec)
-    from .boundary import run_command
-    from .config import check_table, load_experiment
-    from .datafiles import (DATA_MAX, PROMPT_KINDS, check_option_path, few_shot_prompts, get, prompt_files,
-                            read_blocks, read_capped, read_jsonl)
+    from .datafiles import PROMPT_KINDS
     from .errors import IntegrityError, PluginError, ProcessLost, UserError
-    from .fsio import fsync_dir, temporary_sibling
-    from .ledger import latest
-    from .metrics import natural
-    from .questions import uniform_subset
     from .registry import Registry
-    from .schema import (NON_EMPTY, Fraction, NonNegFloat, NonNegInt, PosInt, Range, above, at_least, between,
-                         close_matches, is_int, is_number)
-    from .seeds import derive_seed
+    from .schema import NON_EMPTY, Fraction, NonNegFloat, NonNegInt, PosInt, Range, above, at_least, between
     from .settings import Section
-    from .store import atomic_write_json

@@ -1,14 +1,20 @@
 """File helpers the core and the backends share: a file's sha256, a durable directory
-entry, and the one naming rule for temporaries (a writer's file or folder that a run killed
+entry, atomic writes (``atomic_write_bytes``, ``atomic_write_json``), and the one naming rule for temporaries (a writer's file or folder that a run killed
 mid-write leaves behind, removed when the run restarts). Standard library only, so that a
 backend's checkpoint reader imports it under a tight memory cap (no pyarrow)."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
+import json
 import os
 import uuid
 from pathlib import Path
+from typing import Any
+
+from .errors import UserError
 
 TMP_MARK = ".tmp-"
 
@@ -49,3 +55,32 @@ def in_the_way(path: Path, folder: bool = False) -> bool:
 def is_temporary(name: str) -> bool:
     """A temporary's name: the run store's (``.tmp-<name>.<pid>``) or ``temporary_sibling``'s."""
     return name.startswith(TMP_MARK) or (name.startswith(".") and TMP_MARK in name)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never a mix.
+    (In a run directory of several processes, through ``RunStore`` or ``Processes.primary_does``.)"""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{TMP_MARK}{path.name}.{os.getpid()}")  # a temporary by fsio.is_temporary
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if e.errno == errno.ENOSPC:
+            raise UserError(f"{path}: no space left on device; the previous version is intact") from None
+        raise
+
+
+def json_bytes(obj: Any) -> bytes:
+    """How the run directory's JSON files are written (indented, keys sorted)."""
+    return (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, json_bytes(obj))

@@ -34,40 +34,11 @@ import structlog
 from . import records
 from .procs import Processes
 from .errors import IntegrityError, PluginError, UserError
-from .fsio import TMP_MARK, fsync_dir, is_temporary, sha256_file
+from .fsio import TMP_MARK, atomic_write_bytes, atomic_write_json, fsync_dir, is_temporary, json_bytes, sha256_file  # noqa: F401  (re-exported: the run directory's writers)
 
 MANIFEST = "manifest.json"
 R = TypeVar("R")
 log = structlog.get_logger("star_engine.store")
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the new one, never a mix.
-    (In a run directory of several processes, through ``RunStore`` or ``Processes.primary_does``.)"""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{TMP_MARK}{path.name}.{os.getpid()}")  # a temporary by fsio.is_temporary
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        if e.errno == errno.ENOSPC:
-            raise UserError(f"{path}: no space left on device; the previous version is intact") from None
-        raise
-
-
-def json_bytes(obj: Any) -> bytes:
-    """How the run directory's JSON files are written (indented, keys sorted)."""
-    return (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, json_bytes(obj))
 
 
 def parquet_bytes(table: pa.Table, metadata: Mapping[str, str] | None = None) -> bytes:

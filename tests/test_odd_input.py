@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from star_engine import UserError, read_jsonl
+from star_engine import UserError
+from star_engine.helpers import read_jsonl
 from star_engine.cli import main
 from star_testkit import scripted_env
 

@@ -1,6 +1,7 @@
-"""The plugin API is what ``star_engine.__all__`` names, and the plugins of this repository
-(the backend included) use nothing else: no ``star_engine.<module>`` import, no name the
-package does not declare."""
+"""The plugin API is what ``star_engine.__all__`` (the nouns) and ``star_engine.helpers.__all__``
+(the helpers) name, and the plugins of this repository (the backend included) use nothing else:
+no other ``star_engine.<module>`` import, no name those do not declare. The helpers' old names
+in ``star_engine`` keep working until 0.2, with a DeprecationWarning."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import star_engine
+import star_engine.helpers as helpers
 from star_testkit import REPO
 
 
@@ -50,6 +52,50 @@ def test_plugins_import_only_the_declared_api(package: Path):
     wrong = []
     for path in files:
         for line, module, name in core_imports(path):
-            if module != "star_engine" or (name not in star_engine.__all__):
+            if not ((module == "star_engine" and name in star_engine.__all__)
+                    or (module == "star_engine.helpers" and name in helpers.__all__)):
                 wrong.append(f"{path.relative_to(REPO)}:{line}: {module}.{name}")
     assert wrong == [], "\n".join(wrong)
+
+
+def test_the_helpers_are_declared_and_resolve():
+    assert len(helpers.__all__) == len(set(helpers.__all__)) == len(helpers.HELPERS)
+    for name in helpers.__all__:
+        assert getattr(helpers, name) is not None, name
+    assert not set(helpers.__all__) & set(star_engine.__all__)  # a name is a noun or a helper, never both
+    with pytest.raises(AttributeError):
+        helpers.not_a_name  # noqa: B018
+
+
+OLD_PLUGIN = '''
+from star_engine import hookimpl, read_jsonl, get, derive_seed
+
+
+class OldTask:
+    """A task written against 0.1.0: its helpers imported from star_engine."""
+
+    default_checker = "exact"
+    default_hint = "x"
+    stop = ("\\n",)
+
+    def load(self, split, path):
+        return [(where, get(row, "q", str, where), derive_seed(0, 0, where)) for where, row in read_jsonl(path)]
+
+
+@hookimpl
+def register_tasks(register):
+    register("old_task", OldTask)
+'''
+
+
+def test_a_plugin_written_against_the_old_names_runs_and_is_warned(tmp_path, monkeypatch):
+    """The deprecation path (docs/plugins.md, "Moved names"): ``from star_engine import
+    read_jsonl`` still gives the helper, with a DeprecationWarning naming star_engine.helpers."""
+    (tmp_path / "old_plugin.py").write_text(OLD_PLUGIN)
+    (tmp_path / "rows.jsonl").write_text('{"q": "a"}\n{"q": "b"}\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.warns(DeprecationWarning, match=r"star_engine\.read_jsonl moved to star_engine\.helpers\.read_jsonl"):
+        import old_plugin
+    rows = old_plugin.OldTask().load("train", str(tmp_path / "rows.jsonl"))
+    assert [q for _, q, _ in rows] == ["a", "b"] and rows[0][0].endswith("rows.jsonl:1")
+    assert old_plugin.read_jsonl is helpers.read_jsonl and old_plugin.get is helpers.get

@@ -27,7 +27,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from star_engine import UserError, is_int
+from star_engine import UserError
+from star_engine.helpers import is_int
 
 ENV_COORDINATOR = "STAR_ENGINE_COORDINATOR"
 ENV_NUM_PROCESSES = "STAR_ENGINE_NUM_PROCESSES"

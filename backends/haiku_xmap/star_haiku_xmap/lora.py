@@ -35,7 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from star_engine import UserError, is_int, is_number
+from star_engine import UserError
+from star_engine.helpers import is_int, is_number
 
 from . import model
 from .config import ModelConfig, architecture, config_from_dict

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 from collections.abc import Mapping
 
-from star_engine import UserError, is_int
+from star_engine import UserError
+from star_engine.helpers import is_int
 
 from . import distributed as dist
 from .options import MAX_CPU_DEVICES

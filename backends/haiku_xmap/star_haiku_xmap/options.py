@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, NamedTuple, get_args
 
-from star_engine import NonNegInt, Section, UserError, above, at_least, between, check_table, is_int
+from star_engine import NonNegInt, Section, UserError, above, at_least, between
+from star_engine.helpers import check_table, is_int
 
 from .config import MAX_LAYERS, PRESETS, ConfigError, architecture as arch_of, config_from_dict
 

@@ -40,7 +40,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from star_engine import IntegrityError, UserError, temporary_sibling
+from star_engine import IntegrityError, UserError
+from star_engine.helpers import temporary_sibling
 
 SUFFIX = ".partial"
 FORMAT = "star-haiku-xmap-train-snapshot"

@@ -29,7 +29,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from star_engine import is_int
+from star_engine.helpers import is_int
 
 AXES = ("dp", "mp")
 

@@ -18,8 +18,8 @@ from decimal import Decimal
 from functools import cached_property
 from typing import Annotated, Any
 
-from star_engine import (NON_EMPTY, Example, Fraction, NonNegInt, PosInt, TrainExample, UserError, between,
-                         read_jsonl)
+from star_engine import NON_EMPTY, Example, Fraction, NonNegInt, PosInt, TrainExample, UserError, between
+from star_engine.helpers import read_jsonl
 
 from . import units
 from .units import PAIRS, UNITS, Unit, fmt, quantity

@@ -18,7 +18,8 @@ from __future__ import annotations
 import ast
 from typing import Annotated, Literal
 
-from star_engine import NON_EMPTY, Example, NonNegInt, TrainExample, UserError, get, read_jsonl
+from star_engine import NON_EMPTY, Example, NonNegInt, TrainExample, UserError
+from star_engine.helpers import get, read_jsonl
 
 from .checker import gold_answer, read_gold
 from .known_files import DATA_FILES

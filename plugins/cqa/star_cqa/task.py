@@ -20,8 +20,8 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal, cast
 
-from star_engine import (NON_EMPTY, PROMPT_KINDS, Example, TrainExample, UserError, few_shot_prompts, get, prompt_files,
-                         read_blocks, read_jsonl)
+from star_engine import NON_EMPTY, PROMPT_KINDS, Example, TrainExample, UserError
+from star_engine.helpers import few_shot_prompts, get, prompt_files, read_blocks, read_jsonl
 from star_filters.text import clean_up_tokenization
 
 from .answers import extract_letter, first_line, original_letter

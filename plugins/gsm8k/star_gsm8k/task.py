@@ -12,8 +12,8 @@ import re
 import string
 from typing import Annotated, Literal
 
-from star_engine import (NON_EMPTY, PROMPT_KINDS, Example, TrainExample, UserError, few_shot_prompts, get,
-                         prompt_files, read_blocks, read_jsonl)
+from star_engine import NON_EMPTY, PROMPT_KINDS, Example, TrainExample, UserError
+from star_engine.helpers import few_shot_prompts, get, prompt_files, read_blocks, read_jsonl
 
 from star_filters.numbers import canonical_number
 from star_filters.text import clean_up_tokenization

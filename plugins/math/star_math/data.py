@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from star_engine import UserError, get, read_jsonl
+from star_engine import UserError
+from star_engine.helpers import get, read_jsonl
 
 from .answers import UnclosedBox, last_boxed
 from .conventions import hendrycks_gold, minerva_gold

@@ -17,7 +17,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from star_engine import DATA_MAX, UserError, read_capped
+from star_engine import UserError
+from star_engine.helpers import DATA_MAX, read_capped
 
 from .answers import closing_sentence, extract
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from star_engine import NON_EMPTY, PROMPT_KINDS, Example, TrainExample, UserError, few_shot_prompts, prompt_files
+from star_engine import NON_EMPTY, PROMPT_KINDS, Example, TrainExample, UserError
+from star_engine.helpers import few_shot_prompts, prompt_files
 
 from .answers import BOX_ONLY, extract, through_closing
 from .data import Row, Subset, level_class, read_math, subject_class

@@ -6,7 +6,8 @@ import math
 
 from typing import Annotated
 
-from star_engine import Example, UserError, Verdict, between, is_number
+from star_engine import Example, UserError, Verdict, between
+from star_engine.helpers import is_number
 
 from .formats import HINT, hint_line, hinted
 from .gold import resolve

@@ -23,7 +23,8 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from star_engine import UserError, close_matches, is_int, is_number
+from star_engine import UserError
+from star_engine.helpers import close_matches, is_int, is_number
 
 from .library import dataset_classes, quiet, short
 

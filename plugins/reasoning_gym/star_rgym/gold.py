@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from star_engine import UserError, is_int
+from star_engine import UserError
+from star_engine.helpers import is_int
 
 from .config import build, canonical, typed
 from .library import quiet, version

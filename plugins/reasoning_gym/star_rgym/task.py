@@ -19,7 +19,8 @@ import os
 from functools import cached_property
 from typing import Annotated, Any
 
-from star_engine import NON_EMPTY, Example, Fraction, TrainExample, UserError, between, close_matches, is_number
+from star_engine import NON_EMPTY, Example, Fraction, TrainExample, UserError, between
+from star_engine.helpers import close_matches, is_number
 
 from .config import canonical, plain, typed
 from .formats import SEPARATOR, STOP, hinted

@@ -22,8 +22,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
-from star_engine import (Example, Fraction, NonNegFloat, UserError, between, derive_seed, latest, natural,
-                         uniform_subset)
+from star_engine import Example, Fraction, NonNegFloat, UserError, between
+from star_engine.helpers import derive_seed, latest, natural, uniform_subset
 
 
 def _uniform(u: int) -> float:

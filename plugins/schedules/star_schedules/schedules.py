@@ -20,7 +20,8 @@ import math
 from fractions import Fraction
 from typing import Annotated
 
-from star_engine import NonNegFloat, NonNegInt, UserError, above, is_int
+from star_engine import NonNegFloat, NonNegInt, UserError, above
+from star_engine.helpers import is_int
 
 
 def _exact(value: float) -> Fraction:

@@ -54,8 +54,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated
 
-from star_engine import (NON_EMPTY, Example, NonNegFloat, PosInt, Probe, ProbeSample, ReferenceProbe,
-                         TuningChoice, UserError, close_matches, uniform_subset)
+from star_engine import (NON_EMPTY, Example, NonNegFloat, PosInt, Probe, ProbeSample, ReferenceProbe, TuningChoice,
+                         UserError)
+from star_engine.helpers import close_matches, uniform_subset
 
 KEY = "generation.tuner"
 

@@ -6,7 +6,8 @@ is still the task's checker's: ``--set task.reward=random_reward``."""
 
 from __future__ import annotations
 
-from star_engine import CheckContext, Fraction, NonNegInt, Verdict, derive_seed
+from star_engine import CheckContext, Fraction, NonNegInt, Verdict
+from star_engine.helpers import derive_seed
 
 
 class RandomReward:

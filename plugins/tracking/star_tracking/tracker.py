@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 
 import structlog
 
-from star_engine import atomic_write_json
+from star_engine.helpers import atomic_write_json
 
 LOGDIR = "tensorboard"
 STATE_FILE = "tracking.json"

@@ -15,7 +15,8 @@ from collections.abc import Iterable, Mapping
 import msgpack
 import numpy as np
 
-from star_engine import IntegrityError, UserError, fsync_dir, temporary_sibling
+from star_engine import IntegrityError, UserError
+from star_engine.helpers import fsync_dir, temporary_sibling
 
 from .format import (DTYPES, FORMAT, MANIFEST, MANIFEST_MAX, VERSION, VERSION_SPLIT, flatten, param_specs,
                          part_files)

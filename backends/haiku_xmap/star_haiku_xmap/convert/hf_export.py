@@ -51,7 +51,8 @@ import numpy as np
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from star_engine import IntegrityError, UserError, fsync_dir, temporary_sibling
+from star_engine import IntegrityError, UserError
+from star_engine.helpers import fsync_dir, temporary_sibling
 
 from ..config import GPTJConfig, ModelConfig, architecture, config_from_dict
 from . import hf_llama

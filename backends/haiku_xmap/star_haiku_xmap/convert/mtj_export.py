@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 from numpy.lib import format as npy_format
 
-from star_engine import UserError, fsync_dir, temporary_sibling
+from star_engine import UserError
+from star_engine.helpers import fsync_dir, temporary_sibling
 
 from ..config import GPTJConfig
 from ..checkpoint.format import checked_manifest, read_leaf

@@ -29,7 +29,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from star_engine import UserError, run_command
+from star_engine import UserError
+from star_engine.helpers import run_command
 
 from ..config import MAX_LAYERS, PRESETS, preset
 from .models import add_arguments as add_model_arguments, run_models

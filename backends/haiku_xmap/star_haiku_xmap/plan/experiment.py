@@ -25,7 +25,8 @@ import argparse
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from star_engine import Registry, UserError, is_int, load_experiment
+from star_engine import Registry, UserError
+from star_engine.helpers import is_int, load_experiment
 
 from ..checkpoint.format import read_manifest
 from ..config import PRESETS, config_from_dict, preset

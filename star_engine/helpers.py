@@ -1,0 +1,69 @@
+"""Helpers a plugin may use, beside the nouns of ``star_engine`` (the records, protocols, jobs,
+errors and option declarations a plugin is written against): ``from star_engine.helpers import
+read_jsonl, get``. Like the package, this module loads each name on first use, so importing it
+costs nothing. docs/plugins.md describes each group.
+
+- reading users' data files, capped, with file:line errors: ``read_jsonl``, ``read_blocks``,
+  ``read_capped``, ``DATA_MAX``, ``get`` (a field of a JSON row, typed), ``check_option_path``,
+  ``prompt_files``, ``few_shot_prompts`` (a task's four few-shot prompts, as the original joins them);
+- checking values and tables: ``check_table``, ``close_matches``, ``is_int``, ``is_number``;
+  ``load_experiment`` (an experiment file, validated, as a plugin's own command reads one);
+- writing files atomically: ``atomic_write_json``, ``temporary_sibling``, ``fsync_dir``;
+- seeds and draws: ``derive_seed``, ``uniform_subset``; a run's records: ``latest`` (the ledger's
+  last row per question), ``natural`` (a natural sort key);
+- a plugin's own command, with the core's exit codes and one-line errors: ``run_command``.
+
+Until release 0.2 each name is also reachable as ``star_engine.<name>``, with a
+``DeprecationWarning`` naming this module (docs/plugins.md, "Moved names").
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# name -> the private module that defines it
+HELPERS: dict[str, str] = {
+    **dict.fromkeys(("DATA_MAX", "check_option_path", "few_shot_prompts", "get", "prompt_files", "read_blocks",
+                     "read_capped", "read_jsonl"), "datafiles"),
+    **dict.fromkeys(("close_matches", "is_int", "is_number"), "schema"),
+    **dict.fromkeys(("check_table", "load_experiment"), "config"),
+    **dict.fromkeys(("fsync_dir", "temporary_sibling", "atomic_write_json"), "fsio"),
+    "derive_seed": "seeds",
+    "uniform_subset": "questions",
+    "latest": "ledger",
+    "natural": "metrics",
+    "run_command": "boundary",
+}
+
+__all__ = [  # every name of HELPERS
+    "DATA_MAX", "atomic_write_json", "check_option_path", "check_table", "close_matches", "derive_seed",
+    "few_shot_prompts", "fsync_dir", "get", "is_int", "is_number", "latest", "load_experiment", "natural",
+    "prompt_files", "read_blocks", "read_capped", "read_jsonl", "run_command", "temporary_sibling", "uniform_subset",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = HELPERS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'star_engine.helpers' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"star_engine.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return list(__all__)
+
+
+if TYPE_CHECKING:  # what the names are, for type checkers and editors
+    from .boundary import run_command
+    from .config import check_table, load_experiment
+    from .datafiles import (DATA_MAX, check_option_path, few_shot_prompts, get, prompt_files, read_blocks,
+                            read_capped, read_jsonl)
+    from .fsio import atomic_write_json, fsync_dir, temporary_sibling
+    from .ledger import latest
+    from .metrics import natural
+    from .questions import uniform_subset
+    from .schema import close_matches, is_int, is_number
+    from .seeds import derive_seed
