@@ -153,3 +153,14 @@ def test_every_shipped_experiment_with_a_checkpoint_names_its_hub_id():
         model = tomllib.loads(path.read_text())["model"]
         if model.get("checkpoint_path"):
             assert HUB_ID.fullmatch(model.get("hub_id", "")), path.name
+
+
+def test_plan_of_an_experiment_without_its_checkpoint_names_the_command(tmp_path, capsys):
+    """``plan`` needs the model's shape: without the checkpoint and without a preset it says how
+    to make the checkpoint (or which --set plans a preset instead)."""
+    path = experiment(tmp_path / "project")
+    assert main(["plan", str(path)]) == 2
+    line = one_line(capsys.readouterr().err)
+    target = (tmp_path / "project" / "checkpoints" / "tiny-qwen2").resolve()
+    assert f"make it with: star-engine convert --from hf acme/Tiny-Qwen2 {target}" in line
+    assert "--set model.preset=" in line

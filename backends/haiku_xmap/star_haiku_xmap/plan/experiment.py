@@ -54,8 +54,10 @@ def model_config(model: dict[str, Any]) -> tuple[Any, str]:
         where = f"the checkpoint {path}"
     else:
         if path and not name:
+            source = model.get("hub_id") or "<a Hugging Face folder or hub id>"
             raise UserError(f"model.checkpoint_path: {path} holds no checkpoint, and model.preset does not say "
-                            f"which model it will be; convert it first, or --set model.preset=...")
+                            f"which model it will be; make it with: star-engine convert --from hf {source} {path} "
+                            f"(docs/models.md), or --set model.preset=...", key="model.checkpoint_path")
         name = name or ("llama-tiny" if model.get("architecture") == "llama" else "tiny")
         if name not in PRESETS:
             raise UserError(f"model.preset: unknown preset {name!r}; known: {sorted(PRESETS)}")
