@@ -307,8 +307,8 @@ class Backend(Protocol):
         iteration. ``star-engine validate`` and ``run`` call it (``runner.preflight``)."""
 
     optimizer_table: type
-    """Optional. The typed section (a frozen ``star_engine.settings.Section`` of
-    ``settings.setting`` fields) of the ``[base_training.optimizer]`` and
+    """Optional. The typed section (a frozen dataclass deriving from ``star_engine.Section``,
+    each field an option: its type, ``typing.Annotated`` range markers and default) of the ``[base_training.optimizer]`` and
     ``[training.optimizer]`` tables, which are the backend's: a class attribute of its
     factory. ``config.load_experiment`` checks each table against it (unknown keys, types,
     ranges: one line naming the key and the file or ``--set``) and fills in its defaults, so

@@ -25,7 +25,6 @@ Dtype = Literal["float32", "bfloat16"]
 Schedule = Literal["constant", "linear", "cosine"]
 SCHEDULES = get_args(Schedule)
 OptStateDtype = Literal["float32", "bfloat16", "mixed"]  # mixed: first moment bf16, second fp32
-GENERATION = ("continuous", "static")
 OPT_STATE_DTYPES = get_args(OptStateDtype)
 SHAPE = ("n_layer", "d_model", "n_head", "d_head", "d_ff", "rotary_dim", "n_ctx", "n_kv_head", "vocab")
 Size = Annotated[int | None, at_least(1)]  # None: the preset's, or the checkpoint's
@@ -180,7 +179,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """How a generation call decodes (``sample.generate_batches``, ``continuous.generate``; built
+    """How a generation call decodes (``sampling.static.generate_batches``, ``sampling.continuous.generate``; built
     once per call by ``HaikuXmapBackend.decode_config`` from its options and the ``GenSpec``):
     ``temperature`` (0: greedy) and ``top_p``; the tokenizer's end-of-text and pad ids and
     ``valid_vocab`` (ids at or above it, a padded vocabulary's rows, are never produced);

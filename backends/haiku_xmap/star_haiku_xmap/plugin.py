@@ -1,6 +1,6 @@
 """The ``haiku_xmap`` backend: GPT-J (dm-haiku) on a (dp, mp) mesh.
 
-Checkpoints are native checkpoint directories (``convert/checkpoint.py``); a
+Checkpoints are native checkpoint directories (``checkpoint/format.py``); a
 checkpoint's id is the sha256 of its manifest. jax is imported when a backend
 is built, not when the plugin is discovered.
 """

@@ -9,7 +9,7 @@ pure function of the seed (``packing.step_batches``), so a resumed stage rebuild
 and skips the steps already taken. The update is deterministic, so the resumed stage's
 final parameters are bit-identical to an uninterrupted one's.
 
-The snapshot is a checkpoint folder (``convert/checkpoint.py``'s format: msgpack manifest,
+The snapshot is a checkpoint folder (``checkpoint/format.py``'s format: msgpack manifest,
 one zstd part per leaf with its sha256, mp-sharded leaves stored as one part per mp
 shard, written to a temporary sibling, fsynced and renamed into place; never pickle).
 Its leaves are the state's key paths (``params/h_0/attn/q/w``, ``opt_state/1/0/mu/...``)
