@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
+from .lazy import load as _load
+
 __version__ = "0.1.0"
 
 hookimpl = pluggy.HookimplMarker("star_engine")
@@ -68,12 +70,7 @@ def __getattr__(name: str) -> Any:
         warnings.warn(f"star_engine.{name} moved to star_engine.helpers.{name}; the old name goes in release 0.2 "
                       f"(docs/plugins.md, 'Moved names')", DeprecationWarning, stacklevel=2)
         return getattr(importlib.import_module("star_engine.helpers"), name)
-    module = _SURFACE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'star_engine' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"star_engine.{module}"), name)
-    globals()[name] = value
-    return value
+    return _load(globals(), _SURFACE, name, __name__)
 
 
 def __dir__() -> list[str]:

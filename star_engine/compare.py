@@ -25,7 +25,8 @@ from .errors import UserError
 from .fsio import in_the_way
 from .metrics import classes, natural
 from .report import read_metrics
-from .store import atomic_write_bytes, read_json_file
+from .fsio import atomic_write_bytes
+from .store import read_json_file
 
 IGNORED = ("experiment.seed", "experiment.output_dir", "experiment.name")  # what runs of one group may differ by
 LABEL_CHARS = 80  # a longer group name (many settings differ) is "group N"; the table of settings says which

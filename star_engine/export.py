@@ -31,7 +31,8 @@ from .preferences import pair_up, unique
 from .records import MAX_ROWS, Rationale, read  # MAX_ROWS: rationales per file, as its footer declares them
 from .registry import Registry
 from .seeds import coin
-from .store import atomic_write_bytes, check_regular, read_json_file, read_manifest
+from .fsio import atomic_write_bytes
+from .store import check_regular, read_json_file, read_manifest
 
 SFT_FORMATS = ("prompt-completion", "messages")
 PAIR_FIELDS = ("question_id", "class", "prompt", "gold", "chosen", "rejected", "chosen_iteration",

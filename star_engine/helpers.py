@@ -19,8 +19,9 @@ Until release 0.2 each name is also reachable as ``star_engine.<name>``, with a
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from .lazy import load as _load
 
 # name -> the private module that defines it
 HELPERS: dict[str, str] = {
@@ -44,12 +45,7 @@ __all__ = [  # every name of HELPERS
 
 
 def __getattr__(name: str) -> Any:
-    module = HELPERS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'star_engine.helpers' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"star_engine.{module}"), name)
-    globals()[name] = value
-    return value
+    return _load(globals(), HELPERS, name, __name__)
 
 
 def __dir__() -> list[str]:

@@ -24,7 +24,8 @@ import pyarrow.parquet as pq
 from .errors import IntegrityError, UserError
 from .fsio import in_the_way
 from .metrics import LATER_COLUMNS, METRICS_SCHEMA, classes, eval_split, has_exploration, series, train_counts
-from .store import atomic_write_bytes, check_regular, read_json_file
+from .fsio import atomic_write_bytes
+from .store import check_regular, read_json_file
 
 MAX_ROWS = 1_000_000
 MAX_BYTES = 1 << 30  # uncompressed, as the file's footer declares it

@@ -25,7 +25,8 @@ from .loop import run_star
 from .metrics import nothing_kept_note
 from .records import MAX_ROWS
 from .seeds import derive_seed
-from .store import RunStore, clean_temporaries, json_bytes
+from .fsio import json_bytes
+from .store import RunStore, clean_temporaries
 from .trial import try_components
 from .verdicts import log_skipped
 

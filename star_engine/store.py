@@ -34,7 +34,7 @@ import structlog
 from . import records
 from .procs import Processes
 from .errors import IntegrityError, PluginError, UserError
-from .fsio import TMP_MARK, atomic_write_bytes, atomic_write_json, fsync_dir, is_temporary, json_bytes, sha256_file  # noqa: F401  (re-exported: the run directory's writers)
+from .fsio import atomic_write_bytes, is_temporary, json_bytes, sha256_file
 
 MANIFEST = "manifest.json"
 R = TypeVar("R")

@@ -12,7 +12,8 @@ import pytest
 
 from star_engine.cli import main
 from star_engine.errors import UserError
-from star_engine.store import RunStore, atomic_write_bytes, clean_temporaries
+from star_engine.fsio import atomic_write_bytes
+from star_engine.store import RunStore, clean_temporaries
 
 SCHEMA = pa.schema([("id", pa.string()), ("x", pa.int64())])
 

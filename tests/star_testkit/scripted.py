@@ -27,7 +27,7 @@ from star_engine.api import Example, TrainExample, TrainResult, TuningChoice, Ve
 from star_engine.errors import UserError
 from star_engine.schema import above, at_least, between
 from star_engine.settings import Section
-from star_engine.store import atomic_write_bytes
+from star_engine.fsio import atomic_write_bytes
 
 _counts: dict[str, int] = {}
 LIFECYCLE: list[tuple[str, str]] = []

@@ -232,7 +232,7 @@ def base_config(o: ModelOptions) -> tuple[Any, dict | None]:
     if o.checkpoint_path:
         from .checkpoint.format import read_manifest
 
-        missing = missing_checkpoint(o)
+        missing = missing_checkpoint(o.checkpoint_path, o.hub_id, o.mesh)
         if missing:
             raise _fail("checkpoint_path", missing)
         manifest = read_manifest(o.checkpoint_path)
@@ -255,23 +255,26 @@ def base_config(o: ModelOptions) -> tuple[Any, dict | None]:
     return base, None
 
 
-def missing_checkpoint(o: ModelOptions) -> str:
-    """"" when ``model.checkpoint_path`` holds a checkpoint (a manifest); else what is there and
-    the exact command that makes it: ``convert --from hf`` of ``model.hub_id`` (or of a
-    Hugging Face folder: a placeholder without it) into that path, ``--mp`` of the mesh."""
-    root = Path(o.checkpoint_path)
-    if (root / "manifest.msgpack").is_file():
+def missing_checkpoint(path: str, hub_id: str = "", mesh: Mapping[str, Any] | None = None) -> str:
+    """"" when ``path`` (``model.checkpoint_path``) holds a checkpoint (a manifest); else what is
+    there and the exact command that makes it: ``convert --from hf`` of ``hub_id``
+    (``model.hub_id``; a placeholder without it) into that path, ``--mp`` of the ``mesh``.
+    ``validate``/``run`` (``base_config``) and ``plan`` (``plan/experiment.py``) say it."""
+    from .checkpoint.format import MANIFEST
+
+    root = Path(path)
+    if (root / MANIFEST).is_file():
         return ""
-    mp = (o.mesh or {}).get("mp")
+    mp = (mesh or {}).get("mp")
     split = f" --mp {mp}" if isinstance(mp, int) and not isinstance(mp, bool) and mp > 1 else ""
     if (root / "config.json").is_file():
         return (f"{root} is a Hugging Face folder, not a checkpoint of this backend; convert it once into another "
                 f"folder and set model.checkpoint_path to that: "
                 f"star-engine convert --from hf {shlex.quote(str(root))} {shlex.quote(str(root) + '-native')}{split}")
-    what = "does not exist" if not root.exists() else "holds no checkpoint (no manifest.msgpack)"
-    source = shlex.quote(o.hub_id) if o.hub_id else "<a Hugging Face folder or hub id>"
+    what = "does not exist" if not root.exists() else f"holds no checkpoint (no {MANIFEST})"
+    source = shlex.quote(hub_id) if hub_id else "<a Hugging Face folder or hub id>"
     return (f"{root} {what}; make it with: star-engine convert --from hf {source} {shlex.quote(str(root))}{split}"
-            f" (docs/models.md{'' if o.hub_id else '; model.hub_id names the source in this message'})")
+            f" (docs/models.md{'' if hub_id else '; model.hub_id names the source in this message'})")
 
 
 def _config_error(exc: ConfigError) -> UserError:

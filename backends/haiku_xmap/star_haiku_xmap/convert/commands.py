@@ -37,6 +37,9 @@ def _tokenizer_dict(args: argparse.Namespace, default_file: Path | None, stored:
         from .hf_import import folder_tokenizer
 
         return folder_tokenizer(default_file.parent, default_file).to_dict()  # eos from config.json
+    if default_file is not None:  # a Hugging Face folder of any architecture without its tokenizer
+        raise UserError(f"{default_file.parent}: no tokenizer.json in this Hugging Face folder; pass --tokenizer-file "
+                        f"(the model's tokenizer.json) or --byte-tokenizer")
     raise UserError("--tokenizer-file: required (GPT-J's tokenizer.json; see docs/gptj6b.md), "
                     "or --byte-tokenizer for a byte-level model")
 
@@ -148,9 +151,6 @@ class ConvertCommand:
             dtype = args.dtype or "bfloat16"
             src = hf_source(src)
             folder = src if src.is_dir() else src.parent
-            if not (args.tokenizer_file or args.byte_tokenizer or (folder / "tokenizer.json").is_file()):
-                raise UserError(f"{folder}: no tokenizer.json in this Hugging Face folder; pass --tokenizer-file "
-                                f"(the model's tokenizer.json) or --byte-tokenizer")
             tok = _tokenizer_dict(args, folder / "tokenizer.json")
             config, leaves = iter_hf(src, dtype=dtype)  # the architecture from config.json's model_type
             extra: dict[str, object] = {"source": source_name(config)}

@@ -28,9 +28,10 @@ from typing import Any, NamedTuple
 from star_engine import Registry, UserError
 from star_engine.helpers import is_int, load_experiment
 
-from ..checkpoint.format import read_manifest
+from ..checkpoint.format import MANIFEST, read_manifest
 from ..config import PRESETS, config_from_dict, preset
 from ..lora import check_table
+from ..options import missing_checkpoint
 
 # The plan options an experiment decides, as (flag, args attribute).
 DECIDED = (("--preset", "preset"), ("--n-layer", "n_layer"), ("--dtype", "dtype"), ("--mesh", "mesh"),
@@ -48,16 +49,15 @@ def model_config(model: dict[str, Any]) -> tuple[Any, str]:
     overrides = {k: model.get(k) for k in fields}
     path = model.get("checkpoint_path") or ""
     name = model.get("preset")
-    if path and (Path(path) / "manifest.msgpack").is_file():
+    if path and (Path(path) / MANIFEST).is_file():
         config = config_from_dict(read_manifest(path)["model_config"])
         config = config.replace(**{k: v for k, v in overrides.items() if v is not None})
         where = f"the checkpoint {path}"
     else:
         if path and not name:
-            source = model.get("hub_id") or "<a Hugging Face folder or hub id>"
-            raise UserError(f"model.checkpoint_path: {path} holds no checkpoint, and model.preset does not say "
-                            f"which model it will be; make it with: star-engine convert --from hf {source} {path} "
-                            f"(docs/models.md), or --set model.preset=...", key="model.checkpoint_path")
+            missing = missing_checkpoint(path, model.get("hub_id") or "", model.get("mesh"))
+            raise UserError(f"model.checkpoint_path: {missing}; model.preset does not say which model it will be "
+                            f"either: --set model.preset=... plans a preset instead", key="model.checkpoint_path")
         name = name or ("llama-tiny" if model.get("architecture") == "llama" else "tiny")
         if name not in PRESETS:
             raise UserError(f"model.preset: unknown preset {name!r}; known: {sorted(PRESETS)}")
