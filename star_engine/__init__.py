@@ -15,12 +15,13 @@ from it). docs/plugins.md describes each group.
 from __future__ import annotations
 
 import importlib
+import sys
 import warnings
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-from .lazy import load as _load
+from .lazy import MovedModules, load as _load
 
 __version__ = "0.1.0"
 
@@ -40,11 +41,11 @@ _SURFACE: dict[str, str] = {
     # failures that end a command with one line
     **dict.fromkeys(("UserError", "IntegrityError", "PluginError", "ProcessLost"), "errors"),
     # declaring options (types, ranges)
-    "Section": "settings",
+    "Section": "config.settings",
     **dict.fromkeys((
         "Range", "at_least", "above", "between", "NON_EMPTY", "NonNegInt", "PosInt", "NonNegFloat", "Fraction"),
-        "schema"),
-    "PROMPT_KINDS": "datafiles",
+        "config.schema"),
+    "PROMPT_KINDS": "config.datafiles",
     "Registry": "registry",
 }
 
@@ -65,6 +66,18 @@ __all__ = [  # the plugin API's nouns: hookimpl, __version__ and every name of _
 ]
 
 
+# Modules that moved into folders by concern (issue #40): the old paths work until 0.2, warning.
+_MOVED_MODULES = {f"star_engine.{old}": f"star_engine.{new}" for old, new in {
+    **{m: f"config.{m}" for m in ("schema", "settings", "effects", "smoke", "dataroot", "datafiles", "trial")},
+    **{m: f"run.{m}" for m in ("runner", "loop", "stages", "stagebase", "verifying", "tuning", "experiment",
+                               "questions", "tokens", "verdicts", "preferences", "seeds", "labelfree", "sweep")},
+    **{m: f"rundir.{m}" for m in ("store", "records", "ledger", "metrics", "runlock", "procs", "fsio")},
+    **{m: f"report.{m}" for m in ("plot", "export", "datacheck", "compare", "compare_plot", "show", "status")},
+}.items()}
+if not any(isinstance(f, MovedModules) and f.moved == _MOVED_MODULES for f in sys.meta_path):
+    sys.meta_path.append(MovedModules(_MOVED_MODULES, "0.2"))
+
+
 def __getattr__(name: str) -> Any:
     if name in _MOVED:  # not cached: each use warns, so that every importer hears of it
         warnings.warn(f"star_engine.{name} moved to star_engine.helpers.{name}; the old name goes in release 0.2 "
@@ -78,13 +91,13 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what the names are, for type checkers and editors
-    from .api import (Backend, Candidate, CheckContext, Checker, DataFile, Example, HintFormatter, MultiProcess, Probe,
-                      ProbeSample, Progress, QuestionSampler, RationaleFilter, ReferenceProbe, SamplingTuner,
-                      StepSchedule, Task, TrainExample, TuningChoice, Verdict)
+    from .api import (Backend, Candidate, CheckContext, Checker, DataFile, Example, HintFormatter, MultiProcess,
+                      Probe, ProbeSample, Progress, QuestionSampler, RationaleFilter, ReferenceProbe,
+                      SamplingTuner, StepSchedule, Task, TrainExample, TuningChoice, Verdict)
     from .jobs import (LOSSES, PACKINGS, GenRequest, GenSpec, Loss, Packing, PreferencePair, PreferenceSpec,
                        TrainResult, TrainSpec)
-    from .datafiles import PROMPT_KINDS
+    from .config.datafiles import PROMPT_KINDS
     from .errors import IntegrityError, PluginError, ProcessLost, UserError
     from .registry import Registry
-    from .schema import NON_EMPTY, Fraction, NonNegFloat, NonNegInt, PosInt, Range, above, at_least, between
-    from .settings import Section
+    from .config.schema import NON_EMPTY, Fraction, NonNegFloat, NonNegInt, PosInt, Range, above, at_least, between
+    from .config.settings import Section

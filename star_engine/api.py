@@ -73,7 +73,7 @@ class TrainExample:
 @dataclass(frozen=True)
 class Candidate:
     """A generated rationale on its way to the training set, as a filter sees it: the fields of
-    its row in ``rationales.parquet`` (``star_engine.records.Rationale``, whose ``candidate()``
+    its row in ``rationales.parquet`` (``star_engine.rundir.records.Rationale``, whose ``candidate()``
     builds this view) that a filter reads."""
 
     question_id: str
@@ -264,7 +264,7 @@ class QuestionSampler(Protocol):
                ledger: Sequence[Mapping[str, Any]], seed: int) -> list[str]:
         """The ids of at most ``n`` distinct questions of ``questions`` (the train split, in
         its order) for STaR iteration ``iteration`` (1-based). ``ledger`` holds the rows of
-        ``questions.parquet`` of the iterations before (``star_engine.ledger.LEDGER_SCHEMA``);
+        ``questions.parquet`` of the iterations before (``star_engine.rundir.ledger.LEDGER_SCHEMA``);
         ``seed`` is the experiment's. Must be deterministic: the same arguments, the same ids
         (a resumed run asks again). The order of the ids does not matter."""
 
@@ -293,7 +293,7 @@ class Backend(Protocol):
 
     A backend that runs as several processes (one per host) is also a
     ``MultiProcess``; the core then writes the run directory from process 0 only
-    (``star_engine.procs``). Checkpoint writes are the backend's: it too must write
+    (``star_engine.rundir.procs``). Checkpoint writes are the backend's: it too must write
     them once, and return from ``train`` only when they are visible to every process."""
 
     def validate_run(self, generation: Mapping[str, GenSpec], training: Mapping[str, TrainSpec]) -> None:
@@ -392,7 +392,7 @@ class MultiProcess(Protocol):
     """What a backend that runs as several processes (one per host, e.g. multi-process
     JAX) adds to ``Backend``. Every process runs the whole loop; the core writes the run
     directory from process 0 and has all meet at a barrier after each change
-    (``star_engine.procs``). A backend may also have ``abort(message: str) -> None``: a
+    (``star_engine.rundir.procs``). A backend may also have ``abort(message: str) -> None``: a
     failing process calls it so that the others stop at their next barrier."""
 
     def process_index(self) -> int:

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 
 from . import __version__, ui
 from .errors import PluginError, ProcessLost, StarEngineError
-from .runlock import release_locks
+from .rundir.runlock import release_locks
 
 # errno values that say the filesystem or the machine refused something, not that the code is wrong
 ENVIRONMENT_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.EACCES, errno.EPERM,

@@ -120,10 +120,10 @@ def _parser(commands: dict | None = None) -> argparse.ArgumentParser:
 def _load(args: argparse.Namespace, load_data: bool = True):
     """The experiment of ``args.file`` built, and everything ``run`` checks before it writes
     (``runner.preflight``); an error names the file, or the ``--set`` that gave the value."""
-    from .config import Origins, load_experiment
-    from .experiment import build
+    from .config.load import Origins, load_experiment
+    from .run.experiment import build
     from .registry import Registry
-    from .runner import preflight
+    from .run.runner import preflight
 
     if args.limit is not None and args.limit < 1:
         raise UserError("--limit: must be >= 1")
@@ -138,7 +138,7 @@ def _load(args: argparse.Namespace, load_data: bool = True):
 
 def cmd_run(args: argparse.Namespace) -> int:
     from . import ui
-    from .runner import run
+    from .run.runner import run
 
     ui.configure_logging(None, quiet=args.quiet)
     if args.seeds is not None or _sweeps(args):
@@ -149,14 +149,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _sweeps(args: argparse.Namespace) -> bool:
-    """The file has a ``[sweep]`` table (``star_engine.sweep``)."""
-    from .sweep import plan
+    """The file has a ``[sweep]`` table (``star_engine.run.sweep``)."""
+    from .run.sweep import plan
 
     return plan(args.file, args.overrides, None) is not None
 
 
 def cmd_run_many(args: argparse.Namespace) -> int:
-    from .sweep import compare_command, plan, run_all
+    from .run.sweep import compare_command, plan, run_all
 
     members = plan(args.file, args.overrides, args.seeds) or []
     done = run_all(args.file, args.overrides, args.limit, args.smoke, members, args.quiet)
@@ -171,7 +171,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from .ui import progress_interval
     progress_interval()  # the environment variables run reads (STAR_ENGINE_PROGRESS_INTERVAL), checked here too
     if args.seeds is not None or _sweeps(args):
-        from .sweep import check_all, plan
+        from .run.sweep import check_all, plan
 
         members = plan(args.file, args.overrides, args.seeds) or []
         for m, root, what in check_all(args.file, args.overrides, args.limit, args.smoke, members):
@@ -182,7 +182,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     sizes = ", ".join(f"{k}={len(v)}" for k, v in exp.splits.items())
     what = "new"
     if state.resume:
-        from .status import rerun_note
+        from .report.status import rerun_note
 
         what = rerun_note(exp.run_dir, exp.config.experiment.iterations)
     print(f"{args.file}: OK (task {exp.config.task.dataset}: {sizes}; backend {exp.config.model['backend']}; "
@@ -210,13 +210,13 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from .datacheck import command
+    from .report.datacheck import command
 
     return command(args.file, args.overrides, args.root)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .report import write_report
+    from .report.report import write_report
 
     for d in filter(None, (args.run_dir, args.compare)):
         if not d.is_dir():
@@ -235,7 +235,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from .compare import write
+    from .report.compare import write
 
     done = write(args.runs, args.out)
     print("\n".join(done.lines))
@@ -244,7 +244,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .export import export_pairs, export_sft
+    from .report.export import export_pairs, export_sft
 
     if not (args.pairs or args.sft):
         raise UserError("export: say what to export: --pairs or --sft")
@@ -273,14 +273,14 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from .show import Filters, command
+    from .report.show import Filters, command
 
     return command(args.run_dir, Filters(args.iteration, args.split, args.wrong, args.rationalized, args.cls,
                                          args.question, args.grep, args.limit), args.fmt)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from .status import command
+    from .report.status import command
 
     return command(args.run_dir)
 
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:  # no command: the usage, and every command with what it does (a usage error)
         parser.print_help(sys.stderr)
         return 2
-    from .datafiles import not_utf8
+    from .config.datafiles import not_utf8
 
     for arg in argv:  # bytes that are not UTF-8 (surrogate escapes): no file, log or plot can hold them
         shown = not_utf8(arg)

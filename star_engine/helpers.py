@@ -26,14 +26,14 @@ from .lazy import load as _load
 # name -> the private module that defines it
 HELPERS: dict[str, str] = {
     **dict.fromkeys(("DATA_MAX", "check_option_path", "few_shot_prompts", "get", "prompt_files", "read_blocks",
-                     "read_capped", "read_jsonl"), "datafiles"),
-    **dict.fromkeys(("close_matches", "is_int", "is_number"), "schema"),
-    **dict.fromkeys(("check_table", "load_experiment"), "config"),
-    **dict.fromkeys(("fsync_dir", "temporary_sibling", "atomic_write_json"), "fsio"),
-    "derive_seed": "seeds",
-    "uniform_subset": "questions",
-    "latest": "ledger",
-    "natural": "metrics",
+                     "read_capped", "read_jsonl"), "config.datafiles"),
+    **dict.fromkeys(("close_matches", "is_int", "is_number"), "config.schema"),
+    **dict.fromkeys(("check_table", "load_experiment"), "config.load"),
+    **dict.fromkeys(("fsync_dir", "temporary_sibling", "atomic_write_json"), "rundir.fsio"),
+    "derive_seed": "run.seeds",
+    "uniform_subset": "run.questions",
+    "latest": "rundir.ledger",
+    "natural": "rundir.metrics",
     "run_command": "boundary",
 }
 
@@ -54,12 +54,12 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from .boundary import run_command
-    from .config import check_table, load_experiment
-    from .datafiles import (DATA_MAX, check_option_path, few_shot_prompts, get, prompt_files, read_blocks,
-                            read_capped, read_jsonl)
-    from .fsio import atomic_write_json, fsync_dir, temporary_sibling
-    from .ledger import latest
-    from .metrics import natural
-    from .questions import uniform_subset
-    from .schema import close_matches, is_int, is_number
-    from .seeds import derive_seed
+    from .config.load import check_table, load_experiment
+    from .config.datafiles import (DATA_MAX, check_option_path, few_shot_prompts, get, prompt_files, read_blocks,
+                                   read_capped, read_jsonl)
+    from .rundir.fsio import atomic_write_json, fsync_dir, temporary_sibling
+    from .rundir.ledger import latest
+    from .rundir.metrics import natural
+    from .run.questions import uniform_subset
+    from .config.schema import close_matches, is_int, is_number
+    from .run.seeds import derive_seed

@@ -30,7 +30,7 @@ import pluggy
 
 from . import hooks
 from .errors import PluginError, StarEngineError, UserError
-from .schema import REQUIRED, close_matches, declared, open_ended, validate
+from .config.schema import REQUIRED, close_matches, declared, open_ended, validate
 
 GROUP = "star_engine"
 KINDS = {  # kind -> the register_* hook that fills it

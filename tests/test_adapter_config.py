@@ -8,7 +8,7 @@ import pytest
 
 from star_testkit import TOY_TOML
 from star_engine.cli import main
-from star_engine.config import Config, load_experiment
+from star_engine.config.load import Config, load_experiment
 
 
 def _file(tmp_path, section: str, table: str):

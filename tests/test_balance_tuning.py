@@ -1,4 +1,4 @@
-"""What reaches a tuner through the core's probe (``star_engine.tuning.CoreProbe``): a checker's
+"""What reaches a tuner through the core's probe (``star_engine.run.tuning.CoreProbe``): a checker's
 graded ``Verdict.score`` as ``ProbeSample.score``, each question's reference solution
 (``ReferenceProbe.references``: the task's gold completion, trimmed as the answers are), a
 malformed score named as the checker's fault; and B-STaR's ``balance`` tuner in a run, its

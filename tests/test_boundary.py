@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from star_testkit import TESTS, cli, scripted_env
 from star_engine.cli import main
-from star_engine.metrics import METRICS_SCHEMA
+from star_engine.rundir.metrics import METRICS_SCHEMA
 
 
 def one_line_error(err: str) -> str:
@@ -37,7 +37,7 @@ def files(root) -> dict[str, bytes]:
 
 
 def test_a_bug_prints_its_traceback_asks_for_a_report_and_is_recorded(scripted, toy_toml, capsys, monkeypatch):
-    import star_engine.runner as runner
+    import star_engine.run.runner as runner
 
     def broken(exp, store):
         return {}["no such key"]  # a bug in the core, after the run directory became this run's

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from star_engine.cli import main
-from star_engine.metrics import METRICS_SCHEMA
+from star_engine.rundir.metrics import METRICS_SCHEMA
 
 
 def make_run(path: Path, seed: int, temperature: float, dev: list[float], cls: dict[str, list[float]] | None = None):

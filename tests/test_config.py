@@ -7,7 +7,7 @@ import pytest
 
 from star_testkit import TOY_TOML, cli
 from star_engine.cli import main
-from star_engine.config import load_experiment
+from star_engine.config.load import load_experiment
 
 GOOD = TOY_TOML
 

@@ -225,7 +225,7 @@ def plain_signature(fn, name: str) -> str:
     ("Registry.create", "Testing a task and its hint"),
 ])
 def test_helpers_for_task_authors_are_documented_with_exact_signatures(fn, heading):
-    import star_engine.datafiles as datafiles
+    import star_engine.config.datafiles as datafiles
 
     obj = registry if fn.startswith("Registry") else datafiles
     for part in fn.split("."):
@@ -273,7 +273,7 @@ def test_the_documented_task_and_hint_test_runs(tmp_path):
 
 
 def test_which_checker_ran_is_documented_and_recorded():
-    from star_engine.records import Evaluation, Rationale, schema
+    from star_engine.rundir.records import Evaluation, Rationale, schema
 
     text = section(DOC.read_text(), "What a run records about its components")
     for needle in ("`config.json`", "`task.checker", "`default_checker`", "`eval_<split>.parquet`",
@@ -285,7 +285,7 @@ def test_which_checker_ran_is_documented_and_recorded():
 
 
 def test_the_experiment_reference_lists_every_key():
-    from star_engine.config import SCHEMA
+    from star_engine.config.load import SCHEMA
     from star_haiku_xmap.options import AdamW
 
     ref = tomllib.loads(code_block_after((REPO / "docs" / "experiments.md").read_text(), "## Every key", "toml"))

@@ -20,7 +20,7 @@ import pytest
 from star_testkit import TESTS
 from star_engine import experiment, registry
 from star_engine.cli import main
-from star_engine.config import load_experiment
+from star_engine.config.load import load_experiment
 
 CHECKERS = '\ncheckers = ["toy_gives_up", { name = "toy_gives_up", rule = "last_digit" }, "toy_exact"]\n'
 LABELS = ["toy_gives_up()", "toy_gives_up(rule='last_digit')", "toy_exact"]

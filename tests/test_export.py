@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from star_engine.cli import main
-from star_engine.export import PAIR_FIELDS
+from star_engine.report.export import PAIR_FIELDS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "ledger.md"
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from star_testkit.fuzzing import budget, json_values, mutated
 from star_testkit import TOY_TOML
-from star_engine.config import SCHEMA, Origins, load_experiment, parse_override
+from star_engine.config.load import SCHEMA, Origins, load_experiment, parse_override
 from star_engine.errors import UserError
 
 GOOD = TOY_TOML.format(out="runs/fuzz").encode()

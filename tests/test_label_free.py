@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from star_engine.cli import main
-from star_engine.labelfree import collapse
+from star_engine.run.labelfree import collapse
 from star_successors.majority import pseudo_label
 from star_testkit import scripted as scripted_plugin
 

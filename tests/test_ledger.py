@@ -15,7 +15,7 @@ import pytest
 
 from star_testkit import cli, scripted_env
 from star_engine.cli import main
-from star_engine.ledger import LEDGER_SCHEMA, latest, summary
+from star_engine.rundir.ledger import LEDGER_SCHEMA, latest, summary
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "ledger.md"
 
@@ -127,11 +127,11 @@ def test_a_second_process_decides_the_ledger_write_as_process_0_does(scripted, t
     ``save_ledger``: process 1 must still take the same path (a write, whose barrier it
     joins), from the row count it read before any process could change the file, not
     read the rewritten file and skip (or call it damaged), which diverged a 2-process run."""
-    import star_engine.procs as procs
+    import star_engine.rundir.procs as procs
     from star_engine import registry
-    from star_engine.experiment import build
-    from star_engine.stages import Stages
-    from star_engine.store import RunStore
+    from star_engine.run.experiment import build
+    from star_engine.run.stages import Stages
+    from star_engine.rundir.store import RunStore
 
     run = run_toy(toy_toml)
     cfg = json.loads((run / "config.json").read_text())

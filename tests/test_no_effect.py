@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from star_engine.cli import main
-from star_engine.config import load_experiment
+from star_engine.config.load import load_experiment
 from star_engine.errors import UserError
 from star_engine.registry import Registry
 from star_testkit import REPO, cli

@@ -99,3 +99,26 @@ def test_a_plugin_written_against_the_old_names_runs_and_is_warned(tmp_path, mon
     rows = old_plugin.OldTask().load("train", str(tmp_path / "rows.jsonl"))
     assert [q for _, q, _ in rows] == ["a", "b"] and rows[0][0].endswith("rows.jsonl:1")
     assert old_plugin.read_jsonl is helpers.read_jsonl and old_plugin.get is helpers.get
+
+
+def test_a_moved_module_path_warns_and_is_the_new_module():
+    """Issue #40 moved the core's modules into folders by concern; their old paths work until 0.2."""
+    import importlib
+    import sys
+    import warnings
+
+    import star_engine.rundir.store as new
+    sys.modules.pop("star_engine.store", None)  # imported by an earlier test, maybe
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = importlib.import_module("star_engine.store")
+        from star_engine.config import load_experiment  # the old module config.py's name
+    assert old is new and old.RunStore is new.RunStore
+    from star_engine.config.load import load_experiment as moved
+    assert load_experiment is moved
+    messages = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert any("star_engine.store moved to star_engine.rundir.store" in m for m in messages), messages
+    assert any("star_engine.config.load_experiment moved to star_engine.config.load" in m for m in messages)
+    with pytest.raises(AttributeError):
+        import star_engine.config as package
+        package.no_such_name  # noqa: B018

@@ -57,7 +57,7 @@ def test_an_incomplete_or_inconsistent_layout_is_refused(backend, error):
 def test_the_layout_is_a_value_each_store_holds(tmp_path):
     """No module-wide process context: a store given process 1 of 2 writes nothing and
     waits at the named barrier, while a one-process store beside it writes at once."""
-    from star_engine.store import RunStore
+    from star_engine.rundir.store import RunStore
 
     met: list[str] = []
     follower = RunStore(tmp_path / "a", {}, processes=procs.Processes(index=1, count=2, barrier=met.append))

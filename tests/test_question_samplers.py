@@ -12,7 +12,7 @@ import pytest
 
 from star_engine import hookimpl
 from star_engine.cli import main
-from star_engine.ledger import latest
+from star_engine.rundir.ledger import latest
 from star_engine.registry import Registry
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from star_engine.cli import main
-from star_engine.records import UNSELECTED
+from star_engine.rundir.records import UNSELECTED
 from star_engine.registry import option_defaults
 
 SCRIPTED_DEFAULTS = {"backend": "scripted", "easy_mod": 3, "leak_mod": 2, "max_tokens": 0}

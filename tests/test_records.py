@@ -1,5 +1,5 @@
 """The file format: each table's columns (names, order, Arrow types) written out, against the schema
-derived from its record type (``star_engine.records``), and records surviving a trip through Arrow."""
+derived from its record type (``star_engine.rundir.records``), and records surviving a trip through Arrow."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from star_engine.api import Candidate
 from star_engine.errors import IntegrityError
-from star_engine.records import (GREEDY, CheckerAccuracy, CheckerVerdict, Chunk, Evaluation, FilterCount, Metrics, Question, VerifierScore,
+from star_engine.rundir.records import (GREEDY, CheckerAccuracy, CheckerVerdict, Chunk, Evaluation, FilterCount, Metrics, Question, VerifierScore,
                                  Rationale, read, row, schema, table)
 
 s, i32, i64, f64, b = pa.string(), pa.int32(), pa.int64(), pa.float64(), pa.bool_()
@@ -65,8 +65,8 @@ def test_each_derived_schema_is_the_file_format(name):
 
 
 def test_the_modules_name_the_derived_schemas():
-    from star_engine.ledger import LEDGER_SCHEMA
-    from star_engine.metrics import METRICS_SCHEMA
+    from star_engine.rundir.ledger import LEDGER_SCHEMA
+    from star_engine.rundir.metrics import METRICS_SCHEMA
 
     assert LEDGER_SCHEMA.equals(schema(Question)) and METRICS_SCHEMA.equals(schema(Metrics))
 

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from star_engine.cli import main
-from star_engine.metrics import METRICS_SCHEMA
+from star_engine.rundir.metrics import METRICS_SCHEMA
 
 
 def _run(path, name, dev):
@@ -100,7 +100,7 @@ def test_report_on_a_damaged_or_foreign_metrics_file_is_one_line(tmp_path, capsy
 
 
 def test_report_refuses_a_metrics_file_declaring_too_much(tmp_path, capsys, monkeypatch):
-    import star_engine.report as report
+    import star_engine.report.report as report
 
     run = _run(tmp_path / "big", "x", [0.1, 0.2, 0.3])
     monkeypatch.setattr(report, "MAX_ROWS", 5)  # the footer says 11 rows: refused before reading them
@@ -117,8 +117,8 @@ def test_report_plots_numeric_and_other_classes(tmp_path):
 
 
 def test_report_shows_every_class_of_both_runs_and_reads_them(tmp_path):
-    from star_engine.plot import figure
-    from star_engine.report import markdown, read_metrics
+    from star_engine.report.plot import figure
+    from star_engine.report.report import markdown, read_metrics
 
     a = read_metrics(_run(tmp_path / "a", "addition", [0.05, 0.10, 0.40]))
     b = read_metrics(_run(tmp_path / "b", "addition_no_rationalization", [0.05, 0.02, 0.03]))
@@ -198,7 +198,7 @@ def test_bad_labels_are_one_line_exit_2_nothing_written(tmp_path, capsys, args, 
 
 def test_directory_labels_keep_the_names_given(tmp_path):
     from star_engine.errors import UserError
-    from star_engine.report import directory_labels
+    from star_engine.report.report import directory_labels
 
     a = _run(tmp_path / "runs" / "a" / "run", "addition", [0.1])
     b = _run(tmp_path / "runs" / "b" / "run", "addition", [0.1])

@@ -9,7 +9,7 @@ import re
 import matplotlib.pyplot as plt
 import pytest
 
-from star_engine.plot import figure, label
+from star_engine.report.plot import figure, label
 
 LONG = "addition_no_rationalization_seed_2"
 

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from star_engine.cli import main
-from star_engine.metrics import majority_correct, pass_at_k, sampling_columns
-from star_engine.records import Evaluation, read
+from star_engine.rundir.metrics import majority_correct, pass_at_k, sampling_columns
+from star_engine.rundir.records import Evaluation, read
 
 
 def brute_pass_at_k(outcomes: list[bool], k: int) -> Fraction:
@@ -163,7 +163,7 @@ def test_bad_sampling_keys_are_one_line_errors(scripted, toy_toml, capsys, setti
 
 def test_report_reads_runs_without_the_new_columns_and_overlays_two_runs(scripted, toy_toml, tmp_path):
     from star_engine import report
-    from star_engine.metrics import SAMPLING_COLUMNS
+    from star_engine.rundir.metrics import SAMPLING_COLUMNS
 
     path = toy_toml()
     path.write_text(path.read_text().replace("chunk_size = 5", "chunk_size = 5\nsamples_per_question = 2\n"
@@ -176,7 +176,7 @@ def test_report_reads_runs_without_the_new_columns_and_overlays_two_runs(scripte
     pq.write_table(table.drop_columns(list(SAMPLING_COLUMNS)), old / "metrics.parquet")  # a run of before
     rows_old = report.read_metrics(old)
     assert all(r[c] is None for r in rows_old for c in SAMPLING_COLUMNS)
-    from star_engine.plot import figure
+    from star_engine.report.plot import figure
 
     fig = figure(report.read_metrics(run), "sampled", rows_old, "old")
     titles = {ax.get_title(): ax for ax in fig.axes}

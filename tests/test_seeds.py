@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from star_engine.cli import main
-from star_engine.config import load_experiment
-from star_engine.sweep import Member, plan, shown
+from star_engine.config.load import load_experiment
+from star_engine.run.sweep import Member, plan, shown
 
 
 @pytest.fixture

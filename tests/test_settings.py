@@ -1,4 +1,4 @@
-"""The typed configuration (``star_engine.config.Config``; its sections: ``star_engine.settings``):
+"""The typed configuration (``star_engine.config.load.Config``; its sections: ``star_engine.config.settings``):
 the schema is derived from its sections, the objects are frozen and read by attribute, and turning the resolved
 configuration into them and back is exact, so ``config.json`` is what it was."""
 
@@ -13,9 +13,9 @@ import pytest
 
 from star_testkit import REPO
 from star_engine.api import GenSpec
-from star_engine.config import SCHEMA, Config, load_experiment
+from star_engine.config.load import SCHEMA, Config, load_experiment
 from star_engine.errors import UserError
-from star_engine.experiment import build
+from star_engine.run.experiment import build
 from star_engine.registry import Registry
 from star_testkit.scripted import ToyOptimizer
 

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from star_engine.cli import main
-from star_engine.show import columns
+from star_engine.report.show import columns
 from star_testkit import TOY_TOML, cli, scripted_env, scripted_plugin_examples
 from star_testkit.scripted import ToyTask
 

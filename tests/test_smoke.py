@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from star_engine import smoke
 from star_engine.cli import main
-from star_engine.config import load_experiment
+from star_engine.config.load import load_experiment
 from star_engine.errors import UserError
 from star_testkit import cli
 from star_testkit.scripted import ToyTask

@@ -18,7 +18,7 @@ import pytest
 
 from star_engine import runlock
 from star_engine.cli import main
-from star_engine.status import clock, sessions, status
+from star_engine.report.status import clock, sessions, status
 from star_testkit import TOY_TOML, cli, scripted_env
 
 # SCRIPTED_KILL points and the stage each stops in: the toy run evaluates 12 dev questions at

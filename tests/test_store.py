@@ -12,8 +12,8 @@ import pytest
 
 from star_engine.cli import main
 from star_engine.errors import UserError
-from star_engine.fsio import atomic_write_bytes
-from star_engine.store import RunStore, clean_temporaries
+from star_engine.rundir.fsio import atomic_write_bytes
+from star_engine.rundir.store import RunStore, clean_temporaries
 
 SCHEMA = pa.schema([("id", pa.string()), ("x", pa.int64())])
 
@@ -141,7 +141,7 @@ def test_run_outputs_read_by_pandas_polars_duckdb(scripted, toy_toml):
 
 def test_a_damaged_checkpoint_found_while_loading_says_what_to_do(tmp_path):
     from star_engine.errors import IntegrityError
-    from star_engine.store import loading_checkpoint
+    from star_engine.rundir.store import loading_checkpoint
 
     ckpt = tmp_path / "iterations/001/model"
     part = f"{ckpt}/p0.zst: sha256 0 does not match the manifest's 1"

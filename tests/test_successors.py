@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from star_engine.cli import main
-from star_engine.metrics import best_of_k, pass_at_k, sampling_columns
-from star_engine.records import Evaluation, VerifierScore
+from star_engine.rundir.metrics import best_of_k, pass_at_k, sampling_columns
+from star_engine.rundir.records import Evaluation, VerifierScore
 from star_testkit import cli, scripted_env
 
 PLUGINS = "star_testkit.scripted,star_successors.plugin"

@@ -20,7 +20,7 @@ import pytest
 from star_testkit import REPO, TESTS, TOY_TOML
 from star_testkit.scripted import ToyTask, _h
 from star_engine.cli import main
-from star_engine.stages import derive_seed
+from star_engine.run.stages import derive_seed
 
 EXAMPLE = REPO / "examples" / "star-plugin-example"
 SEED = 7  # the toy experiment's seed

@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterable
 
-from star_engine.fsio import is_temporary  # the one rule the store cleans by
+from star_engine.rundir.fsio import is_temporary  # the one rule the store cleans by
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENT = REPO / "experiments" / "addition.toml"

@@ -25,9 +25,9 @@ from typing import Annotated, Literal
 from star_engine import hookimpl
 from star_engine.api import Example, TrainExample, TrainResult, TuningChoice, Verdict
 from star_engine.errors import UserError
-from star_engine.schema import above, at_least, between
-from star_engine.settings import Section
-from star_engine.fsio import atomic_write_bytes
+from star_engine.config.schema import above, at_least, between
+from star_engine.config.settings import Section
+from star_engine.rundir.fsio import atomic_write_bytes
 
 _counts: dict[str, int] = {}
 LIFECYCLE: list[tuple[str, str]] = []

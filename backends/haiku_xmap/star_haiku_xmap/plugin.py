@@ -279,7 +279,7 @@ class HaikuXmapBackend:
 
     # ------------------------------------------------------------------ processes
     # Multi-process JAX: the core writes the run directory from process 0 and
-    # waits at these barriers (star_engine.procs). The layout is the configured one
+    # waits at these barriers (star_engine.rundir.procs). The layout is the configured one
     # (``model.distributed``) until the runtime starts; "auto" asks JAX, which starts it.
 
     def _layout(self) -> tuple[int, int]:

@@ -1,7 +1,7 @@
 """What this backend checks before a run writes anything (``HaikuXmapBackend.validate_run``,
 the optional ``Backend.validate_run`` of ``star_engine.api``, which ``star-engine validate``
 and ``star-engine run`` both call): what depends on the model, and nothing the core already
-guarantees of ``GenSpec`` / ``TrainSpec`` (``star_engine.settings`` declares their ranges).
+guarantees of ``GenSpec`` / ``TrainSpec`` (``star_engine.config.settings`` declares their ranges).
 That is the room a generation leaves for a prompt in the model's context, a training
 adapter table against the architecture (targets, rank against the matrices:
 ``lora.check_table``), and the configured checkpoint's files (manifest, part files and

@@ -14,7 +14,7 @@ import pytest
 import zstandard
 
 from star_engine.errors import IntegrityError, UserError
-from star_engine.store import clean_temporaries, is_temporary
+from star_engine.rundir.store import clean_temporaries, is_temporary
 from star_haiku_xmap.config import GPTJConfig
 from star_haiku_xmap.checkpoint import format as C
 from star_haiku_xmap.checkpoint import write as CW

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from star_engine.api import GenSpec, TrainSpec
-from star_engine.config import check_table
+from star_engine.config.load import check_table
 from star_engine.errors import IntegrityError, UserError
 from star_haiku_xmap import preflight
 from star_haiku_xmap.config import GPTJConfig
@@ -110,7 +110,7 @@ def test_validate_run_checks_each_spec(tmp_path):
     train = TrainSpec(0, 4, 1, 0, {"lr": 1e-3, "warmup_steps": 0})
     backend.validate_run({"generation": ok, "evaluation": ok}, {"training": train})
     # What depends on the model only: the sampling values and sizes are the core's to check
-    # (star_engine.settings declares their ranges; GenSpec documents them), once.
+    # (star_engine.config.settings declares their ranges; GenSpec documents them), once.
     with pytest.raises(UserError, match="generation.max_new_tokens: 512 leaves no room") as e:
         backend.validate_run({"generation": GenSpec(512, 0.0, 1.0, (), 4)}, {})
     assert e.value.key == "generation.max_new_tokens"

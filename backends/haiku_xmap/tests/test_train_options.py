@@ -74,7 +74,7 @@ def test_packing_and_loss_reach_the_step(tmp_path):
 def test_training_mistakes_are_user_errors(tmp_path):
     backend = plugin.HaikuXmapBackend.from_table(**SMALL)
     base = backend.base(tmp_path, seed=0)
-    # packing and loss are among what the core guarantees of a TrainSpec (star_engine.settings
+    # packing and loss are among what the core guarantees of a TrainSpec (star_engine.config.settings
     # declares them); what depends on the examples is the backend's:
     with pytest.raises(UserError, match="training.packing: stream packing needs more than seq_len"):
         backend.train(base, tmp_path / "x", EXAMPLES[:2], dataclasses.replace(SPEC, packing="stream"))

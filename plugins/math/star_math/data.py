@@ -48,7 +48,7 @@ class Row:
 
 def read_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
     """The non-blank lines of a JSONL file as ``("file:line", object)``
-    (``star_engine.datafiles.read_jsonl``), with the file's size and number of lines checked
+    (``star_engine.config.datafiles.read_jsonl``), with the file's size and number of lines checked
     against ``MAX_BYTES`` and ``MAX_LINES`` before anything is parsed."""
     return read_jsonl(path, max_bytes=MAX_BYTES, max_lines=MAX_LINES)
 

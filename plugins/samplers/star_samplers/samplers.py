@@ -33,7 +33,7 @@ def _uniform(u: int) -> float:
 
 class UniformSampler:
     """Every question equally likely, a new draw each iteration: the core's own rule when no
-    sampler is set (``star_engine.questions.uniform_subset``)."""
+    sampler is set (``star_engine.run.questions.uniform_subset``)."""
 
     def __init__(self) -> None:
         pass

@@ -16,7 +16,7 @@ from star_engine import hooks
 from star_engine.api import Example
 from star_engine.errors import UserError
 from star_engine.registry import Registry
-from star_engine.stages import derive_seed
+from star_engine.run.stages import derive_seed
 from star_samplers import plugin
 from hypothesis import given, strategies as st
 from star_samplers.samplers import AdaptiveSampler, CurriculumSampler, StratifiedSampler, UniformSampler

@@ -189,7 +189,7 @@ def _publish(tmp: Path, dest: Path, data: bytes, entries: list[dict]) -> None:
     elif not _exchange(tmp, dest):  # the swap leaves the old checkpoint at tmp
         # Fallback: a short window where dest is absent, never a torn one. The name is a
         # temporary's (fsio.temporary_sibling), so a run killed inside the window has it cleaned
-        # away on restart (star_engine.store.clean_temporaries) and redoes the stage.
+        # away on restart (star_engine.rundir.store.clean_temporaries) and redoes the stage.
         old = temporary_sibling(dest, "old")
         os.rename(dest, old)
         os.rename(tmp, dest)

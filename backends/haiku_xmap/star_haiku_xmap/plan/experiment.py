@@ -1,6 +1,6 @@
 """``star-engine plan EXPERIMENT.toml``: the memory plan of what an experiment will run.
 
-The experiment is read as ``run`` reads it (``star_engine.config.load_experiment``: its
+The experiment is read as ``run`` reads it (``star_engine.config.load.load_experiment``: its
 ``--set`` overrides, the backend's defaults; no data is loaded) and planned with
 ``plan.plan_one``:
 
