@@ -49,7 +49,7 @@ from star_arithmetic.formats import digit_roles
 from star_engine.api import GenRequest, GenSpec
 from star_engine.config.load import load_experiment
 from star_engine.run.experiment import build
-from star_engine.registry import Registry
+from star_engine.config.registry import Registry
 from star_engine.run.stages import derive_seed
 
 TF_BATCH = 50

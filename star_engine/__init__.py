@@ -46,7 +46,7 @@ _SURFACE: dict[str, str] = {
         "Range", "at_least", "above", "between", "NON_EMPTY", "NonNegInt", "PosInt", "NonNegFloat", "Fraction"),
         "config.schema"),
     "PROMPT_KINDS": "config.datafiles",
-    "Registry": "registry",
+    "Registry": "config.registry",
 }
 
 # Helpers moved to star_engine.helpers (release 0.1.x); the old names work until 0.2, warning.
@@ -68,10 +68,10 @@ __all__ = [  # the plugin API's nouns: hookimpl, __version__ and every name of _
 
 # Modules that moved into folders by concern (issue #40): the old paths work until 0.2, warning.
 _MOVED_MODULES = {f"star_engine.{old}": f"star_engine.{new}" for old, new in {
-    **{m: f"config.{m}" for m in ("schema", "settings", "effects", "smoke", "dataroot", "datafiles", "trial")},
+    **{m: f"config.{m}" for m in ("schema", "settings", "effects", "smoke", "dataroot", "datafiles", "registry")},
     **{m: f"run.{m}" for m in ("runner", "loop", "stages", "stagebase", "verifying", "tuning", "experiment",
-                               "questions", "tokens", "verdicts", "preferences", "seeds", "labelfree", "sweep")},
-    **{m: f"rundir.{m}" for m in ("store", "records", "ledger", "metrics", "runlock", "procs", "fsio")},
+                               "questions", "tokens", "verdicts", "labelfree", "sweep", "trial")},
+    **{m: f"rundir.{m}" for m in ("store", "records", "ledger", "metrics", "runlock", "fsio", "preferences", "procs")},
     **{m: f"report.{m}" for m in ("plot", "export", "datacheck", "compare", "compare_plot", "show", "status")},
 }.items()}
 if not any(isinstance(f, MovedModules) and f.moved == _MOVED_MODULES for f in sys.meta_path):
@@ -98,6 +98,6 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
                        TrainResult, TrainSpec)
     from .config.datafiles import PROMPT_KINDS
     from .errors import IntegrityError, PluginError, ProcessLost, UserError
-    from .registry import Registry
+    from .config.registry import Registry
     from .config.schema import NON_EMPTY, Fraction, NonNegFloat, NonNegInt, PosInt, Range, above, at_least, between
     from .config.settings import Section

@@ -122,7 +122,7 @@ def _load(args: argparse.Namespace, load_data: bool = True):
     (``runner.preflight``); an error names the file, or the ``--set`` that gave the value."""
     from .config.load import Origins, load_experiment
     from .run.experiment import build
-    from .registry import Registry
+    from .config.registry import Registry
     from .run.runner import preflight
 
     if args.limit is not None and args.limit < 1:
@@ -192,7 +192,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_plugins(args: argparse.Namespace) -> int:
     from . import ui
-    from .registry import Registry
+    from .config.registry import Registry
 
     reg = Registry()
     if args.requirements:
@@ -292,7 +292,7 @@ BUILTIN = {"run": cmd_run, "validate": cmd_validate, "plugins": cmd_plugins, "re
 
 def _plugin_commands() -> dict:
     """Subcommands from ``register_commands``; a broken one is left out (``plugins`` shows why)."""
-    from .registry import Registry
+    from .config.registry import Registry
 
     reg = Registry()
     out = {}

@@ -30,7 +30,7 @@ HELPERS: dict[str, str] = {
     **dict.fromkeys(("close_matches", "is_int", "is_number"), "config.schema"),
     **dict.fromkeys(("check_table", "load_experiment"), "config.load"),
     **dict.fromkeys(("fsync_dir", "temporary_sibling", "atomic_write_json"), "rundir.fsio"),
-    "derive_seed": "run.seeds",
+    "derive_seed": "seeds",
     "uniform_subset": "run.questions",
     "latest": "rundir.ledger",
     "natural": "rundir.metrics",
@@ -62,4 +62,4 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from .rundir.metrics import natural
     from .run.questions import uniform_subset
     from .config.schema import close_matches, is_int, is_number
-    from .run.seeds import derive_seed
+    from .seeds import derive_seed

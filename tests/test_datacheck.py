@@ -18,7 +18,7 @@ import pytest
 from star_engine.cli import main
 from star_engine.config.load import load_experiment
 from star_engine.config.dataroot import ENV, known_files
-from star_engine.registry import Registry
+from star_engine.config.registry import Registry
 from star_testkit import REPO, SHARED_DATA, TOY_TOML, scripted_env
 
 CQA = REPO / "plugins" / "cqa" / "tests" / "data" / "train_sample.jsonl"

@@ -26,7 +26,7 @@ import pytest
 
 import star_engine
 import star_engine.api as api
-import star_engine.registry as registry
+import star_engine.config.registry as registry
 from star_engine import hooks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -191,7 +191,7 @@ def test_five_minute_plugin_works(monkeypatch):
     exec(compile(test_source, "docs/plugins.md", "exec"), namespace)
     namespace["test_within_percent"]()  # the documented test passes
     from star_engine.errors import UserError
-    from star_engine.registry import Registry
+    from star_engine.config.registry import Registry
 
     reg = Registry(autoload=False)
     assert reg.add(module).components == {"checker": ["within_percent"], "filter": ["has_digit"]}

@@ -15,7 +15,7 @@ import pytest
 from star_engine.cli import main
 from star_engine.config.load import load_experiment
 from star_engine.errors import UserError
-from star_engine.registry import Registry
+from star_engine.config.registry import Registry
 from star_testkit import REPO, cli
 
 CQA = REPO / "plugins" / "cqa" / "tests" / "data" / "train_sample.jsonl"

@@ -10,7 +10,7 @@ from importlib import metadata
 
 import pytest
 
-from star_engine.registry import Registry
+from star_engine.config.registry import Registry
 
 BUILT_IN_TASKS = {"cqa", "gsm8k", "addition", "math", "reasoning_gym"}
 

@@ -12,7 +12,7 @@ from typing import Protocol
 import pytest
 
 from star_engine import api
-from star_engine.registry import Registry
+from star_engine.config.registry import Registry
 
 PROTOCOLS = {"task": api.Task, "checker": api.Checker, "hint": api.HintFormatter, "filter": api.RationaleFilter,
              "schedule": api.StepSchedule, "sampler": api.QuestionSampler, "tuner": api.SamplingTuner,

@@ -13,7 +13,7 @@ import pytest
 from star_engine import hookimpl
 from star_engine.cli import main
 from star_engine.rundir.ledger import latest
-from star_engine.registry import Registry
+from star_engine.config.registry import Registry
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 SUBSET = "chunk_size = 5\nn_train_samples = 10"

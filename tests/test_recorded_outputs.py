@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 
 from star_engine.cli import main
 from star_engine.rundir.records import UNSELECTED
-from star_engine.registry import option_defaults
+from star_engine.config.registry import option_defaults
 
 SCRIPTED_DEFAULTS = {"backend": "scripted", "easy_mod": 3, "leak_mod": 2, "max_tokens": 0}
 

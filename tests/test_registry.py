@@ -11,7 +11,7 @@ import pytest
 
 from star_engine import hookimpl
 from star_engine.errors import PluginError, UserError
-from star_engine.registry import Registry
+from star_engine.config.registry import Registry
 
 
 class FakeDist:

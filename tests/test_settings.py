@@ -16,7 +16,7 @@ from star_engine.api import GenSpec
 from star_engine.config.load import SCHEMA, Config, load_experiment
 from star_engine.errors import UserError
 from star_engine.run.experiment import build
-from star_engine.registry import Registry
+from star_engine.config.registry import Registry
 from star_testkit.scripted import ToyOptimizer
 
 

@@ -1,6 +1,6 @@
 """``validate`` (and ``run``, before it writes anything) tries the checker on the task's own gold
 completions: a checker that judges every one wrong, or whose task extracts nothing from them, is
-one line naming ``task.checker`` with an example (``star_engine.config.trial``)."""
+one line naming ``task.checker`` with an example (``star_engine.run.trial``)."""
 
 from __future__ import annotations
 

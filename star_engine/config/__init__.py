@@ -1,9 +1,10 @@
 """Configuration: an experiment file and its ``--set`` overrides become one typed ``Config``.
 
 ``schema`` (the one option validator), ``settings`` (the core's sections, frozen dataclasses),
-``load`` (TOML, overrides, paths, defaults, origins: ``load_experiment``), ``effects`` (settings
-that switch others off), ``smoke``, ``dataroot`` and ``datafiles`` (where a task's files are, and
-reading them within bounds), ``trial`` (components tried on a few questions before a run).
+``registry`` (plugin discovery: each component built from its table, its options checked by
+``schema``), ``load`` (TOML, overrides, paths, defaults, origins: ``load_experiment``),
+``effects`` (settings that switch others off), ``smoke``, ``dataroot`` and ``datafiles`` (where a
+task's files are, and reading them within bounds).
 
 Until release 0.2 the names of the former module ``star_engine/config.py`` are forwarded from
 here with a ``DeprecationWarning``; they live in ``star_engine.config.load``."""

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from . import dataroot, effects, smoke as _smoke
 from .datafiles import not_utf8, read_capped
 from ..errors import PluginError, UserError
-from ..registry import Registry, check_options, close_matches
+from .registry import Registry, check_options, close_matches
 from .schema import Option, describe_value, validate
 from .settings import (BaseTraining, EvaluationSection, ExperimentSection, Generation, Rationalization, Section,
                        TaskSection, Training, Verifier)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from ..config.load import load_experiment
 from ..config.dataroot import ENV, Status, absolute, check, experiment_files, known_files, report, status
 from ..errors import UserError
-from ..registry import Registry
+from ..config.registry import Registry
 
 
 def command(experiment: Path | None, overrides: list[str], root: Path | None,

@@ -27,10 +27,10 @@ import pyarrow.parquet as pq
 
 from ..errors import IntegrityError, UserError
 from ..rundir.fsio import sha256_file
-from ..run.preferences import pair_up, unique
+from ..rundir.preferences import pair_up, unique
 from ..rundir.records import MAX_ROWS, Rationale, read  # MAX_ROWS: rationales per file, as its footer declares them
-from ..registry import Registry
-from ..run.seeds import coin
+from ..config.registry import Registry
+from ..seeds import coin
 from ..rundir.fsio import atomic_write_bytes
 from ..rundir.store import check_regular, read_json_file, read_manifest
 

@@ -20,7 +20,7 @@ from ..api import (Backend, Checker, Example, HintFormatter, QuestionSampler, Ra
                    StepSchedule, Task)
 from ..capabilities import TrainsVerifiers
 from ..errors import UserError
-from ..registry import Registry, option_defaults
+from ..config.registry import Registry, option_defaults
 from ..config.load import Config
 from .verdicts import Panel, build_panel, screen
 

@@ -34,7 +34,7 @@ from .experiment import Experiment
 from .labelfree import collapse_stop
 from ..rundir.metrics import METRICS_SCHEMA, Evaluated, coverage, dev_accuracy, iteration_rows
 from ..rundir.records import Rationale, training_examples
-from .seeds import derive_seed
+from ..seeds import derive_seed
 from .stages import Stages, it_dir
 from ..rundir.store import RunStore
 from .tuning import tune

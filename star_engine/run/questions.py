@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 
 from ..api import Example, QuestionSampler
 from ..errors import PluginError
-from ..registry import Registry
-from .seeds import derive_seed
+from ..config.registry import Registry
+from ..seeds import derive_seed
 
 
 def uniform_subset(questions: Sequence[Example], k: int, seed: int, iteration: int) -> list[str]:

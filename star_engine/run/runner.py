@@ -25,10 +25,10 @@ from .labelfree import collapse_note
 from .loop import run_star
 from ..rundir.metrics import nothing_kept_note
 from ..rundir.records import MAX_ROWS
-from .seeds import derive_seed
+from ..seeds import derive_seed
 from ..rundir.fsio import json_bytes
 from ..rundir.store import RunStore, clean_temporaries
-from ..config.trial import try_components
+from .trial import try_components
 from .verdicts import log_skipped
 
 log = structlog.get_logger("star_engine")

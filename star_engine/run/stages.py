@@ -20,7 +20,7 @@ from ..capabilities import DeclinesQuestions, RecordsCheckpoints, SeesRejected
 from ..jobs import GenSpec, TrainResult, TrainSpec
 from ..rundir.metrics import Evaluated
 from ..rundir.records import GREEDY, UNSELECTED, Evaluation, Rationale
-from .seeds import coin, derive_seed
+from ..seeds import coin, derive_seed
 from .stagebase import StageBase, it_dir, prompt_hash, rationale_of
 from ..rundir.store import disk_full
 

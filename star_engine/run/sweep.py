@@ -198,7 +198,7 @@ def load(path: Path, overrides: Sequence[str], limit: int | None, smoke: bool, m
     check ``run`` makes before it writes. An error says which member."""
     from ..config.load import Origins, load_experiment
     from .experiment import build
-    from ..registry import Registry
+    from ..config.registry import Registry
     from .runner import preflight
 
     registry = Registry()

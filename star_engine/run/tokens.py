@@ -18,7 +18,7 @@ from ..api import Backend
 from ..jobs import GenSpec
 from ..capabilities import CapsPrompts, CountsTokens
 from ..errors import PluginError
-from ..registry import Registry
+from ..config.registry import Registry
 from ..config.schema import is_int
 
 log = structlog.get_logger("star_engine")

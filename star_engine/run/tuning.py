@@ -23,7 +23,7 @@ import pyarrow as pa
 from ..api import Example, ProbeSample, TuningChoice
 from ..jobs import GenSpec
 from ..errors import PluginError, UserError
-from .seeds import derive_seed
+from ..seeds import derive_seed
 from .stagebase import it_dir
 
 if TYPE_CHECKING:

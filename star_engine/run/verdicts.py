@@ -24,7 +24,7 @@ from ..api import CheckContext, Checker, Example, Verdict
 from ..capabilities import ChecksGold, ChecksGroups, ChecksInContext, ChecksMany
 from ..errors import PluginError, UserError
 from ..rundir.records import CheckerVerdict
-from ..registry import Registry
+from ..config.registry import Registry
 
 log = structlog.get_logger("star_engine")
 SHOWN_IDS = 20  # question ids named in a gold_skipped event

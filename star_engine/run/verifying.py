@@ -28,9 +28,9 @@ from .. import ui
 from ..api import PreferencePair, Progress, TrainExample, TrainResult
 from ..capabilities import TrainsVerifiers
 from ..errors import UserError
-from .preferences import verifier_pairs
+from ..rundir.preferences import verifier_pairs
 from ..rundir.records import Evaluation, Rationale, VerifierScore
-from .seeds import derive_seed
+from ..seeds import derive_seed
 from .stagebase import it_dir
 
 if TYPE_CHECKING:

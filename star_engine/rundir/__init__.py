@@ -1,6 +1,7 @@
 """The run directory: atomic files (``fsio``), the Parquet records (``records``, ``store``), the
-per-question ledger, the metrics table, what a directory holds and whether a rerun may resume
-(``layout``), its lock (``runlock``) and the processes of a multi-process run (``procs``).
+per-question ledger, the metrics table, the preference pairs the records give
+(``preferences``), what a directory holds and whether a rerun may resume (``layout``), its lock
+(``runlock``) and the processes that share it, process 0 writing (``procs``).
 
 Until release 0.2 the names of the former module ``star_engine/rundir.py`` are forwarded from
 here with a ``DeprecationWarning``; they live in ``star_engine.rundir.layout``."""

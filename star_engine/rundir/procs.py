@@ -38,9 +38,9 @@ from collections.abc import Callable, Iterator
 
 from ..api import MultiProcess
 from ..capabilities import Aborts
-from ..boundary import failure_message
+from ..failures import failure_message
 from ..errors import ProcessLost
-from ..registry import Component, calling
+from ..config.registry import Component, calling
 
 
 @dataclass

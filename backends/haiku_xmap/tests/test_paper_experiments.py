@@ -20,7 +20,7 @@ from star_testkit import SHARED_DATA, STAR_PROMPTS
 from star_cqa import CQATask
 from star_cqa.task import mark_choice
 from star_engine.cli import main
-from star_engine.registry import option_defaults
+from star_engine.config.registry import option_defaults
 from star_gsm8k import GSM8KTask
 from star_haiku_xmap.plugin import HaikuXmapBackend
 

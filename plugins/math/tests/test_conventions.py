@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from star_engine.errors import UserError
-from star_engine.registry import Registry
+from star_engine.config.registry import Registry
 from star_math import plugin
 from star_math.answers import extract
 from star_math.task import MATHTask

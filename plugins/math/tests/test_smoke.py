@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from star_engine.cli import main
-from star_engine.registry import Registry
+from star_engine.config.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[3]
 EXPERIMENT = ROOT / "experiments" / "math_qwen.toml"

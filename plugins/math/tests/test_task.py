@@ -12,7 +12,7 @@ import pytest
 
 from star_engine.api import Task
 from star_engine.errors import UserError
-from star_engine.registry import Registry
+from star_engine.config.registry import Registry
 from star_math import data as mathdata
 from star_math import plugin
 from star_math.task import AnswerHint, MATHTask

@@ -14,7 +14,7 @@ rg = pytest.importorskip("reasoning_gym")  # installed by requirements.txt: thes
 
 from star_engine.api import Example, Task, Verdict  # noqa: E402
 from star_engine.errors import UserError  # noqa: E402
-from star_engine.registry import Registry  # noqa: E402
+from star_engine.config.registry import Registry  # noqa: E402
 from star_rgym import gold, library, plugin  # noqa: E402
 from star_rgym.task import STREAMS, STRIDE, MAX_SEED, MAX_SIZE, stream_seed, stream_size  # noqa: E402
 
@@ -69,7 +69,7 @@ def test_same_seed_same_questions(reg):
 
 def test_same_questions_in_another_process(reg):
     """Another interpreter, with another string-hash seed, draws the same questions."""
-    code = ("from star_engine.registry import Registry; from star_rgym import plugin; r = Registry(autoload=False); "
+    code = ("from star_engine.config.registry import Registry; from star_rgym import plugin; r = Registry(autoload=False); "
             "r.add(plugin); t = r.create('task', 'reasoning_gym', {'name': 'chain_sum', 'seed': 5, 'size_train': 30, "
             "'size_dev': 30}, 'k', 'o'); import json; print(json.dumps([[e.id, e.question, e.answer] for s in "
             "('train', 'dev') for e in t.load(s, None)]))")

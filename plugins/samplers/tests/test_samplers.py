@@ -15,7 +15,7 @@ import pytest
 from star_engine import hooks
 from star_engine.api import Example
 from star_engine.errors import UserError
-from star_engine.registry import Registry
+from star_engine.config.registry import Registry
 from star_engine.run.stages import derive_seed
 from star_samplers import plugin
 from hypothesis import given, strategies as st

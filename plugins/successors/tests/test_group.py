@@ -8,7 +8,7 @@ import pytest
 
 from star_engine import Candidate, UserError
 from star_engine.capabilities import DeclinesQuestions, SeesRejected
-from star_engine.registry import check_options
+from star_engine.config.registry import check_options
 from star_successors.group import GroupFilter
 
 

@@ -4,7 +4,7 @@ learns from (V-STaR; ``[verifier]``) and what ``star-engine export --pairs`` wri
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from ..rundir.records import Rationale
+from .records import Rationale
 
 
 def pair_up(rows: Iterable[Rationale], max_per_question: int = 0) -> Iterator[tuple[Rationale, Rationale]]:

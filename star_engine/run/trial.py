@@ -22,8 +22,8 @@ from __future__ import annotations
 from ..api import Example, Verdict
 from ..capabilities import ChecksInContext, ChecksMany, Trims
 from ..errors import PluginError, UserError
-from ..run.experiment import Experiment
-from ..run.verdicts import check_verdict, is_verdict
+from .experiment import Experiment
+from .verdicts import check_verdict, is_verdict
 
 TRIES = 3
 

@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterator, Mapping
 
 import pluggy
 
-from . import hooks
-from .errors import PluginError, StarEngineError, UserError
-from .config.schema import REQUIRED, close_matches, declared, open_ended, validate
+from .. import hooks
+from ..errors import PluginError, StarEngineError, UserError
+from .schema import REQUIRED, close_matches, declared, open_ended, validate
 
 GROUP = "star_engine"
 KINDS = {  # kind -> the register_* hook that fills it
