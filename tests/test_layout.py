@@ -102,3 +102,29 @@ def test_the_type_checker_covers_every_package():
     mypy = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mypy"]
     assert mypy.get("check_untyped_defs") is True
     assert {str(d.relative_to(REPO)) for d in package_dirs()} <= set(mypy["files"])
+
+
+# The core's floors, lowest first (docs/house.md draws them): a module imports only from its own
+# floor or below. The door's modules are floor 0 but for the command boundary and the command line.
+FLOORS = {"config": 1, "rundir": 2, "report": 3, "boundary": 4, "run": 5, "cli": 6, "__main__": 6}
+
+
+def floor_of(module: str) -> int:
+    return FLOORS.get(module.split(".")[1], 0)
+
+
+def upward_imports(imports: dict[str, set[str]]) -> list[str]:
+    return [f"{n} -> {i}" for n, found in sorted(imports.items()) for i in sorted(found)
+            if i in imports and floor_of(i) > floor_of(n)]
+
+
+def test_the_core_wings_import_downwards_only():
+    modules = {name: m for name, m in house_report.read_modules(REPO).items() if name.startswith("star_engine.")}
+    assert {floor_of(n) for n in modules} == set(range(7))  # every floor holds a module
+    assert upward_imports({n: m.imports for n, m in modules.items()}) == []
+
+
+def test_the_floor_check_sees_an_upward_import():
+    graph = {"star_engine.rundir.store": {"star_engine.run.stages", "star_engine.errors"},
+             "star_engine.run.stages": {"star_engine.rundir.store"}, "star_engine.errors": set()}
+    assert upward_imports(graph) == ["star_engine.rundir.store -> star_engine.run.stages"]
