@@ -133,7 +133,7 @@ def _load(args: argparse.Namespace, load_data: bool = True):
         exp = build(cfg, registry, load_data=load_data)
         return exp, preflight(exp)
     except UserError as e:
-        raise type(e)(Origins(args.file, args.overrides).blame(e), key=e.key) from None
+        raise Origins(args.file, args.overrides).place(e) from None
 
 
 def cmd_run(args: argparse.Namespace) -> int:

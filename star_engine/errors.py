@@ -27,6 +27,7 @@ class UserError(StarEngineError):
     def __init__(self, message: str, *, key: str | None = None):
         super().__init__(message)
         self.key = key  # the dotted configuration key at fault, when one is (``schema.validate``)
+        self.placed = False  # its origin (the file or the --set) is in the message (``Origins.place``)
 
 
 class IntegrityError(UserError):

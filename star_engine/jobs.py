@@ -37,8 +37,10 @@ LOSSES: tuple[str, ...] = get_args(Loss)
 
 @dataclass(frozen=True)
 class TrainSpec:
-    """One fine-tuning job. ``optimizer`` is the TOML ``[training.optimizer]`` table (or
-    ``[base_training.optimizer]``), completed by the backend's ``optimizer_table``.
+    """One fine-tuning job. ``optimizer`` is the ``[training.optimizer]`` (or
+    ``[base_training.optimizer]``) table as the backend declared it: an instance of its
+    ``optimizer_table`` (a frozen ``Section``, checked and completed once, at load), or the plain
+    table where the backend declares none.
 
     A step takes ``batch_size`` x ``grad_accum`` examples (``"stream"``: sequences)
     and minimises the mean loss over every loss-carrying token of the step.
@@ -67,7 +69,7 @@ class TrainSpec:
     batch_size: int
     grad_accum: int
     seed: int
-    optimizer: Mapping[str, Any]
+    optimizer: Any  # the backend's optimizer object (its optimizer_table), or a table
     packing: str = "segments"
     loss: str = "completion"
     adapter: Mapping[str, Any] | None = None
@@ -113,6 +115,6 @@ class PreferenceSpec:
     batch_size: int
     grad_accum: int
     seed: int
-    optimizer: Mapping[str, Any]
+    optimizer: Any  # as TrainSpec.optimizer
     beta: float
     adapter: Mapping[str, Any] | None = None

@@ -8,7 +8,7 @@ import pytest
 
 from star_testkit import TOY_TOML
 from star_engine.cli import main
-from star_engine.config.load import Config, load_experiment
+from star_engine.config.load import load_experiment
 
 
 def _file(tmp_path, section: str, table: str):
@@ -46,9 +46,9 @@ def test_no_table_is_full_fine_tuning_and_a_table_reaches_the_backend(scripted, 
 
     path = tmp_path / "toy.toml"
     path.write_text(TOY_TOML.format(out=(tmp_path / "run").as_posix()))
-    cfg = Config.from_dict(load_experiment(path))
+    cfg = load_experiment(path)
     assert cfg.training.adapter == {} and cfg.training.train_spec(3, 0).adapter is None
     monkeypatch.setattr(backend_module.ScriptedBackend, "adapter_kinds", ("lora",), raising=False)
-    cfg = Config.from_dict(load_experiment(_file(tmp_path, "training", '{ kind = "lora", rank = 8 }')))
+    cfg = load_experiment(_file(tmp_path, "training", '{ kind = "lora", rank = 8 }'))
     assert cfg.training.train_spec(3, 0).adapter == {"kind": "lora", "rank": 8}
     assert cfg.base_training.train_spec(3, 0).adapter is None

@@ -111,7 +111,7 @@ def test_set_overrides_and_defaults(scripted, tmp_path):
     path = tmp_path / "toy.toml"
     path.write_text(GOOD.format(out="r"))
     cfg = load_experiment(path, ["generation.batch_size=16", "task.options.n_train=5", 'experiment.name="x"',
-                                 "training.optimizer.lr=3e-4"], limit=4)
+                                 "training.optimizer.lr=3e-4"], limit=4).as_dict()
     assert cfg["generation"]["batch_size"] == 16 and cfg["task"]["options"] == {"n_train": 5}
     assert cfg["experiment"]["name"] == "x" and cfg["experiment"]["limit"] == 4
     assert cfg["training"]["optimizer"]["lr"] == 3e-4 and cfg["training"]["optimizer"]["warmup_steps"] == 100
@@ -120,7 +120,7 @@ def test_set_overrides_and_defaults(scripted, tmp_path):
     for section in ("training", "base_training"):  # how a backend batches, and what carries loss
         assert cfg[section]["packing"] == "segments" and cfg[section]["loss"] == "completion"
     cfg = load_experiment(path, ['training.packing="stream"', 'training.loss="all"', 'base_training.packing="none"',
-                                 "base_training.steps=5"])
+                                 "base_training.steps=5"]).as_dict()
     assert (cfg["training"]["packing"], cfg["training"]["loss"], cfg["base_training"]["packing"]) == \
         ("stream", "all", "none")
 
@@ -137,6 +137,6 @@ def test_relative_paths_resolve_against_toml(scripted, tmp_path):
     sub.mkdir()
     path = sub / "toy.toml"
     path.write_text(GOOD.format(out="r") + 'weights_path = "../ckpt"\n')
-    cfg = load_experiment(path)
+    cfg = load_experiment(path).as_dict()
     assert cfg["model"]["weights_path"] == str((tmp_path / "ckpt").resolve())
     assert cfg["experiment"]["output_dir"] == str((sub / "r").resolve())  # one rule: relative to the file

@@ -68,7 +68,7 @@ def test_the_shipped_experiments_name_their_files_under_one_data_root(monkeypatc
     known, _ = known_files(reg)
     readers = 0
     for path in sorted((REPO / "experiments").glob("*.toml")):
-        cfg = load_experiment(path, registry=reg)
+        cfg = load_experiment(path, registry=reg).as_dict()
         if not cfg["task"]["data"]:
             assert cfg["task"]["data_root"] == "", path.name
             continue
@@ -78,7 +78,7 @@ def test_the_shipped_experiments_name_their_files_under_one_data_root(monkeypatc
         for value in cfg["task"]["data"].values():
             assert Path(value).relative_to(root).as_posix() in known, (path.name, value)
         monkeypatch.setenv(ENV, str(tmp_path))
-        moved = load_experiment(path, registry=reg)
+        moved = load_experiment(path, registry=reg).as_dict()
         monkeypatch.delenv(ENV)
         assert moved["task"]["data_root"] == str(tmp_path.resolve())
         assert all(Path(v).is_relative_to(tmp_path.resolve()) for v in moved["task"]["data"].values())
@@ -96,18 +96,18 @@ def test_the_data_root_precedence(scripted, tmp_path, monkeypatch):
     with_root.write_text(toml.replace('dataset = "toy"', 'dataset = "toy"\ndata_root = "../d1"\n'
                                       'data = { train = "t.txt" }\noptions = { x_file = "p.txt" }'))
     monkeypatch.delenv(ENV, raising=False)
-    cfg = load_experiment(with_root)
+    cfg = load_experiment(with_root).as_dict()
     assert cfg["task"]["data_root"] == str(tmp_path / "d1")
     assert (cfg["task"]["data"]["train"], cfg["task"]["options"]["x_file"]) == \
         (str(tmp_path / "d1/t.txt"), str(tmp_path / "d1/p.txt"))
     monkeypatch.setenv(ENV, str(tmp_path / "d2"))
-    cfg = load_experiment(with_root)
+    cfg = load_experiment(with_root).as_dict()
     assert cfg["task"]["data"]["train"] == str(tmp_path / "d2/t.txt") and cfg["task"]["data_root"] == str(tmp_path / "d2")
-    cfg = load_experiment(with_root, [f'task.data_root="{tmp_path / "d3"}"'])
+    cfg = load_experiment(with_root, [f'task.data_root="{tmp_path / "d3"}"']).as_dict()
     assert cfg["task"]["data"]["train"] == str(tmp_path / "d3/t.txt")
     plain = exp / "plain.toml"
     plain.write_text(toml.replace('dataset = "toy"', 'dataset = "toy"\ndata = { train = "t.txt" }'))
-    cfg = load_experiment(plain)
+    cfg = load_experiment(plain).as_dict()
     assert cfg["task"]["data"]["train"] == str(exp / "t.txt") and cfg["task"]["data_root"] == ""
 
 

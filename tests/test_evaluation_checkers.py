@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from star_testkit import TESTS
-from star_engine import experiment, registry
+from star_engine.run import experiment
+from star_engine.config import registry
 from star_engine.cli import main
 from star_engine.config.load import load_experiment
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from star_testkit.fuzzing import budget, json_values, mutated
 from star_testkit import TOY_TOML
-from star_engine.config.load import SCHEMA, Origins, load_experiment, parse_override
+from star_engine.config.load import SCHEMA, Config, Origins, load_experiment, parse_override
 from star_engine.errors import UserError
 
 GOOD = TOY_TOML.format(out="runs/fuzz").encode()
@@ -54,8 +54,8 @@ def check(path: Path, sets: list[str]) -> None:
         blamed = Origins(path, sets).blame(e)  # what the CLI shows: still a str, never an exception
         assert isinstance(blamed, str)
         return
-    assert isinstance(cfg, dict) and set(cfg) == set(SCHEMA) - {"sweep"}  # [sweep] is never a run's setting
-    assert isinstance(cfg["experiment"]["output_dir"], str) and cfg["model"]["backend"]
+    assert isinstance(cfg, Config) and set(cfg.as_dict()) == set(SCHEMA) - {"sweep"}  # [sweep]: never a run's
+    assert isinstance(cfg.experiment.output_dir, str) and cfg.model["backend"]
 
 
 @budget(150)
@@ -116,4 +116,4 @@ def test_pathological_documents_are_one_line(tmp_path, doc):
     good = tmp_path / "good.toml"
     good.write_bytes(GOOD)
     value = doc.split("= ", 1)[1]
-    assert load_experiment(good, ["experiment.name=" + value])["experiment"]["name"] == value  # --set: a string
+    assert load_experiment(good, ["experiment.name=" + value]).experiment.name == value  # --set: a string

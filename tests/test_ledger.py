@@ -128,14 +128,15 @@ def test_a_second_process_decides_the_ledger_write_as_process_0_does(scripted, t
     joins), from the row count it read before any process could change the file, not
     read the rewritten file and skip (or call it damaged), which diverged a 2-process run."""
     import star_engine.rundir.procs as procs
-    from star_engine import registry
+    from star_engine.config.load import Config
+    from star_engine.config.registry import Registry
     from star_engine.run.experiment import build
     from star_engine.run.stages import Stages
     from star_engine.rundir.store import RunStore
 
     run = run_toy(toy_toml)
     cfg = json.loads((run / "config.json").read_text())
-    exp = build(cfg, registry.Registry())
+    exp = build(Config.from_dict(cfg), Registry())
     names: list[str] = []
     stages = Stages(exp, RunStore(run, {}, processes=procs.Processes(index=1, count=2, barrier=names.append)))
     rows = pq.read_table(run / "questions.parquet").to_pylist()

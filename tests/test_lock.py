@@ -12,7 +12,7 @@ import time
 import pyarrow.parquet as pq
 
 from star_testkit import cli, scripted_env
-from star_engine import runlock
+from star_engine.rundir import runlock
 from star_engine.cli import main
 
 
@@ -102,7 +102,7 @@ def test_a_config_written_while_the_folder_is_looked_at_makes_it_a_run_directory
     preflight): config.json was not there when looked for, and the folder holds more than a
     killed start's files when listed because the other run wrote them meanwhile. It is the other
     run's directory (a resume of it, the same configuration), not a foreign folder."""
-    from star_engine import rundir
+    from star_engine.rundir import layout as rundir
     from star_engine.cli import main
 
     path = toy_toml()

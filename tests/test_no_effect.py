@@ -87,7 +87,7 @@ def test_the_same_keys_with_an_effect_or_at_their_default_are_fine(scripted, toy
           ["generation.top_p=0.9", "evaluation.samples_per_question=4", "evaluation.sample_temperature=0.7"]]
     for sets in ok:
         cfg = load_experiment(path, sets)
-        assert cfg["experiment"]["name"] == "toy", sets
+        assert cfg.experiment.name == "toy", sets
 
 
 def test_the_shipped_experiments_set_nothing_without_an_effect():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from star_engine import procs
+from star_engine.rundir import procs
 from star_engine.api import MultiProcess
 
 

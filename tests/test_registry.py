@@ -53,7 +53,7 @@ def use(monkeypatch, *eps):
     monkeypatch.delenv("STAR_ENGINE_DISABLE_AUTOLOAD", raising=False)
     monkeypatch.delenv("STAR_ENGINE_BLOCK_PLUGINS", raising=False)
     monkeypatch.delenv("STAR_ENGINE_PLUGINS", raising=False)
-    monkeypatch.setattr("star_engine.registry.metadata.entry_points", lambda group: list(eps))
+    monkeypatch.setattr("star_engine.config.registry.metadata.entry_points", lambda group: list(eps))
 
 
 def test_entry_points_register_components(monkeypatch):

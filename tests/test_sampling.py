@@ -162,7 +162,7 @@ def test_bad_sampling_keys_are_one_line_errors(scripted, toy_toml, capsys, setti
 
 
 def test_report_reads_runs_without_the_new_columns_and_overlays_two_runs(scripted, toy_toml, tmp_path):
-    from star_engine import report
+    from star_engine.report import report
     from star_engine.rundir.metrics import SAMPLING_COLUMNS
 
     path = toy_toml()

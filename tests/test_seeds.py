@@ -64,7 +64,8 @@ def test_a_raised_iteration_count_resumes_each_seed(scripted, toy, tmp_path, cap
 def test_a_finished_member_is_released_while_the_next_one_runs(scripted, toy, tmp_path, monkeypatch):
     """Each member's run-directory lock ends with its run, not with the command: while seed 2
     runs, seed 0's folder is held by no one (``status`` says finished, ``validate`` finished)."""
-    from star_engine import runlock, runner
+    from star_engine.rundir import runlock
+    from star_engine.run import runner
 
     held_while_next: list = []
     real = runner.run
@@ -98,7 +99,7 @@ def test_a_sweep_runs_the_product_of_its_lists(scripted, toy, tmp_path, capsys):
 def test_a_file_without_sweep_loads_as_before(scripted, toy):
     path = toy()
     cfg = load_experiment(path)
-    assert "sweep" not in cfg and plan(path, [], None) is None
+    assert "sweep" not in cfg.as_dict() and plan(path, [], None) is None
     swept = toy('\n[sweep]\n"generation.temperature" = [0.5]\n')
     assert load_experiment(swept) == cfg  # the table is checked and left out
 

@@ -33,10 +33,13 @@ def test_the_schema_is_the_sections_fields():
 
 @pytest.mark.parametrize("path", sorted((REPO / "experiments").glob("*.toml")), ids=lambda p: p.stem)
 def test_shipped_experiments_round_trip(path: Path):
-    cfg = load_experiment(path)
-    config = Config.from_dict(cfg)
-    assert json.dumps(config.as_dict()) == json.dumps(cfg)  # same keys, order, types and values
-    assert config.training.optimizer == cfg["training"]["optimizer"]
+    config = load_experiment(path)  # the typed Config, the optimizer tables as the backend's objects
+    assert isinstance(config, Config)
+    cfg = config.as_dict()  # config.json
+    again = Config.from_dict(json.loads(json.dumps(cfg)))
+    assert json.dumps(again.as_dict()) == json.dumps(cfg)  # same keys, order, types and values
+    opt = config.training.optimizer  # the backend's object (AdamW for haiku_xmap)
+    assert not isinstance(opt, dict) and opt.as_dict() == cfg["training"]["optimizer"]
     assert config.evaluation.splits == tuple(cfg["evaluation"]["splits"])
 
 
@@ -47,7 +50,7 @@ def test_build_makes_the_typed_config_once(scripted, toy_toml):
     assert exp.config.task.checker == {"name": "toy_exact"} == exp.config.as_dict()["task"]["checker"]  # the task's default
     spec = exp.config.training.train_spec(3, 11)
     assert (spec.steps, spec.seed, spec.batch_size, spec.packing) == (3, 11, 8, "segments")
-    assert spec.optimizer == {**{k: f.default for k, f in ToyOptimizer.schema().items()}, "lr": 3e-4}
+    assert spec.optimizer == ToyOptimizer(lr=3e-4)  # the backend's object, built once at load
     with pytest.raises(dataclasses.FrozenInstanceError):
         exp.config.training.batch_size = 2  # type: ignore[misc]
     plain = exp.config.as_dict()
@@ -68,8 +71,10 @@ def test_the_optimizer_tables_are_the_backends(scripted, toy_toml, monkeypatch):
     from star_testkit.scripted import ScriptedBackend
 
     cfg = load_experiment(toy_toml(), ["training.optimizer.lr=3e-4"])
+    assert cfg.training.optimizer == ToyOptimizer(lr=3e-4) and cfg.base_training.optimizer == ToyOptimizer()
+    assert cfg.training.train_spec(3, 0).optimizer is cfg.training.optimizer  # the object travels, not a dict
     defaults = {k: f.default for k, f in ToyOptimizer.schema().items()}
-    assert cfg["training"]["optimizer"] == {**defaults, "lr": 3e-4} and cfg["base_training"]["optimizer"] == defaults
+    assert cfg.as_dict()["training"]["optimizer"] == {**defaults, "lr": 3e-4}  # config.json: the completed table
     for sets, message in ((["training.optimizer.lrr=1"],
                            "--set training.optimizer.lrr=1: unknown key 'training.optimizer.lrr' (did you mean 'lr'?)"),
                           (['base_training.optimizer.schedule="step"'],
@@ -80,4 +85,29 @@ def test_the_optimizer_tables_are_the_backends(scripted, toy_toml, monkeypatch):
         assert str(err.value).startswith(message), str(err.value)
     monkeypatch.delattr(ScriptedBackend, "optimizer_table")
     cfg = load_experiment(toy_toml(), ["training.optimizer.lrr=1"])
-    assert cfg["training"]["optimizer"] == {"lrr": 1} and cfg["base_training"]["optimizer"] == {}
+    assert cfg.training.optimizer == {"lrr": 1} and cfg.base_training.optimizer == {}
+
+
+def test_a_backend_reading_its_optimizer_as_a_table_still_works_warned(scripted, toy_toml):
+    """Until 0.2 a job's ``optimizer`` (now the backend's object) and ``load_experiment``'s result
+    (now the typed Config) still read as the tables they were, with a DeprecationWarning."""
+    cfg = load_experiment(toy_toml(), ["training.optimizer.lr=3e-4"])
+    spec = cfg.training.train_spec(3, 0)
+    with pytest.warns(DeprecationWarning, match="ToyOptimizer read as a table"):
+        assert spec.optimizer["lr"] == 3e-4 and spec.optimizer.get("b1") == 0.9
+    with pytest.warns(DeprecationWarning, match="Config read as a table"):
+        assert cfg["training"]["optimizer"]["lr"] == 3e-4 and dict(cfg["experiment"])["seed"] == 7
+    with pytest.warns(DeprecationWarning):
+        assert {**spec.optimizer} == spec.optimizer.as_dict()
+
+
+def test_an_error_gets_its_origin_once(toy_toml):
+    from star_engine.config.load import Origins
+
+    path = toy_toml()
+    with pytest.raises(UserError) as err:
+        load_experiment(path, ["generation.batch_size=0"])
+    shown = str(err.value)
+    assert shown.startswith("--set generation.batch_size=0: generation.batch_size") and err.value.key
+    assert Origins(path, ["generation.batch_size=0"]).place(err.value) is err.value  # placed already: as is
+    assert shown.count("--set generation.batch_size=0") == 1

@@ -9,7 +9,7 @@ import json
 
 import pyarrow.parquet as pq
 
-from star_engine import smoke
+from star_engine.config import smoke
 from star_engine.cli import main
 from star_engine.config.load import load_experiment
 from star_engine.errors import UserError
@@ -30,7 +30,7 @@ def _train_row(run):
 
 def test_smoke_settings_and_set_wins(scripted, toy_toml, tmp_path):
     path = toy_toml(extra='\n[base_training]\nsteps = 100\n')
-    cfg = load_experiment(path, ["model.easy_mod=5"], smoke=True)
+    cfg = load_experiment(path, ["model.easy_mod=5"], smoke=True).as_dict()
     exp = cfg["experiment"]
     assert exp["smoke"] is True and exp["iterations"] == 1 and exp["limit"] == smoke.LIMIT
     assert exp["output_dir"] == (tmp_path / "run_smoke").as_posix()  # never the real run's folder
@@ -38,11 +38,11 @@ def test_smoke_settings_and_set_wins(scripted, toy_toml, tmp_path):
     assert cfg["base_training"]["steps"] == smoke.STEPS
     # --set and --limit still win; experiment.smoke = true in the file (or a --set) asks for the same.
     cfg = load_experiment(path, ["experiment.iterations=2", f'experiment.output_dir="{tmp_path / "x"}"',
-                                 "base_training.steps=50"], limit=3, smoke=True)
+                                 "base_training.steps=50"], limit=3, smoke=True).as_dict()
     assert (cfg["experiment"]["iterations"], cfg["experiment"]["limit"], cfg["base_training"]["steps"]) == (2, 3, 50)
     assert cfg["experiment"]["output_dir"] == str(tmp_path / "x")
-    assert load_experiment(path, ["experiment.smoke=true"])["experiment"]["iterations"] == 1
-    assert load_experiment(path)["experiment"]["smoke"] is False
+    assert load_experiment(path, ["experiment.smoke=true"]).as_dict()["experiment"]["iterations"] == 1
+    assert load_experiment(path).as_dict()["experiment"]["smoke"] is False
     assert [smoke.steps(n) for n in (0, 1, 3, 4, 500)] == [1, 1, 3, 4, 4]
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from star_engine import runlock
+from star_engine.rundir import runlock
 from star_engine.cli import main
 from star_engine.report.status import clock, sessions, status
 from star_testkit import TOY_TOML, cli, scripted_env

@@ -37,7 +37,7 @@ def test_resuming_a_checkpoint_reads_metadata_not_contents(tmp_path, monkeypatch
     and a changed byte is still caught."""
     import os
 
-    from star_engine import store as store_mod
+    from star_engine.rundir import store as store_mod
 
     ckpt = tmp_path / "iterations/001/model"
     ckpt.mkdir(parents=True)

@@ -121,17 +121,17 @@ def relative(path: Path, root: Path | None) -> str | None:
         return None
 
 
-def experiment_files(cfg: Mapping[str, Any]) -> list[tuple[str, Path]]:
-    """The files a resolved configuration names for its task and components: ``task.data.<split>``
-    and every option ending in ``_file``/``_path``/``_dir`` (not ``[model]``: weights are not data)."""
-    out = [(f"task.data.{k}", Path(v)) for k, v in cfg["task"]["data"].items()]
-    task = cfg["task"]
-    for key, node in (("task.options", task["options"]), ("task.checker", task["checker"]),
-                      ("task.reward", task.get("reward", {})), ("task.hint", task["hint"]), ("task.filters", task["filters"]),
-                      ("generation.sampler", cfg["generation"]["sampler"]),
-                      ("generation.tuner", cfg["generation"].get("tuner", {})),
-                      ("training.schedule", cfg["training"]["schedule"]),
-                      ("evaluation.checkers", cfg["evaluation"]["checkers"])):
+def experiment_files(cfg: Any) -> list[tuple[str, Path]]:
+    """The files a resolved configuration (``config.load.Config``) names for its task and
+    components: ``task.data.<split>`` and every option ending in ``_file``/``_path``/``_dir``
+    (not ``[model]``: weights are not data)."""
+    task, generation = cfg.task, cfg.generation
+    out = [(f"task.data.{k}", Path(v)) for k, v in task.data.items()]
+    for key, node in (("task.options", task.options), ("task.checker", task.checker), ("task.reward", task.reward),
+                      ("task.hint", task.hint), ("task.filters", list(task.filters)),
+                      ("generation.sampler", generation.sampler), ("generation.tuner", generation.tuner),
+                      ("training.schedule", cfg.training.schedule),
+                      ("evaluation.checkers", list(cfg.evaluation.checkers))):
         out += _paths(node, key)
     return out
 

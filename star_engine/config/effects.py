@@ -111,6 +111,6 @@ def refuse(rules: list[Rule], src: Callable[[str], str], switched: Callable[[str
         if switched(other):
             notes.append(f"{src(key)}: {key}: has no effect when {other} = {_toml(value)}{given}; left unused")
             continue
-        raise UserError(f"{src(key)}: {key}: has no effect when {other} = {_toml(value)}{given}; remove {key}, or "
-                        f"set {other} (e.g. --set {other}=...) so that it takes effect")
+        raise UserError(f"{key}: has no effect when {other} = {_toml(value)}{given}; remove {key}, or set {other} "
+                        f"(e.g. --set {other}=...) so that it takes effect", key=key)
     return notes

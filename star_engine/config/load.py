@@ -54,22 +54,16 @@ SCHEMA: dict[str, Any] = {**Config.schema(), "sweep": SWEEP}
 _LINECOL = re.compile(r"\(at line (\d+), column (\d+)\)")
 
 
-def _validate(src: Callable[[str], str] | None, data: dict[str, Any], table: dict[str, Any], prefix: str
-              ) -> dict[str, Any]:
+def _validate(data: dict[str, Any], table: dict[str, Any], prefix: str) -> dict[str, Any]:
     """``data`` checked against ``table`` (a section's ``schema()``: options, and nested
-    sections' tables) by ``schema.validate``; ``src(key)`` names where the faulty key's value
-    came from (``None``: the error's ``key`` says which, for ``Origins.blame`` to place)."""
+    sections' tables) by ``schema.validate``; the error carries its key (``UserError.key``), whose
+    origin ``load_experiment`` puts in front (``Origins.place``)."""
     options = {k: (v if isinstance(v, Option) else Option(k, dict, (), {})) for k, v in table.items()}
 
     def nested(name: str) -> dict[str, Option] | None:
         return table[name] if isinstance(table.get(name), dict) else None
 
-    try:
-        return validate(data, options, prefix, nested=nested)
-    except UserError as e:
-        if src is None or e.key is None:
-            raise
-        raise UserError(f"{src(e.key)}: {e}", key=e.key) from None
+    return validate(data, options, prefix, nested=nested)
 
 
 def check_table(data: Any, table: dict[str, Any], key: str) -> dict[str, Any]:
@@ -78,7 +72,7 @@ def check_table(data: Any, table: dict[str, Any], key: str) -> dict[str, Any]:
     The error carries its key; the CLI's ``Origins.blame`` puts the file or the ``--set`` in front."""
     if not isinstance(data, dict):
         raise UserError(f"{key}: expected a table, got {describe_value(data)}", key=key)
-    return _validate(None, data, table, key + ".")
+    return _validate(data, table, key + ".")
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -133,6 +127,14 @@ class Origins:
         inner = [item for okey, item in self.items if okey.startswith(key + ".")]
         return f"{self.path} (with --set {', --set '.join(inner)})" if inner else self.path
 
+    def place(self, error: UserError) -> UserError:
+        """``error`` with its origin in front (``blame``), once: an error placed already is returned as is."""
+        if error.placed:
+            return error
+        out = type(error)(self.blame(error), key=error.key)
+        out.placed = True
+        return out
+
     def blame(self, error: UserError) -> str:
         """The error's message with its origin in front: an error that carries a configuration
         key (``UserError.key``) gets that key's origin; one whose message already names a file
@@ -176,30 +178,30 @@ def load_toml(path: Path) -> dict[str, Any]:
 NAME_MAX = 255  # bytes in one file or folder name: ext4, xfs, btrfs, tmpfs (NTFS: 255 UTF-16 units)
 
 
-def _resolve(base: Path, value: str, key: str, src: Callable[[str], str], keep_absolute: bool = False) -> str:
+def _resolve(base: Path, value: str, key: str, keep_absolute: bool = False) -> str:
     """An absolute path for ``value`` (relative to ``base``), refusing what no file can be named."""
     if "\0" in value:
-        raise UserError(f"{src(key)}: {key}: a path cannot contain a NUL character")
+        raise UserError(f"{key}: a path cannot contain a NUL character", key=key)
     if keep_absolute and Path(value).is_absolute():
         return value
     try:
         return str((base / value).resolve())
     except (OSError, RuntimeError, ValueError) as e:
-        raise UserError(f"{src(key)}: {key}: not a usable path ({e})") from None
+        raise UserError(f"{key}: not a usable path ({e})", key=key) from None
 
 
-def _resolve_paths(node: Any, base: Path, key: str, src: Callable[[str], str]) -> Any:
+def _resolve_paths(node: Any, base: Path, key: str) -> Any:
     """Option values under keys ending in _file/_path/_dir are relative to the TOML file."""
     if isinstance(node, dict):
         out = {}
         for k, v in node.items():
             if isinstance(v, str) and v and k.endswith(("_file", "_path", "_dir")):
-                out[k] = _resolve(base, v, f"{key}.{k}", src, keep_absolute=True)
+                out[k] = _resolve(base, v, f"{key}.{k}", keep_absolute=True)
             else:
-                out[k] = _resolve_paths(v, base, f"{key}.{k}", src)
+                out[k] = _resolve_paths(v, base, f"{key}.{k}")
         return out
     if isinstance(node, list):
-        return [_resolve_paths(x, base, f"{key}[{i}]", src) for i, x in enumerate(node)]
+        return [_resolve_paths(x, base, f"{key}[{i}]") for i, x in enumerate(node)]
     return node
 
 
@@ -210,106 +212,122 @@ def normalize_component(value: Any) -> dict[str, Any]:
 
 def load_experiment(path: Path, overrides: list[str] | None = None, limit: int | None = None,
                     registry: Registry | None = None, smoke: bool = False,
-                    member: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Parse, override, validate and resolve one experiment file. An error names the file, or
-    the ``--set`` that gave the faulty value (``Origins``). ``registry`` (default: a new one)
-    finds the backend whose typed table the ``[*.optimizer]`` tables are checked by. ``smoke``
-    (``--smoke``, or ``experiment.smoke = true``): the file's values made a smoke run's
-    (``star_engine.config.smoke``) before the overrides apply. ``member``: one run of a sweep
-    (``sweep.Member.apply``): its values and folder written over the data after the overrides.
-    The ``[sweep]`` table is checked to be a table and left out of the result."""
+                    member: Callable[[dict[str, Any]], None] | None = None) -> Config:
+    """Parse, override, validate and resolve one experiment file into the typed ``Config`` (the
+    backend's ``[*.optimizer]`` tables as its declared objects). An error names its key, and the
+    file or the ``--set`` that gave the faulty value in front (``Origins.place``, here once).
+    ``registry`` (default: a new one) finds the backend whose declarations the optimizer and
+    adapter tables are checked by. ``smoke`` (``--smoke``, or ``experiment.smoke = true``): the
+    file's values made a smoke run's (``star_engine.config.smoke``) before the overrides apply.
+    ``member``: one run of a sweep (``sweep.Member.apply``): its values and folder written over
+    the data after the overrides. The ``[sweep]`` table is checked to be a table and left out."""
     overrides = overrides or []
-    data = load_toml(path)
-    if smoke or _smoke.requested(data, overrides, apply_overrides):
-        _check_as_written(path, data, overrides, registry)  # what the smoke settings replace, checked first
-        _smoke.apply(data, limit)
-    apply_overrides(data, overrides)
-    if member is not None:
-        member(data)
-    if limit is not None:
-        data.setdefault("experiment", {})["limit"] = limit
-    src = Origins(path, overrides)
-    cfg = _validate(src, data, SCHEMA, "")
-    cfg.pop("sweep")  # the sweep's members (star_engine.run.sweep), not this run's setting
-    pointless = effects.pointless(cfg, SCHEMA)  # refused once every key is checked (below)
-    base = path.resolve().parent
-    task = cfg["task"]
+    origins = Origins(path, overrides)
     try:
-        root, _ = dataroot.resolve_root(task["data_root"], base, src("task.data_root").startswith("--set "))
+        data = load_toml(path)
+        if smoke or _smoke.requested(data, overrides, apply_overrides):
+            _check_as_written(data, overrides, registry)  # what the smoke settings replace, checked first
+            _smoke.apply(data, limit)
+        apply_overrides(data, overrides)
+        if member is not None:
+            member(data)
+        if limit is not None:
+            data.setdefault("experiment", {})["limit"] = limit
+        cfg = _validate(data, SCHEMA, "")
+        cfg.pop("sweep")  # the sweep's members (star_engine.run.sweep), not this run's setting
+        pointless = effects.pointless(cfg, SCHEMA)  # refused once every key is checked (below)
+        base = path.resolve().parent
+        _resolve_task(cfg["task"], cfg["evaluation"]["splits"], base, origins("task.data_root").startswith("--set "))
+        _resolve_components(cfg, base)
+        _resolve_output(cfg["experiment"], base)
+        _check_evaluation(cfg["evaluation"], cfg["generation"])
+        _backend_tables(cfg, registry if registry is not None else Registry())
+        for line in effects.refuse(pointless, origins, lambda key: effects.switched(data, key, origins)):
+            print(f"note: {line}", file=sys.stderr)  # an ablation: the settings it makes pointless, left unused
+        _check_verifier(cfg)
+        return Config.from_dict(cfg)
     except UserError as e:
-        raise UserError(f"{src('task.data_root')}: {e}") from None
+        raise origins.place(e) from None
+
+
+def _resolve_task(task: dict[str, Any], splits: list[str], base: Path, root_from_set: bool) -> None:
+    """The data root, the split files and the task's file options as absolute paths: relative to
+    the data root where one is set (a ``--set`` one: to the working directory), else to the file."""
+    try:
+        root, _ = dataroot.resolve_root(task["data_root"], base, root_from_set)
+    except UserError as e:
+        raise UserError(str(e), key="task.data_root") from None
     task["data_root"] = str(root) if root is not None else ""
-    files = root or base  # the data files and the task's file options: relative to the data root
-    used = [task["train_split"], *cfg["evaluation"]["splits"]]  # task.train_split: "train" unless set
+    files = root or base
+    used = [task["train_split"], *splits]  # task.train_split: "train" unless set
     for split, v in task["data"].items():
+        key = f"task.data.{split}"
         if split not in used:
             trains = "train" if used[0] == "train" else f"task.train_split {used[0]!r}"
-            raise UserError(f"{src(f'task.data.{split}')}: task.data.{split}: this run reads no split '{split}' "
-                            f"(it reads {trains} and evaluation.splits: {', '.join(used[1:]) or 'none'})"
-                            f"{close_matches(split, used)}")
+            raise UserError(f"{key}: this run reads no split '{split}' (it reads {trains} and evaluation.splits: "
+                            f"{', '.join(used[1:]) or 'none'}){close_matches(split, used)}", key=key)
         if not isinstance(v, str):
-            raise UserError(f"{src(f'task.data.{split}')}: task.data.{split}: expected a path string, "
-                            f"got {describe_value(v)}")
-    task["data"] = {k: _resolve(files, v, f"task.data.{k}", src) for k, v in task["data"].items()}
-    task["options"] = _resolve_paths(task["options"], files, "task.options", src)
-    task["filters"] = [_resolve_paths(normalize_component(f), base, f"task.filters[{i}]", src)
+            raise UserError(f"{key}: expected a path string, got {describe_value(v)}", key=key)
+    task["data"] = {k: _resolve(files, v, f"task.data.{k}") for k, v in task["data"].items()}
+    task["options"] = _resolve_paths(task["options"], files, "task.options")
+
+
+def _resolve_components(cfg: dict[str, Any], base: Path) -> None:
+    """Every component reference as ``{"name": ..., **options}`` (``""``: none, as ``{}``), its
+    file options absolute; ``[model]`` names its backend."""
+    task, generation = cfg["task"], cfg["generation"]
+    task["filters"] = [_resolve_paths(normalize_component(f), base, f"task.filters[{i}]")
                        for i, f in enumerate(task["filters"])]
     for key in ("checker", "reward", "hint"):
-        task[key] = _resolve_paths(normalize_component(task[key]), base, f"task.{key}", src) if task[key] else {}
-    sched = normalize_component(cfg["training"]["schedule"])
-    cfg["training"]["schedule"] = _resolve_paths(sched, base, "training.schedule", src)
-    cfg["evaluation"]["checkers"] = [_resolve_paths(normalize_component(c), base, f"evaluation.checkers[{i}]", src)
+        task[key] = _resolve_paths(normalize_component(task[key]), base, f"task.{key}") if task[key] else {}
+    cfg["training"]["schedule"] = _resolve_paths(normalize_component(cfg["training"]["schedule"]), base,
+                                                 "training.schedule")
+    cfg["evaluation"]["checkers"] = [_resolve_paths(normalize_component(c), base, f"evaluation.checkers[{i}]")
                                      for i, c in enumerate(cfg["evaluation"]["checkers"])]
-    sampler = cfg["generation"]["sampler"]  # "": n_train_samples drawn uniformly, no plugin needed
-    cfg["generation"]["sampler"] = (_resolve_paths(normalize_component(sampler), base, "generation.sampler", src)
-                                    if sampler else {})
-    tuner = cfg["generation"]["tuner"]  # "": every iteration samples at generation.temperature
-    cfg["generation"]["tuner"] = (_resolve_paths(normalize_component(tuner), base, "generation.tuner", src)
-                                  if tuner else {})
-    if "backend" not in cfg["model"] or not isinstance(cfg["model"]["backend"], str):
-        raise UserError(f"{src('model.backend')}: missing required key 'model.backend' (a backend name)")
-    cfg["model"] = _resolve_paths(cfg["model"], base, "model", src)
-    name = cfg["experiment"]["name"]
-    if not cfg["experiment"]["output_dir"] and ".." in Path(name).parts:
-        raise UserError(f"{src('experiment.name')}: experiment.name: {name!r} names the run's folder runs/{name} "
-                        f"(experiment.output_dir is not set), which must lie inside runs/; set experiment.output_dir "
-                        f"or choose another name", key="experiment.name")
-    out = cfg["experiment"]["output_dir"] or f"runs/{name}"
+    for key in ("sampler", "tuner"):  # "": drawn uniformly / sampled at generation.temperature, no plugin
+        generation[key] = (_resolve_paths(normalize_component(generation[key]), base, f"generation.{key}")
+                           if generation[key] else {})
+    if not isinstance(cfg["model"].get("backend"), str):
+        raise UserError("missing required key 'model.backend' (a backend name)", key="model.backend")
+    cfg["model"] = _resolve_paths(cfg["model"], base, "model")
+
+
+def _resolve_output(experiment: dict[str, Any], base: Path) -> None:
+    """The run's folder: ``output_dir`` (relative to the file) or ``runs/<name>`` beside it."""
+    name = experiment["name"]
+    if not experiment["output_dir"] and ".." in Path(name).parts:
+        raise UserError(f"experiment.name: {name!r} names the run's folder runs/{name} (experiment.output_dir is "
+                        f"not set), which must lie inside runs/; set experiment.output_dir or choose another name",
+                        key="experiment.name")
+    out = experiment["output_dir"] or f"runs/{name}"
+    key = "experiment.output_dir" if experiment["output_dir"] else "experiment.name"
     if "\0" in out:
-        raise UserError(f"{src('experiment.output_dir')}: experiment.output_dir: a path cannot contain a NUL "
-                        f"character")
-    key = "experiment.output_dir" if cfg["experiment"]["output_dir"] else "experiment.name"
+        raise UserError(f"{key}: a path cannot contain a NUL character", key=key)
     longest = max((len(os.fsencode(part)) for part in Path(out).parts), default=0)  # bytes, not characters
     if longest > NAME_MAX:
-        raise UserError(f"{src(key)}: {key}: a folder name of {longest} bytes in the run directory's path; file "
-                        f"systems allow at most {NAME_MAX}", key=key)
-    cfg["experiment"]["output_dir"] = _resolve(base, out, key, src)  # relative to the file, as every path in it
-    if not cfg["evaluation"]["splits"]:
-        raise UserError(f"{src('evaluation.splits')}: evaluation.splits: needs at least one split")
-    twice = sorted({s for s in cfg["evaluation"]["splits"] if cfg["evaluation"]["splits"].count(s) > 1})
+        raise UserError(f"{key}: a folder name of {longest} bytes in the run directory's path; file systems allow "
+                        f"at most {NAME_MAX}", key=key)
+    experiment["output_dir"] = _resolve(base, out, key)  # relative to the file, as every path in it
+
+
+def _check_evaluation(evaluation: dict[str, Any], generation: dict[str, Any]) -> None:
+    if not evaluation["splits"]:
+        raise UserError("evaluation.splits: needs at least one split", key="evaluation.splits")
+    twice = sorted({s for s in evaluation["splits"] if evaluation["splits"].count(s) > 1})
     if twice:
-        raise UserError(f"{src('evaluation.splits')}: evaluation.splits: {', '.join(map(repr, twice))} listed more "
-                        f"than once (each split is evaluated once)", key="evaluation.splits")
-    try:
-        EvaluationSection.resolve_inherited(cfg["evaluation"], cfg["generation"])
-    except UserError as e:
-        raise UserError(f"{src(e.key or 'evaluation')}: {e}", key=e.key) from None
-    _complete_optimizers(cfg, registry if registry is not None else Registry(), src)
-    for line in effects.refuse(pointless, src, lambda key: effects.switched(data, key, src)):
-        print(f"note: {line}", file=sys.stderr)  # an ablation: the settings it makes pointless, left unused
-    _check_verifier(cfg, src)
-    return cfg
+        raise UserError(f"evaluation.splits: {', '.join(map(repr, twice))} listed more than once (each split is "
+                        f"evaluated once)", key="evaluation.splits")
+    EvaluationSection.resolve_inherited(evaluation, generation)
 
 
-def _check_as_written(path: Path, data: dict[str, Any], overrides: list[str], registry: Registry | None) -> None:
+def _check_as_written(data: dict[str, Any], overrides: list[str], registry: Registry | None) -> None:
     """``--smoke``: the experiment as written (the file and its ``--set``s) passes the checks a run
     of it would pass before the smoke settings replace some of its values (``[model]``,
     ``experiment.iterations``): every key and type, and the ``[model]`` table against the
     backend's options."""
     written = copy.deepcopy(data)
     apply_overrides(written, overrides)
-    src = Origins(path, overrides)
-    cfg = _validate(src, written, SCHEMA, "")
+    cfg = _validate(written, SCHEMA, "")
     model = cfg.get("model")
     if not isinstance(model, dict) or not isinstance(model.get("backend"), str):
         return  # named by the full load that follows
@@ -322,49 +340,53 @@ def _check_as_written(path: Path, data: dict[str, Any], overrides: list[str], re
         check_options(factory, {k: v for k, v in model.items() if k != "backend"}, "model",
                       f"backend '{model['backend']}'")
     except UserError as e:
-        raise UserError(f"{src(e.key or 'model')}: {e} (checked as written: --smoke replaces [model])",
-                        key=e.key) from None
+        raise UserError(f"{e} (checked as written: --smoke replaces [model])", key=e.key or "model") from None
 
 
-def _check_verifier(cfg: dict[str, Any], src: Callable[[str], str]) -> None:
+def _check_verifier(cfg: dict[str, Any]) -> None:
     """A V-STaR verifier that would have nothing to learn from, or no iteration to be trained in:
     its D_VER is the samples the iterations collect (``star_engine.run.verifying``)."""
     v = cfg["verifier"]
     if not v["enabled"] or v["schedule"] == "each_iteration":
         return
     if cfg["training"]["source"] == "gold":
-        raise UserError(f"{src('verifier.schedule')}: verifier.schedule: {v['schedule']!r} trains on the samples the "
-                        f"iterations collect, and training.source = \"gold\" samples none; set verifier.enabled = "
-                        f"false or training.source = \"generated\"", key="verifier.schedule")
+        raise UserError(f"verifier.schedule: {v['schedule']!r} trains on the samples the iterations collect, and "
+                        f"training.source = \"gold\" samples none; set verifier.enabled = false or training.source "
+                        f"= \"generated\"", key="verifier.schedule")
     for stop in ("early_stop_patience", "collapse_patience"):
         if v["schedule"] == "final" and cfg["experiment"].get(stop):
-            raise UserError(f"{src('verifier.schedule')}: verifier.schedule: \"final\" trains its verifier after the "
-                            f"last iteration, which experiment.{stop} = {cfg['experiment'][stop]} may never reach; "
-                            f"use verifier.schedule = \"cumulative\" (a verifier at each evaluating iteration) or "
-                            f"set experiment.{stop} = 0", key="verifier.schedule")
+            raise UserError(f"verifier.schedule: \"final\" trains its verifier after the last iteration, which "
+                            f"experiment.{stop} = {cfg['experiment'][stop]} may never reach; use verifier.schedule "
+                            f"= \"cumulative\" (a verifier at each evaluating iteration) or set experiment.{stop} = 0",
+                            key="verifier.schedule")
 
 
-def _complete_optimizers(cfg: dict[str, Any], registry: Registry, src: Callable[[str], str]) -> None:
-    """An ``adapter`` table names a kind the backend trains (``Backend.adapter_kinds``; the
-    backend checks the rest against the model in ``validate_run``). The ``[*.optimizer]``
-    tables are the backend's: checked against its typed table
-    (``Backend.optimizer_table``, an attribute of its factory) and completed with its
-    defaults, so that ``config.json`` records what trains. Left as written when the backend
-    declares none, or is unknown or broken (``experiment.build`` then says so)."""
+TRAINING_SECTIONS = ("base_training", "training", "verifier")
+
+
+def _backend_tables(cfg: dict[str, Any], registry: Registry) -> None:
+    """The tables the backend declares, checked once and made its objects: an ``adapter`` table
+    names a kind the backend trains (``Backend.adapter_kinds``; the backend checks the rest
+    against the model in ``validate_run``); each ``[*.optimizer]`` table becomes an instance of
+    the backend's ``optimizer_table`` (a ``Section``: its defaults filled in, so that
+    ``config.json`` records what trains), the object the training jobs carry. Left as written
+    when the backend declares none, or is unknown or broken (``experiment.build`` then says so)."""
     try:
         factory = registry.get("backend", cfg["model"]["backend"], "model.backend").factory
     except PluginError:
         return
     kinds = tuple(getattr(factory, "adapter_kinds", ()))
-    for section in ("base_training", "training", "verifier"):
+    for section in TRAINING_SECTIONS:
         adapter = cfg[section]["adapter"]
         if adapter and adapter.get("kind") not in kinds:
             key = f"{section}.adapter" + (".kind" if kinds else "")
-            raise UserError(f"{src(key)}: {key}: " + (
+            raise UserError(f"{key}: " + (
                 f"must be one of {list(kinds)}, got {adapter.get('kind')!r}" if kinds else
-                f"backend {cfg['model']['backend']!r} trains no adapters (every weight trains); remove the table"))
+                f"backend {cfg['model']['backend']!r} trains no adapters (every weight trains); remove the table"),
+                key=key)
     table = getattr(factory, "optimizer_table", None)
     if table is None:
         return
-    for section in ("base_training", "training", "verifier"):
-        cfg[section]["optimizer"] = _validate(src, cfg[section]["optimizer"], table.schema(), f"{section}.optimizer.")
+    for section in TRAINING_SECTIONS:
+        checked = _validate(cfg[section]["optimizer"], table.schema(), f"{section}.optimizer.")
+        cfg[section]["optimizer"] = table.from_dict(checked) if issubclass(table, Section) else checked

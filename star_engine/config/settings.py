@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import typing
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Annotated, Any, Literal
@@ -50,6 +51,27 @@ class Section:
         """The section as the resolved configuration holds it (``config.json``)."""
         return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
 
+    # Until release 0.2, a section also reads as the table it was (``load_experiment`` returned
+    # dicts, a job's ``optimizer`` was one): ``section["key"]``, ``.get``, ``.keys``, with a warning.
+    def __getitem__(self, key: str) -> Any:
+        _read_as_table(self, key)
+        return self.as_dict()[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        _read_as_table(self, key)
+        return self.as_dict().get(key, default)
+
+    def keys(self) -> Any:
+        _read_as_table(self, "keys()")
+        return self.as_dict().keys()
+
+
+def _read_as_table(section: Section, key: str) -> None:
+    name = type(section).__name__
+    warnings.warn(f"{name} read as a table ({key!r}): read its attributes ({name} is the typed object the core "
+                  f"hands on; as_dict() gives the table); reading it as a table goes in release 0.2",
+                  DeprecationWarning, stacklevel=3)
+
 
 def _section_type(cls: type, name: str) -> type[Section] | None:
     """The nested section a field holds, if it holds one."""
@@ -59,6 +81,11 @@ def _section_type(cls: type, name: str) -> type[Section] | None:
 
 def _frozen(value: Any) -> Any:
     return tuple(copy.deepcopy(value)) if isinstance(value, list) else copy.deepcopy(value)
+
+
+def _handed(table: Any) -> Any:
+    """What a job carries of a backend's table: its frozen object as is, a plain table copied."""
+    return table if isinstance(table, Section) else copy.deepcopy(table)
 
 
 def _plain(value: Any) -> Any:
@@ -140,13 +167,14 @@ class Trains(Section):
     grad_accum: PosInt = 1
     packing: Packing = "segments"
     loss: Loss = "completion"
+    # the TOML table; once loaded, the backend's object (its ``optimizer_table``, ``load._backend_tables``)
     optimizer: dict = field(default_factory=dict)
     adapter: dict = field(default_factory=dict)  # {}: every weight trains; else e.g. { kind = "lora", rank = 16 }
 
     def train_spec(self, steps: int, seed: int) -> TrainSpec:
-        """The backend's job; ``optimizer`` is the table (a dict), as the backend completed it;
-        ``adapter`` None when the table is empty."""
-        return TrainSpec(steps, self.batch_size, self.grad_accum, seed, copy.deepcopy(self.optimizer),
+        """The backend's job: ``optimizer`` the backend's object; ``adapter`` None when the table is
+        empty."""
+        return TrainSpec(steps, self.batch_size, self.grad_accum, seed, _handed(self.optimizer),
                          packing=self.packing, loss=self.loss,
                          adapter=copy.deepcopy(self.adapter) if self.adapter else None)
 
@@ -236,12 +264,12 @@ class Verifier(Section):
     adapter: dict = field(default_factory=dict)
 
     def preference_spec(self, steps: int, seed: int) -> PreferenceSpec:
-        """The backend's DPO job (``optimizer`` as the backend completed it)."""
-        return PreferenceSpec(steps, self.batch_size, self.grad_accum, seed, copy.deepcopy(self.optimizer),
+        """The backend's DPO job (``optimizer``: the backend's object)."""
+        return PreferenceSpec(steps, self.batch_size, self.grad_accum, seed, _handed(self.optimizer),
                               self.beta, copy.deepcopy(self.adapter) if self.adapter else None)
 
     def train_spec(self) -> TrainSpec:
         """What the backend's ``validate_run`` checks of the job (its optimizer and adapter
         tables), as a ``TrainSpec`` under the key "verifier": one pair's sequences per row."""
-        return TrainSpec(0, self.batch_size, self.grad_accum, 0, copy.deepcopy(self.optimizer), packing="none",
+        return TrainSpec(0, self.batch_size, self.grad_accum, 0, _handed(self.optimizer), packing="none",
                          adapter=copy.deepcopy(self.adapter) if self.adapter else None)

@@ -28,7 +28,7 @@ def command(experiment: Path | None, overrides: list[str], root: Path | None,
             raise UserError("--root: only without an experiment (the experiment's task.data_root, STAR_ENGINE_DATA "
                             "or --set task.data_root=... say where its data is)")
         cfg = load_experiment(experiment, overrides, None, registry)
-        found = Path(cfg["task"]["data_root"]) if cfg["task"]["data_root"] else None
+        found = Path(cfg.task.data_root) if cfg.task.data_root else None
         env = os.environ.get(ENV, "")
         where = (ENV if env and found == absolute(Path.cwd(), env, ENV)
                  else f"task.data_root of {experiment}" if found else "")

@@ -78,16 +78,15 @@ def _options(ref: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in ref.items() if k != "name"}
 
 
-def build(cfg: dict[str, Any], registry: Registry, load_data: bool = True) -> Experiment:
-    """The live components of the validated configuration ``cfg``, and its typed ``Config``
+def build(config: Config, registry: Registry, load_data: bool = True) -> Experiment:
+    """The live components of the loaded configuration (``load_experiment``), and the ``Config``
     with ``task.checker`` (and ``task.hint``, when the run uses a hint) resolved: left empty,
     they become the task's defaults (``{"name": task.default_checker}``), so that
     ``config.json`` names what runs."""
-    config = Config.from_dict(cfg)
     t = config.task
     task = registry.create("task", t.dataset, t.options, "task.dataset", "task.options")
     defaults = {"checker": {"name": task.default_checker}, "hint": {"name": task.default_hint}}
-    resolved = {"checker": t.checker or dict(defaults["checker"])}
+    resolved: dict[str, Any] = {"checker": t.checker or dict(defaults["checker"])}
     checker = registry.create("checker", resolved["checker"]["name"], _options(resolved["checker"]), "task.checker")
     hint = None
     if config.rationalization.enabled and config.training.source == "generated":

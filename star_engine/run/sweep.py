@@ -208,7 +208,7 @@ def load(path: Path, overrides: Sequence[str], limit: int | None, smoke: bool, m
             exp = build(cfg, registry, load_data=load_data)
             return exp, preflight(exp)
         except UserError as e:
-            raise type(e)(Origins(path, list(overrides)).blame(e), key=e.key) from None
+            raise Origins(path, list(overrides)).place(e) from None
     except UserError as e:
         raise type(e)(f"{e} (the run {member.label} of the sweep)", key=e.key) from None
 

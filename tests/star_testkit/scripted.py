@@ -170,7 +170,7 @@ class ScriptedBackend:
         for key, spec in generation.items():
             self._check(key, spec)
         for key, spec in training.items():
-            if spec.optimizer.get("b1", 0.0) >= 1:
+            if (spec.optimizer.b1 if isinstance(spec.optimizer, ToyOptimizer) else spec.optimizer.get("b1", 0.0)) >= 1:
                 raise UserError(f"{key}.optimizer.b1: must be < 1", key=f"{key}.optimizer.b1")
 
     def start(self) -> None:

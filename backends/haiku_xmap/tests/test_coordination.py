@@ -20,7 +20,7 @@ import pytest
 WORKER = textwrap.dedent("""
     import sys, time
     pid, port, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    from star_engine import procs
+    from star_engine.rundir import procs
     from star_engine.boundary import run_command
     from star_engine.errors import UserError
     from star_haiku_xmap import coordination

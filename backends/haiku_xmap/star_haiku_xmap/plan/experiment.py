@@ -108,12 +108,13 @@ def unplanned(cfg: dict[str, Any], what: tuple[str, ...]) -> list[str]:
 
 
 def load(args: argparse.Namespace) -> dict[str, Any]:
-    """The experiment ``args.experiment`` with ``args.overrides``, as ``run`` loads it."""
+    """The experiment ``args.experiment`` with ``args.overrides``, as ``run`` loads it, as the
+    plain tables ``config.json`` holds (``Config.as_dict``)."""
     given = [flag for flag, attr in DECIDED if getattr(args, attr, None) not in (None, False)]
     if given:
         raise UserError(f"{given[0]}: not with an experiment file, which decides it (change the experiment with "
                         f"--set, e.g. --set model.mesh='{{dp = 1, mp = 8}}')")
-    return load_experiment(args.experiment, args.overrides, None, Registry())
+    return load_experiment(args.experiment, args.overrides, None, Registry()).as_dict()
 
 
 def job(args: argparse.Namespace, what: str = "train",
