@@ -20,9 +20,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal, cast
 
-from star_engine import NON_EMPTY, PROMPT_KINDS, Example, TrainExample, UserError
+from star_engine import NON_EMPTY, Example, TrainExample, UserError
 from star_engine.helpers import few_shot_prompts, get, prompt_files, read_blocks, read_jsonl
-from star_filters.text import clean_up_tokenization
+from star_filters import FewShotQA, stop_strings
 
 from .answers import extract_letter, first_line, original_letter
 from .known_files import DATA_FILES
@@ -80,7 +80,7 @@ def _builtin(kind: str) -> list[tuple[str, str, str]]:
             for text in builtin_blocks(kind == "direct")]
 
 
-class CQATask:
+class CQATask(FewShotQA):
     """CommonsenseQA (official JSONL). Options:
 
     - ``prompts_file``, ``direct_prompts_file``: rationale / direct-answer examples
@@ -99,6 +99,9 @@ class CQATask:
     data_files = DATA_FILES  # the released files it reads, with their sha256 (star-engine data check)
     default_checker = "mc_letter"
     default_hint = "cqa_correct"
+    read_lenient = staticmethod(extract_letter)  # prompt, extract and trim: FewShotQA's
+    read_original = staticmethod(original_letter)
+    store_original = staticmethod(first_line)
 
     def __init__(self, *, prompts_file: FilePath = None, hint_prompts_file: FilePath = None,
                  direct_prompts_file: FilePath = None, direct_hint_prompts_file: FilePath = None,
@@ -106,11 +109,9 @@ class CQATask:
                  stored_completion: Literal["until_stop", "original"] = "until_stop",
                  stop: list[str] | None = None) -> None:
         self.verbatim, self.extraction, self.stored_completion = verbatim, extraction, stored_completion
-        self.stop = ("\n\n", "\nQ:") if stop is None else tuple(stop)
-        if "" in self.stop:
-            raise UserError(f"stop: must be a list of non-empty strings, got {stop!r}")
+        self.stop = stop_strings(stop, ("\n\n", "\nQ:"))
         files = prompt_files(prompts_file, hint_prompts_file, direct_prompts_file, direct_hint_prompts_file)
-        self._prompts = few_shot_prompts(files, lambda path, kind: _checked_blocks(path, kind, self.verbatim),
+        self.prompts = few_shot_prompts(files, lambda path, kind: _checked_blocks(path, kind, self.verbatim),
                                          _builtin, _marked)
 
     # ------------------------------------------------------------------ data
@@ -162,22 +163,6 @@ class CQATask:
 
     def context(self, example: Example) -> str:
         return question_block(example.question, [(c["label"], c["text"]) for c in example.fields["choices"]])
-
-    def prompt(self, kind: str) -> str:
-        if kind not in self._prompts:
-            raise ValueError(f"unknown prompt kind {kind!r}; known: {', '.join(PROMPT_KINDS)}")
-        return self._prompts[kind]
-
-    def extract(self, generation: str) -> str | None:
-        return original_letter(generation) if self.extraction == "original" else extract_letter(generation)
-
-    def trim(self, generation: str) -> str:
-        """What of a generation is checked and stored (``stored_completion``); under
-        ``extraction = "original"`` with GPT-2's decoding clean-up first, as the released
-        code decoded (``star_filters.text``)."""
-        if self.extraction == "original":
-            generation = clean_up_tokenization(generation)
-        return first_line(generation) if self.stored_completion == "original" else generation
 
     def gold_completion(self, example: Example, direct: bool) -> str:
         if not direct:

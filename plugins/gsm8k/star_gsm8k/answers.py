@@ -15,7 +15,7 @@ of the ``numeric`` checker): a text holds a number when it holds exactly one
 
 from __future__ import annotations
 
-from star_filters.numbers import canonical_number
+from star_filters import canonical_number
 
 
 def normalize_number(text: str) -> str | None:

@@ -12,11 +12,9 @@ import re
 import string
 from typing import Annotated, Literal
 
-from star_engine import NON_EMPTY, PROMPT_KINDS, Example, TrainExample, UserError
+from star_engine import NON_EMPTY, Example, TrainExample, UserError
 from star_engine.helpers import few_shot_prompts, get, prompt_files, read_blocks, read_jsonl
-
-from star_filters.numbers import canonical_number
-from star_filters.text import clean_up_tokenization
+from star_filters import FewShotQA, canonical_number, stop_strings
 
 from .answers import answer_lines, final_answer, original_answer
 from .known_files import DATA_FILES
@@ -55,7 +53,7 @@ def _checked_blocks(path: str, kind: str, verbatim: bool) -> list[tuple[str, str
     return out
 
 
-class GSM8KTask:
+class GSM8KTask(FewShotQA):
     """GSM8K (JSONL ``{"question", "answer"}``). Options:
 
     - ``calculator_annotations``: "strip" removes the ``<<48/2=24>>`` marks from gold
@@ -66,7 +64,7 @@ class GSM8KTask:
     - ``verbatim``: prompt files split on ``"\\n\\n"`` with nothing stripped, questions
       kept exactly as in the data file (the original); default: tidied, one line.
     - ``gold_answer``: "normalized" (default: ``1,080`` -> ``1080``, the canonical number of
-      ``star_filters.numbers``) or "raw" (the
+      ``star_filters.canonical_number``) or "raw" (the
       original's ``answer.split("#### ")[-1]``, commas kept).
     - ``extraction``: "lenient" (``final_answer``) or "original" (``original_answer``).
     - ``stored_completion``: "until_stop" (default) or "original" (``answer_lines``).
@@ -76,6 +74,9 @@ class GSM8KTask:
     data_files = DATA_FILES  # the released files it reads, with their sha256 (star-engine data check)
     default_checker = "numeric"
     default_hint = "gsm8k_answer"
+    read_lenient = staticmethod(final_answer)  # prompt, extract and trim: FewShotQA's
+    read_original = staticmethod(original_answer)
+    store_original = staticmethod(answer_lines)
 
     def __init__(self, *, calculator_annotations: Literal["strip", "keep"] = "strip", prompts_file: FilePath = None,
                  hint_prompts_file: FilePath = None, direct_prompts_file: FilePath = None,
@@ -88,11 +89,9 @@ class GSM8KTask:
         self.extraction, self.stored_completion = extraction, stored_completion
         # "\nQ:" ends a generation that runs on into a new question; a rationale
         # itself has no blank lines, so "\n\n\n" only cuts rambling.
-        self.stop = ("\nQ:", "\n\n\n") if stop is None else tuple(stop)
-        if "" in self.stop:
-            raise UserError(f"stop: must be a list of non-empty strings, got {stop!r}")
+        self.stop = stop_strings(stop, ("\nQ:", "\n\n\n"))
         files = prompt_files(prompts_file, hint_prompts_file, direct_prompts_file, direct_hint_prompts_file)
-        self._prompts = few_shot_prompts(
+        self.prompts = few_shot_prompts(
             files, lambda path, kind: _checked_blocks(path, kind, self.verbatim),
             lambda kind: [("built-in", t, final_answer(t)) for t in builtin_blocks(direct=kind == "direct")],
             lambda where, text, answer: add_hint(text, DEFAULT_TEMPLATE.format(answer=answer)))
@@ -111,7 +110,7 @@ class GSM8KTask:
                 raise UserError(f"{where}: field 'answer' has no final '#### <number>' line")
             raw = lines[final].split("####", 1)[1]
             try:
-                answer = canonical_number(raw)  # the numeric checker's reading (star_filters.numbers)
+                answer = canonical_number(raw)  # the numeric checker's reading (star_filters)
             except (ValueError, ArithmeticError) as e:  # a number Python will not convert (more than 4300 digits)
                 raise UserError(f"{where}: field 'answer': the final answer is not a readable number ({e})") from None
             if answer is None:
@@ -137,22 +136,6 @@ class GSM8KTask:
 
     def context(self, example: Example) -> str:
         return f"Q: {example.question}\nA:"
-
-    def prompt(self, kind: str) -> str:
-        if kind not in self._prompts:
-            raise ValueError(f"unknown prompt kind {kind!r}; known: {', '.join(PROMPT_KINDS)}")
-        return self._prompts[kind]
-
-    def extract(self, generation: str) -> str | None:
-        return original_answer(generation) if self.extraction == "original" else final_answer(generation)
-
-    def trim(self, generation: str) -> str:
-        """What of a generation is checked and stored (``stored_completion``); under
-        ``extraction = "original"`` with GPT-2's decoding clean-up first, as the released
-        code decoded (``star_filters.text``)."""
-        if self.extraction == "original":
-            generation = clean_up_tokenization(generation)
-        return answer_lines(generation) if self.stored_completion == "original" else generation
 
     def gold_completion(self, example: Example, direct: bool) -> str:
         if not example.answer:

@@ -20,7 +20,7 @@ import json
 import re
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from star_engine import UserError
@@ -155,23 +155,18 @@ def _sequence(value: Any, kind: Any, args: tuple, key: str) -> Any:
     return tuple(items) if kind is tuple else items
 
 
+_SCALARS: dict[type, tuple[Callable[[Any], bool], str]] = {
+    bool: (lambda v: isinstance(v, bool), "true or false"), int: (is_int, "an integer"),
+    float: (is_number, "a number"), str: (lambda v: isinstance(v, str), "a string")}
+"""The plain types a TOML value has: how to tell one, and its name in a message."""
+
+
 def _scalar(value: Any, ann: type, key: str) -> Any:
-    if ann is bool:
-        if not isinstance(value, bool):
-            raise UserError(f"{key}: must be true or false, got {value!r}")
-        return value
-    if ann is int:
-        if not is_int(value):
-            raise UserError(f"{key}: must be an integer, got {value!r}")
-        return value
-    if ann is float:
-        if not is_number(value):
-            raise UserError(f"{key}: must be a number, got {value!r}")
-        return float(value)
-    if ann is str:
-        if not isinstance(value, str):
-            raise UserError(f"{key}: must be a string, got {value!r}")
-        return value
+    if ann in _SCALARS:
+        ok, words = _SCALARS[ann]
+        if not ok(value):
+            raise UserError(f"{key}: must be {words}, got {value!r}")
+        return float(value) if ann is float else value
     if ann in (datetime.date, datetime.time):
         return _when(value, ann, key)
     if issubclass(ann, enum.Enum):
