@@ -134,10 +134,17 @@ Probability = Annotated[float, between(0, 1, lo_open=True)]
 
 
 @dataclass(frozen=True, kw_only=True)
-class Generation(Section):
-    max_new_tokens: PosInt = 96
+class Sampling(Section):
+    """The sampling options ``[generation]`` and ``[evaluation]`` both declare, once: the
+    temperature (0: greedy) and the nucleus of the answers they ask for."""
+
     temperature: NonNegFloat = 0.0
     top_p: Probability = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Generation(Sampling):
+    max_new_tokens: PosInt = 96
     batch_size: PosInt = 8
     samples_per_question: PosInt = 1
     n_train_samples: NonNegInt = 0
@@ -192,14 +199,12 @@ class Training(Trains):
 
 
 @dataclass(frozen=True, kw_only=True)
-class EvaluationSection(Section):
+class EvaluationSection(Sampling):
     splits: list[str] = field(default_factory=lambda: ["dev"])
     no_prompt: bool = False
     every: PosInt = 1
     at_start: bool = True
     max_new_tokens: NonNegInt = 0
-    temperature: NonNegFloat = 0.0
-    top_p: Probability = 1.0
     samples_per_question: NonNegInt = 0
     sample_temperature: NonNegFloat = 0.0
     pass_k: NonNegInt = 0
