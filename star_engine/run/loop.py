@@ -115,7 +115,7 @@ def run_star(exp: Experiment, store: RunStore) -> list[dict]:
         M, train = stages.fine_tune(it_dir(n), init, kept, tr.train_spec(steps, seed), trained_on)
         due = n % ev.every == 0 or n == N
         V = train_verifier(stages, n, M, M0) if verifier_due(cfg, n, due) else None  # V-STaR
-        evals = stages.evaluate_all(n, M, V) if due else Evaluated()          # evaluate
+        evals = stages.evaluate_all(n, M, V.scorer(stages, n) if V else None) if due else Evaluated()  # evaluate
         if T is not None:
             train = {**train, "temperature": T.temperature}
         rows = record(n, D, rationales, train, evals, solved, t0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from collections.abc import Callable, Sequence
 
 from .. import ui
@@ -19,15 +19,15 @@ from ..api import Candidate, Example, Progress, TrainExample, Verdict
 from ..capabilities import DeclinesQuestions, RecordsCheckpoints, SeesRejected
 from ..jobs import GenSpec, TrainResult, TrainSpec
 from ..rundir.metrics import Evaluated
-from ..rundir.records import GREEDY, UNSELECTED, Evaluation, Rationale
+from ..rundir.records import GREEDY, UNSELECTED, Evaluation, Rationale, VerifierScore
 from ..seeds import coin, derive_seed
 from .stagebase import StageBase, it_dir, prompt_hash, rationale_of
 from ..rundir.store import disk_full
 
-if TYPE_CHECKING:
-    from .verifying import Verifying
+__all__ = ["Scorer", "Stages", "derive_seed", "it_dir", "prompt_hash"]
 
-__all__ = ["Stages", "derive_seed", "it_dir", "prompt_hash"]
+Scorer = Callable[[str, Sequence[Evaluation]], list[VerifierScore]]
+"""What ranks a split's sampled answers (a verifier: ``verifying.Verifying.scorer``)."""
 
 
 class Stages(StageBase):
@@ -302,13 +302,13 @@ class Stages(StageBase):
         self.timed("evaluate", t0)
         return self._finish(rel, rows, Evaluation, f"{it_dir(n)}/{name}", () if k else GREEDY)
 
-    def evaluate_all(self, n: int, model: str, verifier: Verifying | None = None) -> Evaluated:
+    def evaluate_all(self, n: int, model: str, score: Scorer | None = None) -> Evaluated:
         """Every evaluation split, greedy, and sampled when ``evaluation.samples_per_question`` > 1
-        (or a ``verifier`` ranks the samples: ``verifying.Verifying``, its scores of them)."""
+        or a verifier ranks the samples (``score(split, samples)``: its scores of them)."""
         splits = self.cfg.evaluation.splits
         greedy = {s: self.evaluate(n, model, s) for s in splits}
-        if self.cfg.evaluation.samples_per_question <= 1 and verifier is None:
+        if self.cfg.evaluation.samples_per_question <= 1 and score is None:
             return Evaluated(greedy)
         sampled = {s: self.evaluate_sampled(n, model, s) for s in splits}
-        scores = {s: verifier.score(self, n, s, sampled[s]) for s in splits} if verifier is not None else {}
+        scores = {s: score(s, sampled[s]) for s in splits} if score is not None else {}
         return Evaluated(greedy, sampled, scores)

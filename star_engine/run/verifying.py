@@ -33,9 +33,10 @@ from ..rundir.records import Evaluation, Rationale, VerifierScore
 from ..seeds import derive_seed
 from .stagebase import it_dir
 
+from .stages import Scorer, Stages
+
 if TYPE_CHECKING:
     from ..config.load import Config
-    from .stages import Stages
 
 log = structlog.get_logger("star_engine")
 
@@ -48,6 +49,10 @@ class Verifying:
     checkpoint: str
     reference: str
     mode: str
+
+    def scorer(self, st: Stages, n: int) -> Scorer:
+        """What ranks iteration ``n``'s sampled answers of a split (``Stages.evaluate_all``)."""
+        return lambda split, samples: self.score(st, n, split, samples)
 
     def score(self, st: Stages, n: int, split: str, samples: Sequence[Evaluation]) -> list[VerifierScore]:
         """The verifier's scores of ``samples`` (the sampled evaluation of ``split``), each answer
