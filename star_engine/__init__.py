@@ -23,7 +23,7 @@ import pluggy
 
 from .lazy import MovedModules, load as _load
 
-__version__ = "0.1.0"
+from .version import __version__
 
 hookimpl = pluggy.HookimplMarker("star_engine")
 """Decorator for plugin hook implementations."""

@@ -25,7 +25,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser(commands: dict | None = None) -> argparse.ArgumentParser:
-    from . import __version__
+    from .version import __version__
 
     p = _Parser(prog="star-engine", description="Run STaR (Self-Taught Reasoner) experiments.")
     p.add_argument("--version", action="version", version=f"star-engine {__version__}")

@@ -10,7 +10,7 @@ import sys
 import traceback
 from importlib import metadata
 
-from . import __version__
+from .version import __version__
 from .errors import StarEngineError
 
 # errno values that say the filesystem or the machine refused something, not that the code is wrong

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import structlog
 
-from .. import __version__, ui
+from .. import ui
+from ..version import __version__
 from ..rundir import layout as rundir, runlock
 from ..capabilities import NeedsReferences, Starts, ValidatesRun
 from ..errors import UserError
