@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
-from collections.abc import Mapping
 
 
 @dataclass(frozen=True)
@@ -72,11 +71,12 @@ class TrainSpec:
     optimizer: Any  # the backend's optimizer object (its optimizer_table), or a table
     packing: str = "segments"
     loss: str = "completion"
-    adapter: Mapping[str, Any] | None = None
-    """The section's ``adapter`` table (parameter-efficient fine-tuning, e.g. ``{ kind = "lora",
+    adapter: Any = None
+    """The section's ``adapter`` (parameter-efficient fine-tuning, e.g. ``{ kind = "lora",
     rank = 16 }``): its ``kind`` is one of the backend's ``adapter_kinds`` (the core refuses a
-    table the backend cannot train), the rest is the backend's to check against the model
-    (``validate_run``); None: every weight is trained."""
+    table the backend cannot train); an instance of that kind's declaration where the backend
+    has one (``adapter_tables``: checked and completed once, at load), else the table; what
+    needs the model is the backend's to check (``validate_run``); None: every weight is trained."""
 
 
 @dataclass(frozen=True)
@@ -117,4 +117,4 @@ class PreferenceSpec:
     seed: int
     optimizer: Any  # as TrainSpec.optimizer
     beta: float
-    adapter: Mapping[str, Any] | None = None
+    adapter: Any = None  # as TrainSpec.adapter

@@ -365,17 +365,20 @@ TRAINING_SECTIONS = ("base_training", "training", "verifier")
 
 
 def _backend_tables(cfg: dict[str, Any], registry: Registry) -> None:
-    """The tables the backend declares, checked once and made its objects: an ``adapter`` table
-    names a kind the backend trains (``Backend.adapter_kinds``; the backend checks the rest
-    against the model in ``validate_run``); each ``[*.optimizer]`` table becomes an instance of
-    the backend's ``optimizer_table`` (a ``Section``: its defaults filled in, so that
-    ``config.json`` records what trains), the object the training jobs carry. Left as written
-    when the backend declares none, or is unknown or broken (``experiment.build`` then says so)."""
+    """The tables the backend declares, checked once and made its objects, the objects the
+    training jobs carry (``config.json`` records them completed with their defaults: what
+    trains). An ``adapter`` table names a kind the backend trains (``Backend.adapter_kinds``) and
+    becomes an instance of that kind's declaration (``Backend.adapter_tables``, where the backend
+    has one; what needs the model, the backend checks in ``validate_run``); each
+    ``[*.optimizer]`` table becomes an instance of the backend's ``optimizer_table``. Left as
+    written when the backend declares none, or is unknown or broken (``experiment.build`` then
+    says so)."""
     try:
         factory = registry.get("backend", cfg["model"]["backend"], "model.backend").factory
     except PluginError:
         return
     kinds = tuple(getattr(factory, "adapter_kinds", ()))
+    adapters = getattr(factory, "adapter_tables", None) or {}
     for section in TRAINING_SECTIONS:
         adapter = cfg[section]["adapter"]
         if adapter and adapter.get("kind") not in kinds:
@@ -384,9 +387,17 @@ def _backend_tables(cfg: dict[str, Any], registry: Registry) -> None:
                 f"must be one of {list(kinds)}, got {adapter.get('kind')!r}" if kinds else
                 f"backend {cfg['model']['backend']!r} trains no adapters (every weight trains); remove the table"),
                 key=key)
+        if adapter and adapter["kind"] in adapters:
+            cfg[section]["adapter"] = _declared(adapters[adapter["kind"]], adapter, f"{section}.adapter")
     table = getattr(factory, "optimizer_table", None)
     if table is None:
         return
     for section in TRAINING_SECTIONS:
-        checked = _validate(cfg[section]["optimizer"], table.schema(), f"{section}.optimizer.")
-        cfg[section]["optimizer"] = table.from_dict(checked) if issubclass(table, Section) else checked
+        cfg[section]["optimizer"] = _declared(table, cfg[section]["optimizer"], f"{section}.optimizer")
+
+
+def _declared(table: Any, data: dict[str, Any], key: str) -> Any:
+    """``data`` checked against a backend's declaration ``table`` (a ``Section``: its object;
+    else any class with ``schema()``: the checked table)."""
+    checked = _validate(data, table.schema(), key + ".")
+    return table.from_dict(checked) if isinstance(table, type) and issubclass(table, Section) else checked

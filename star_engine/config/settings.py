@@ -183,7 +183,7 @@ class Trains(Section):
         empty."""
         return TrainSpec(steps, self.batch_size, self.grad_accum, seed, _handed(self.optimizer),
                          packing=self.packing, loss=self.loss,
-                         adapter=copy.deepcopy(self.adapter) if self.adapter else None)
+                         adapter=_handed(self.adapter) if self.adapter else None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -271,10 +271,10 @@ class Verifier(Section):
     def preference_spec(self, steps: int, seed: int) -> PreferenceSpec:
         """The backend's DPO job (``optimizer``: the backend's object)."""
         return PreferenceSpec(steps, self.batch_size, self.grad_accum, seed, _handed(self.optimizer),
-                              self.beta, copy.deepcopy(self.adapter) if self.adapter else None)
+                              self.beta, _handed(self.adapter) if self.adapter else None)
 
     def train_spec(self) -> TrainSpec:
         """What the backend's ``validate_run`` checks of the job (its optimizer and adapter
         tables), as a ``TrainSpec`` under the key "verifier": one pair's sequences per row."""
         return TrainSpec(0, self.batch_size, self.grad_accum, 0, _handed(self.optimizer), packing="none",
-                         adapter=copy.deepcopy(self.adapter) if self.adapter else None)
+                         adapter=_handed(self.adapter) if self.adapter else None)

@@ -113,7 +113,10 @@ def build(config: Config, registry: Registry, load_data: bool = True) -> Experim
                         f"train_preferences and score); set verifier.enabled = false", key="verifier.enabled")
     # config.json's [model]: the options written and the backend's defaults of the others (its
     # factory's keyword defaults), so that it names every option the backend ran with.
-    defaults["model"] = option_defaults(registry.get("backend", config.model["backend"], "model.backend").factory)
+    factory = registry.get("backend", config.model["backend"], "model.backend").factory
+    defaults["model"] = option_defaults(factory)
+    for kind, table in (getattr(factory, "adapter_tables", None) or {}).items():  # config.json completes them
+        defaults[f"adapter.{kind}"] = option_defaults(table)
     config = replace(config, model={"backend": config.model["backend"], **defaults["model"], **backend_options})
     # Ask for the few-shot prompts the run will use now, so that a kind the task lacks
     # fails before anything runs.

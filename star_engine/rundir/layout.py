@@ -175,8 +175,9 @@ def _with_defaults(old: dict[str, Any], cfg: dict[str, Any], defaults: Mapping[s
     config.json named the task's defaults) read as the default it stood for, where the new
     configuration resolved to that same default; a ``[model]`` option left out (written before
     ``config.json`` held the backend's defaults) as its default, where the new configuration has
-    that default; without ``evaluation.checkers``, ``experiment.smoke`` or ``task.data_root``
-    (written before those keys) as with their defaults."""
+    that default; an ``adapter`` table likewise (written before ``config.json`` completed it with
+    its declaration's defaults); without ``evaluation.checkers``, ``experiment.smoke`` or
+    ``task.data_root`` (written before those keys) as with their defaults."""
     ev = old.get("evaluation")
     if isinstance(ev, dict) and "checkers" not in ev:  # written before [evaluation] checkers: none
         old = {**old, "evaluation": {**ev, "checkers": []}}
@@ -187,6 +188,12 @@ def _with_defaults(old: dict[str, Any], cfg: dict[str, Any], defaults: Mapping[s
     if isinstance(model, dict) and isinstance(cfg.get("model"), dict):  # written before [model] had its defaults
         filled = {k: v for k, v in defaults.get("model", {}).items() if k not in model and cfg["model"].get(k) == v}
         old = {**old, "model": {**model, **filled}}
+    for section in ("base_training", "training", "verifier"):  # an adapter written before its defaults were
+        table, new = (old.get(section) or {}).get("adapter"), (cfg.get(section) or {}).get("adapter")
+        if isinstance(table, dict) and table and isinstance(new, dict):
+            filled = {k: v for k, v in defaults.get(f"adapter.{table.get('kind')}", {}).items()
+                      if k not in table and new.get(k) == v}
+            old = {**old, section: {**old[section], "adapter": {**table, **filled}}}
     task = old.get("task")
     if not isinstance(task, dict):
         return old
