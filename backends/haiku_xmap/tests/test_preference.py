@@ -20,9 +20,12 @@ import pytest
 
 from star_engine.api import PreferencePair, PreferenceSpec, TrainExample, TrainSpec
 from star_engine.errors import UserError
-from star_haiku_xmap import model, plugin, preference, resume
+from star_haiku_xmap import plugin
+from star_haiku_xmap.model import network as model
+from star_haiku_xmap.train import preference
+from star_haiku_xmap.train import resume
 from star_haiku_xmap.checkpoint.format import load_checkpoint, read_manifest
-from star_haiku_xmap.config import GPTJConfig
+from star_haiku_xmap.model.config import GPTJConfig
 from star_haiku_xmap.tokenizer import ByteTokenizer
 from star_testkit import Killed, killer
 
