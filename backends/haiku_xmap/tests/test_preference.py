@@ -251,7 +251,7 @@ def test_refusals_name_the_verifier_keys(tmp_path):
     b.validate_run({}, {"verifier": ok})
     for adapter, message in [({**ADAPTER, "rank": 1000}, "verifier.adapter.rank: 1000 is above"),
                              ({**ADAPTER, "targets": ["q"]}, "verifier.adapter.targets: 'q' is not"),
-                             ({**ADAPTER, "ranks": 2}, "verifier.adapter.ranks: unknown option")]:
+                             ({**ADAPTER, "ranks": 2}, "unknown key 'verifier.adapter.ranks'")]:
         with pytest.raises(UserError, match=message):
             b.validate_run({}, {"verifier": dataclasses.replace(ok, adapter=adapter)})
 
