@@ -21,8 +21,11 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
-from star_haiku_xmap import layers, model, sharding, train
-from star_haiku_xmap.config import GPTJConfig
+from star_haiku_xmap.model import layers
+from star_haiku_xmap.model import network as model
+from star_haiku_xmap.runtime import sharding
+from star_haiku_xmap.train import trainer as train
+from star_haiku_xmap.model.config import GPTJConfig
 
 
 def _layers(p, x_ND, config: GPTJConfig):

@@ -102,10 +102,13 @@ def jax_workloads(a) -> tuple[dict, object, object]:
     import jax.numpy as jnp
     import numpy as np
 
-    from star_haiku_xmap import model, packing, sharding, train
+    from star_haiku_xmap.model import network as model
+    from star_haiku_xmap.train import packing
+    from star_haiku_xmap.runtime import sharding
+    from star_haiku_xmap.train import trainer as train
     from star_haiku_xmap.sampling import static as sample
-    from star_haiku_xmap.config import GPTJConfig, LlamaConfig
-    from star_haiku_xmap.machine import set_cpu_devices
+    from star_haiku_xmap.model.config import GPTJConfig, LlamaConfig
+    from star_haiku_xmap.runtime.machine import set_cpu_devices
     from star_haiku_xmap.options import AdamW
 
     set_cpu_devices(a.cpu_devices)  # model.cpu_devices: before jax starts its backends
@@ -160,7 +163,8 @@ def _ceilings(a, cfg, mesh, params, tx, prompt, mask, tokens) -> dict:
     import jax.numpy as jnp
 
     import ceiling  # beside this script
-    from star_haiku_xmap import sharding, train
+    from star_haiku_xmap.runtime import sharding
+    from star_haiku_xmap.train import trainer as train
 
     box = [train.init_state(jax.tree.map(jnp.copy, params), tx)]
     update = ceiling.make_dense_update(cfg, tx, mesh, box[0])

@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     import jax
 
     from star_engine.api import GenRequest, GenSpec, TrainExample, TrainSpec
-    from star_haiku_xmap import lora
+    from star_haiku_xmap.model import lora
     from star_haiku_xmap.checkpoint.format import load_checkpoint, read_manifest
     from star_haiku_xmap.plugin import HaikuXmapBackend
 
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     outputs: dict[str, list[str]] = {}
 
     def side(checkpoint, warm: bool):
-        b._cache = None
+        b.weights.forget()
         if warm:
             b.load_params(checkpoint)  # on the devices, as a run leaves it after training
         t = time.perf_counter()

@@ -39,7 +39,7 @@ def mixes(n: int, seed: int) -> dict:
     import numpy as np
     from star_arithmetic import AdditionTask
 
-    from star_haiku_xmap import train
+    from star_haiku_xmap.train import trainer as train
     from star_haiku_xmap.tokenizer import ByteTokenizer
 
     tok = ByteTokenizer()
@@ -73,8 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     jax.config.update("jax_num_cpu_devices", a.cpu_devices)
     import numpy as np
 
-    from star_haiku_xmap import model, sharding, train
-    from star_haiku_xmap.config import PRESETS
+    from star_haiku_xmap.model import network as model
+    from star_haiku_xmap.runtime import sharding
+    from star_haiku_xmap.train import trainer as train
+    from star_haiku_xmap.model.config import PRESETS
     from star_haiku_xmap.options import AdamW
 
     cfg = PRESETS["tiny"].replace(n_layer=4, n_head=8, d_head=16)  # experiments/addition.toml's model

@@ -138,8 +138,9 @@ def cqa_mix(a) -> dict:
 def workload(a, dp: int) -> dict:
     """The mixes with their training plans: the example indices of every step of
     the padded plan and of the packed plan (what each side trains on)."""
-    from star_haiku_xmap import packplan, train
-    from star_haiku_xmap.config import GPTJConfig
+    from star_haiku_xmap.train import packplan
+    from star_haiku_xmap.train import trainer as train
+    from star_haiku_xmap.model.config import GPTJConfig
 
     out = {}
     for name in a.mixes.split(","):
@@ -166,7 +167,7 @@ def useful_train_tokens(mix: dict, plan: str) -> int:
 
 def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
     """({(mix, side): fn}, info) for this engine, every fn compiled by a first call."""
-    from star_haiku_xmap.machine import default_cpu_devices, set_cpu_devices
+    from star_haiku_xmap.runtime.machine import default_cpu_devices, set_cpu_devices
 
     n = a.cpu_devices or default_cpu_devices()
     set_cpu_devices(n)  # before jax starts its backends
@@ -174,9 +175,12 @@ def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
     import jax.numpy as jnp
     import numpy as np
 
-    from star_haiku_xmap import model, packing, sharding, train
+    from star_haiku_xmap.model import network as model
+    from star_haiku_xmap.train import packing
+    from star_haiku_xmap.runtime import sharding
+    from star_haiku_xmap.train import trainer as train
     from star_haiku_xmap.sampling import continuous, static as sample
-    from star_haiku_xmap.config import GPTJConfig
+    from star_haiku_xmap.model.config import GPTJConfig
     from star_haiku_xmap.options import AdamW
     mesh = sharding.make_mesh({"dp": -1, "mp": 1})
     info = {"mesh": dict(mesh.shape), "jax": jax.__version__, "cpu_devices": n}
@@ -247,7 +251,7 @@ def main(argv=None) -> None:
 
         hf_workload.serve_workload(json.loads(Path(a.workload).read_text()), a)
         return
-    from star_haiku_xmap.machine import default_cpu_devices
+    from star_haiku_xmap.runtime.machine import default_cpu_devices
 
     dp = a.cpu_devices or default_cpu_devices()
     mixes = workload(a, dp)

@@ -66,7 +66,8 @@ def teacher_forced(backend, params, task, dev) -> dict[str, dict[str, float]]:
     import jax
     import jax.numpy as jnp
 
-    from star_haiku_xmap import model, train
+    from star_haiku_xmap.model import network as model
+    from star_haiku_xmap.train import trainer as train
 
     tok = backend.tokenizer
     if type(tok).__name__ != "ByteTokenizer":
@@ -129,7 +130,8 @@ def overall(per_class: dict[str, float], dev) -> float:
 def measure(args: argparse.Namespace) -> None:
     import jax
 
-    from star_haiku_xmap import sharding, train
+    from star_haiku_xmap.runtime import sharding
+    from star_haiku_xmap.train import trainer as train
     from star_haiku_xmap.checkpoint import format as ckpt
     from star_haiku_xmap.checkpoint import write as ckpt_write
     from star_haiku_xmap.options import AdamW

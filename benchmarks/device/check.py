@@ -177,7 +177,7 @@ def with_fallback(fn) -> dict:
     try:
         return fn()
     except Exception as e:
-        from star_haiku_xmap.layers import ATTENTION_ENV, attention_kind
+        from star_haiku_xmap.model.layers import ATTENTION_ENV, attention_kind
 
         if attention_kind() != "cudnn":
             raise

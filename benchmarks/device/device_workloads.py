@@ -31,7 +31,7 @@ LORA_SHAPES = {
 
 
 def shape(kind: str, tiny: bool) -> dict:
-    from star_haiku_xmap.config import preset
+    from star_haiku_xmap.model.config import preset
 
     s = dict((LORA_SHAPES if kind == "train_lora" else SHAPES)[tiny])
     s["config"] = preset(s["preset"], dtype="bfloat16", **s["over"])
@@ -69,8 +69,8 @@ def parity() -> dict:
     """GPT-J and Llama tiny fp32 logits on the default device against the CPU."""
     import jax
 
-    from star_haiku_xmap import model
-    from star_haiku_xmap.config import preset
+    from star_haiku_xmap.model import network as model
+    from star_haiku_xmap.model.config import preset
 
     cpu = jax.devices("cpu")[0]
     dev = jax.devices()[0]
@@ -102,7 +102,8 @@ def packed_batch(rng: np.random.Generator, A: int, R: int, T: int, vocab: int) -
     """One step's batch of A x R rows of T tokens, each row filled with examples of
     64-512 tokens (the last one takes what is left, at least 16) through the backend's
     own packed collation; loss on each example's last two thirds."""
-    from star_haiku_xmap import packing, packplan
+    from star_haiku_xmap.train import packing
+    from star_haiku_xmap.train import packplan
 
     encoded, rows = [], []
     for _ in range(A * R):
@@ -124,8 +125,9 @@ def train(s: dict, a, pk: dict, adapter: dict | None = None) -> dict:
     frozen bf16 base."""
     import jax
 
-    from star_haiku_xmap import lora, model
-    from star_haiku_xmap import train as tr
+    from star_haiku_xmap.model import lora
+    from star_haiku_xmap.model import network as model
+    from star_haiku_xmap.train import trainer as tr
     from star_haiku_xmap.options import AdamW
 
     cfg, T, A, R = s["config"], s["seq"], a.train_accum, a.train_rows
@@ -166,7 +168,7 @@ def train(s: dict, a, pk: dict, adapter: dict | None = None) -> dict:
 
 def layers_kind() -> str:
     """Which attention the traced steps used (``layers.attention_kind``)."""
-    from star_haiku_xmap.layers import attention_kind
+    from star_haiku_xmap.model.layers import attention_kind
 
     return attention_kind()
 
@@ -184,7 +186,7 @@ def generate(s: dict, a, pk: dict) -> dict:
     """Continuous batching: ``prompts`` random prompts of prompt +- 5 % tokens, k
     sampled continuations of each (one prefill per prompt), ``new`` tokens each."""
 
-    from star_haiku_xmap import model
+    from star_haiku_xmap.model import network as model
     from star_haiku_xmap.options import DecodeConfig
     from star_haiku_xmap.sampling import continuous
 

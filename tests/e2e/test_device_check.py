@@ -65,8 +65,8 @@ def test_flops_count_every_matmul_parameter_once():
     matrix of the parameter tree (the embedding is the head)."""
     import jax
     import numpy as np
-    from star_haiku_xmap import model
-    from star_haiku_xmap.config import preset
+    from star_haiku_xmap.model import network as model
+    from star_haiku_xmap.model.config import preset
 
     wl = load_script(ROOT / "benchmarks" / "device" / "device_workloads.py")
     for name, over in (("qwen2.5-1.5b", {}), ("tiny", {})):
@@ -92,7 +92,7 @@ def test_peaks_by_device_kind(kind, expected):
 
 
 def test_a_check_that_fails_with_cudnn_attention_runs_again_with_xla(monkeypatch):
-    from star_haiku_xmap import layers
+    from star_haiku_xmap.model import layers
 
     check = load_script(ROOT / "benchmarks" / "device" / "check.py")
     calls = []

@@ -20,9 +20,9 @@ import numpy as np
 from star_engine import UserError
 
 from .checkpoint.format import MANIFEST, load_checkpoint
-from .config import ModelConfig, config_from_dict
+from .model.config import ModelConfig, config_from_dict
 from .convert.hf_import import folder_tokenizer, import_hf
-from .model import forward
+from .model.network import forward
 from .tokenizer import tokenizer_from_dict
 
 Loaded = tuple[ModelConfig, dict, Any]

@@ -19,7 +19,10 @@ from typing import Annotated, Any, Literal, NamedTuple, get_args
 from star_engine import NonNegInt, Section, UserError, above, at_least, between
 from star_engine.helpers import check_table, is_int
 
-from .config import MAX_LAYERS, PRESETS, ConfigError, architecture as arch_of, config_from_dict
+from .checkpoint.format import MANIFEST, read_manifest
+from .model.config import MAX_LAYERS, PRESETS, ConfigError, architecture as arch_of, config_from_dict
+from .runtime.layout import mesh_shape
+from .tokenizer import ByteTokenizer, HFTokenizer, tokenizer_from_dict
 
 Dtype = Literal["float32", "bfloat16"]
 Schedule = Literal["constant", "linear", "cosine"]
@@ -30,6 +33,7 @@ SHAPE = ("n_layer", "d_model", "n_head", "d_head", "d_ff", "rotary_dim", "n_ctx"
 Size = Annotated[int | None, at_least(1)]  # None: the preset's, or the checkpoint's
 MAX_CONTEXT = 1 << 20  # model.n_ctx: tokens; a training row of the context is allocated
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")  # owner/name[@revision] (a branch, tag or commit)
+BACKEND = "haiku_xmap"  # the name the backend registers under
 MAX_CPU_DEVICES = 1024  # [model] cpu_devices: XLA:CPU's collectives fail at 4096 devices (jax 0.10), it crashes at 10^5
 
 
@@ -222,6 +226,25 @@ class Model(NamedTuple):
     seq_len: int
 
 
+def train_config(o: ModelOptions, model: Model, spec: Any, adapter: Any = None, optimizer: AdamW | None = None
+                 ) -> TrainConfig:
+    """The ``TrainConfig`` of ``spec`` (a ``TrainSpec``: its ``optimizer`` an ``AdamW``, used as
+    it is, or a table, checked) under the ``[model]`` options ``o`` and ``model`` (``adapter``: a
+    LoRA stage's ``lora.LoraSpec``; ``optimizer``: the object when the caller has it)."""
+    return TrainConfig(steps=spec.steps, batch_size=spec.batch_size, grad_accum=spec.grad_accum, seed=spec.seed,
+                       optimizer=optimizer or AdamW.from_table(spec.optimizer), seq_len=model.seq_len,
+                       pad_id=model.tokenizer.pad_id, packing=spec.packing, loss=spec.loss, zero=o.zero,
+                       opt_state_dtype=o.opt_state_dtype, master_dtype=o.master_dtype,
+                       accum_dtype=o.grad_accum_dtype, remat=o.remat, adapter=adapter)
+
+
+def decode_config(o: ModelOptions, tokenizer: Any, spec: Any) -> DecodeConfig:
+    """The ``DecodeConfig`` of ``spec`` (a ``GenSpec``) under the options ``o`` and ``tokenizer``."""
+    return DecodeConfig(temperature=float(spec.temperature), top_p=float(spec.top_p), eos_id=tokenizer.eos_id,
+                        pad_id=tokenizer.pad_id, valid_vocab=tokenizer.vocab_size, slots=spec.batch_size,
+                        chunk=o.generation_chunk, share_prefix=o.share_prefix, max_new_tokens=spec.max_new_tokens)
+
+
 def _fail(name: str, message: str) -> UserError:
     return UserError(f"model.{name}: {message}", key=f"model.{name}")
 
@@ -230,8 +253,6 @@ def base_config(o: ModelOptions) -> tuple[Any, dict | None]:
     """The config the overrides apply to (the checkpoint's, else the preset's) and the
     checkpoint's stored tokenizer (None without a checkpoint)."""
     if o.checkpoint_path:
-        from .checkpoint.format import read_manifest
-
         missing = missing_checkpoint(o.checkpoint_path, o.hub_id, o.mesh)
         if missing:
             raise _fail("checkpoint_path", missing)
@@ -260,8 +281,6 @@ def missing_checkpoint(path: str, hub_id: str = "", mesh: Mapping[str, Any] | No
     there and the exact command that makes it: ``convert --from hf`` of ``hub_id``
     (``model.hub_id``; a placeholder without it) into that path, ``--mp`` of the ``mesh``.
     ``validate``/``run`` (``base_config``) and ``plan`` (``plan/experiment.py``) say it."""
-    from .checkpoint.format import MANIFEST
-
     root = Path(path)
     if (root / MANIFEST).is_file():
         return ""
@@ -285,9 +304,6 @@ def _config_error(exc: ConfigError) -> UserError:
 def resolve(o: ModelOptions) -> Model:
     """The model, tokenizer and training length the options make (reads the checkpoint's
     manifest, never its weights; starts nothing). Checks the options against each other."""
-    from .sharding import mesh_shape
-    from .tokenizer import ByteTokenizer, HFTokenizer, tokenizer_from_dict
-
     if o.hub_id and not HUB_ID.fullmatch(o.hub_id):
         raise _fail("hub_id", f"expected a Hugging Face hub id, owner/name or owner/name@revision, got {o.hub_id!r}")
     base, stored_tok = base_config(o)

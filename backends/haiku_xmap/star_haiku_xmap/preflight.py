@@ -17,10 +17,14 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Mapping
 
+import jax
+
 from star_engine import GenSpec, IntegrityError, TrainSpec, UserError
 
 from .checkpoint.format import MANIFEST, checked_manifest
-from .envvars import BARRIER_TIMEOUT, PEER_TIMEOUT, attention_choice, env_seconds
+from .model.lora import check_table
+from .model.network import param_shapes
+from .runtime.envvars import BARRIER_TIMEOUT, PEER_TIMEOUT, attention_choice, env_seconds
 from .checkpoint.safeio import MAX_BUFFER, check_alloc, memory_available, np_dtype
 
 
@@ -33,23 +37,23 @@ def check_generation(key: str, spec: GenSpec, n_ctx: int) -> None:
                         key=f"{key}.max_new_tokens")
 
 
-def validate_run(backend: Any, generation: Mapping[str, GenSpec], training: Mapping[str, TrainSpec]) -> None:
+def validate_run(config: Any, checkpoint_path: str, processes: int, generation: Mapping[str, GenSpec],
+                 training: Mapping[str, TrainSpec]) -> None:
     """The backend's checks of a run before it starts (see the module docstring), the
-    environment variables it reads among them."""
+    environment variables it reads among them: for the model ``config``, its checkpoint
+    ``checkpoint_path`` ("": a random init, held by ``processes`` processes)."""
     for name, default in (BARRIER_TIMEOUT, PEER_TIMEOUT):
         env_seconds(name, default)
     attention_choice()
     for key, spec in generation.items():
-        check_generation(key, spec, backend.config.n_ctx)
+        check_generation(key, spec, config.n_ctx)
     for key, tspec in training.items():
         if tspec.adapter is not None:
-            from .lora import check_table
-
-            check_table(tspec.adapter, backend.config, f"{key}.adapter")
-    if backend.checkpoint_path:
-        check_checkpoint(backend.checkpoint_path)
+            check_table(tspec.adapter, config, f"{key}.adapter")
+    if checkpoint_path:
+        check_checkpoint(checkpoint_path)
     else:
-        check_model_memory(backend.config, (backend.process_layout or {}).get("num_processes") or 1)
+        check_model_memory(config, processes)
 
 
 def check_model_memory(config: Any, processes: int = 1) -> None:
@@ -57,10 +61,6 @@ def check_model_memory(config: Any, processes: int = 1) -> None:
     fits in this process's memory once, in its dtype (its share when ``processes`` split it),
     and no leaf exceeds ``MAX_BUFFER``: counted from abstract shapes, before anything is
     allocated and without starting jax's backends; UserError naming [model] otherwise."""
-    import jax
-
-    from .model import param_shapes
-
     sizes = [math.prod(x.shape) for x in jax.tree.leaves(param_shapes(config))]
     itemsize = np_dtype(config.dtype).itemsize
     what = (f"model: the model of {sum(sizes):,} parameters (n_layer {config.n_layer}, d_model {config.d_model}, "

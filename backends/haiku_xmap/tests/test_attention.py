@@ -13,8 +13,10 @@ import pytest
 
 from star_engine import UserError
 
-from star_haiku_xmap import layers, model, train
-from star_haiku_xmap.config import preset
+from star_haiku_xmap.model import layers
+from star_haiku_xmap.model import network as model
+from star_haiku_xmap.train import trainer as train
+from star_haiku_xmap.model.config import preset
 
 CONFIGS = {  # two layers: the second reads the first's attention output
     "gptj": preset("tiny", n_layer=2, n_ctx=320),

@@ -58,9 +58,10 @@ def test_ceiling_decode_starts_from_the_real_prefill_and_runs_every_step():
     import numpy as np
 
     ceiling = _ceiling_module()
-    from star_haiku_xmap import model, sharding
+    from star_haiku_xmap.model import network as model
+    from star_haiku_xmap.runtime import sharding
     from star_haiku_xmap.sampling import static as sample
-    from star_haiku_xmap.config import GPTJConfig
+    from star_haiku_xmap.model.config import GPTJConfig
 
     cfg = GPTJConfig(n_layer=2, d_model=32, n_head=2, d_head=16, d_ff=64, rotary_dim=8, n_ctx=32, vocab=64)
     params = model.init_params(cfg, 0)
@@ -82,8 +83,10 @@ def test_ceiling_train_step_learns_a_repeated_batch():
     import numpy as np
 
     ceiling = _ceiling_module()
-    from star_haiku_xmap import model, sharding, train
-    from star_haiku_xmap.config import GPTJConfig
+    from star_haiku_xmap.model import network as model
+    from star_haiku_xmap.runtime import sharding
+    from star_haiku_xmap.train import trainer as train
+    from star_haiku_xmap.model.config import GPTJConfig
     from star_haiku_xmap.options import AdamW
 
     cfg = GPTJConfig(n_layer=1, d_model=32, n_head=2, d_head=16, d_ff=64, rotary_dim=8, n_ctx=16, vocab=64)

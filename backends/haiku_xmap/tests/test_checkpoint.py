@@ -15,10 +15,10 @@ import zstandard
 
 from star_engine.errors import IntegrityError, UserError
 from star_engine.rundir.store import clean_temporaries, is_temporary
-from star_haiku_xmap.config import GPTJConfig
+from star_haiku_xmap.model.config import GPTJConfig
 from star_haiku_xmap.checkpoint import format as C
 from star_haiku_xmap.checkpoint import write as CW
-from star_haiku_xmap.model import init_params
+from star_haiku_xmap.model.network import init_params
 
 CFG = GPTJConfig(n_layer=1, d_model=16, n_head=2, d_head=8, d_ff=32, rotary_dim=4, n_ctx=16, vocab=40)
 TOK = {"kind": "byte", "vocab_size": 257, "eos_id": 256}

@@ -21,8 +21,8 @@ import pytest
 
 from star_engine.cli import main
 from star_engine.errors import UserError
-from star_haiku_xmap import model
-from star_haiku_xmap.config import GPTJConfig
+from star_haiku_xmap.model import network as model
+from star_haiku_xmap.model.config import GPTJConfig
 from star_haiku_xmap.checkpoint import format as C
 from star_haiku_xmap.checkpoint import write as CW
 
@@ -129,7 +129,7 @@ _LOAD_SCRIPT = textwrap.dedent("""
     import jax, numpy as np
     from star_haiku_xmap import model, sharding
     from star_haiku_xmap.checkpoint import format as C
-    from star_haiku_xmap.config import GPTJConfig
+    from star_haiku_xmap.model.config import GPTJConfig
 
     path, mesh_dp, mesh_mp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     m = C.read_manifest(path)
@@ -256,7 +256,7 @@ def test_gptj_tokenizer_padding_eos_and_loss_boundary(tmp_path, gptj_tokenizer):
     from star_engine.api import GenRequest, GenSpec
     from star_haiku_xmap.plugin import HaikuXmapBackend
     from star_haiku_xmap.tokenizer import HFTokenizer
-    from star_haiku_xmap.train import encode_example
+    from star_haiku_xmap.train.trainer import encode_example
 
     tok = HFTokenizer(gptj_tokenizer)
     assert (tok.vocab_size, tok.eos_id, tok.pad_id) == (50257, 50256, 50256)

@@ -22,12 +22,12 @@ from hypothesis import strategies as st
 
 from star_testkit.fuzzing import budget, json_values, memory_cap, mutated
 from star_engine.errors import UserError
-from star_haiku_xmap.config import GPTJConfig
+from star_haiku_xmap.model.config import GPTJConfig
 from star_haiku_xmap.checkpoint import format as C
 from star_haiku_xmap.checkpoint import write as CW
 from star_haiku_xmap.convert import hf_import, mtj_export, mtj_import, mtj_layout
 from star_haiku_xmap.checkpoint.safeio import read_zstd_part, unpack_msgpack
-from star_haiku_xmap.model import init_params
+from star_haiku_xmap.model.network import init_params
 from star_haiku_xmap.tokenizer import HFTokenizer, tokenizer_from_dict
 
 CFG = GPTJConfig(n_layer=1, d_model=16, n_head=2, d_head=8, d_ff=64, rotary_dim=4, n_ctx=16, vocab=32)

@@ -24,8 +24,9 @@ import pytest
 
 from star_engine.api import GenRequest, GenSpec, TrainExample, TrainSpec
 from star_engine.cli import main
-from star_haiku_xmap import inference, model
-from star_haiku_xmap.config import PRESETS, GPTJConfig, config_from_dict
+from star_haiku_xmap import inference
+from star_haiku_xmap.model import network as model
+from star_haiku_xmap.model.config import PRESETS, GPTJConfig, config_from_dict
 from star_haiku_xmap.checkpoint import format as C
 from star_haiku_xmap.checkpoint import write as CW
 from star_haiku_xmap.convert import hf_export, hf_import, hf_llama
@@ -320,7 +321,8 @@ def test_unknown_architecture_is_refused_by_name(root, imported, tmp_path, capsy
 def test_a_lora_checkpoint_exports_merged_into_its_base(tok_file, tmp_path, capsys):
     """LoRA adapters (a stage of the backend over the imported Llama) export as the merged
     model W + s A B; re-imported, it is lora.merge's model; over another base, refused."""
-    from star_haiku_xmap import lora, plugin
+    from star_haiku_xmap import plugin
+    from star_haiku_xmap.model import lora
 
     src = tmp_path / "base"
     tok = HFTokenizer(tok_file).to_dict()

@@ -16,7 +16,8 @@ import pytest
 from safetensors.numpy import save_file
 
 from star_engine.errors import IntegrityError, UserError
-from star_haiku_xmap import inference, model
+from star_haiku_xmap import inference
+from star_haiku_xmap.model import network as model
 from star_haiku_xmap.sampling import static as sample
 from star_haiku_xmap.convert import hf_import
 from star_haiku_xmap.checkpoint.safeio import read_safetensors_header

@@ -36,7 +36,7 @@ import pytest
 from star_testkit import REPO
 from star_engine.errors import IntegrityError
 from star_haiku_xmap import inference
-from star_haiku_xmap.config import GPTJConfig
+from star_haiku_xmap.model.config import GPTJConfig
 from star_haiku_xmap.checkpoint import format as C
 from star_haiku_xmap.checkpoint import write as CW
 from star_haiku_xmap.convert import hf_import
@@ -179,7 +179,7 @@ tokenizer = "byte"
 def init():
     import jax
 
-    from star_haiku_xmap.model import init_params
+    from star_haiku_xmap.model.network import init_params
 
     return jax.tree.map(np.asarray, init_params(CFG, 0))
 
@@ -265,7 +265,7 @@ def test_forged_huge_shape_with_consistent_sizes_refused_before_allocation(slim,
         assert zf.getinfo(name).file_size == len(header) + (4 << 28)
     out = bounded(f"""
         from star_haiku_xmap.convert import mtj_import
-        from star_haiku_xmap.config import GPTJConfig
+        from star_haiku_xmap.model.config import GPTJConfig
         cfg = GPTJConfig(**{CFG.to_dict()!r})
     """, f"mtj_import.iter_mtj_gptj({str(src)!r}, cfg)")
     assert out.startswith("REFUSED") and f"{piece}:{name}" in out and "268435456" in out, out

@@ -26,7 +26,7 @@ def test_llama_experiments_name_a_checkpoint_and_keep_the_gptj_loop(name):
     gptj = tomllib.loads((ROOT / "experiments" / FILES[name][0]).read_text())
     m = cfg["model"]
     assert m["architecture"] == "llama" and m["checkpoint_path"] and m["tokenizer"] == "hf"
-    from star_haiku_xmap.config import PRESETS
+    from star_haiku_xmap.model.config import PRESETS
 
     assert PRESETS[m["preset"]].architecture == "llama"
     # Only [model] differs, and gsm8k_qwen's checker: math_verify, with lm-eval's two GSM8K scores beside it.

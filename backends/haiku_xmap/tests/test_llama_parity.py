@@ -20,9 +20,10 @@ import numpy as np
 import pytest
 
 from star_engine.errors import UserError
-from star_haiku_xmap import model, sharding
+from star_haiku_xmap.model import network as model
+from star_haiku_xmap.runtime import sharding
 from star_haiku_xmap.sampling import continuous, static as sample
-from star_haiku_xmap.config import LlamaConfig, config_from_dict
+from star_haiku_xmap.model.config import LlamaConfig, config_from_dict
 from star_haiku_xmap.convert import hf_import
 
 FIXTURES = Path(__file__).parent / "fixtures"

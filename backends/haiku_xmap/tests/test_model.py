@@ -12,9 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from star_haiku_xmap import gptj, layers, llama, model
-from star_haiku_xmap.config import PRESETS, GPTJConfig, LlamaConfig
-from star_haiku_xmap.model import param_count
+from star_haiku_xmap.model import gptj
+from star_haiku_xmap.model import layers
+from star_haiku_xmap.model import llama
+from star_haiku_xmap.model import network as model
+from star_haiku_xmap.model.config import PRESETS, GPTJConfig, LlamaConfig
+from star_haiku_xmap.model.network import param_count
 
 CFG = GPTJConfig(n_layer=2, d_model=64, n_head=4, d_head=16, d_ff=128, rotary_dim=8, n_ctx=64, vocab=72)
 

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from star_engine.errors import IntegrityError, UserError
-from star_haiku_xmap import model
-from star_haiku_xmap.config import GPTJConfig
+from star_haiku_xmap.model import network as model
+from star_haiku_xmap.model.config import GPTJConfig
 from star_haiku_xmap.checkpoint import format as C
 from star_haiku_xmap.checkpoint import write as CW
 from star_haiku_xmap.convert import mtj_export, mtj_import, mtj_layout
@@ -149,7 +149,7 @@ def test_leaf_names_and_order_match_mesh_transformer_jax():
 
 
 def test_gptj6b_shard_shapes():
-    from star_haiku_xmap.config import PRESETS
+    from star_haiku_xmap.model.config import PRESETS
 
     layout = {x.name.removeprefix("params/causal_transformer_shard/~/"): x
               for x in mtj_layout.leaf_layout(PRESETS["gptj-6b"], 8)}

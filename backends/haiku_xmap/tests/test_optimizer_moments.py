@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from star_haiku_xmap import train
+from star_haiku_xmap.train import trainer as train
 from star_haiku_xmap.options import AdamW
 
 REPO = Path(__file__).resolve().parents[3]

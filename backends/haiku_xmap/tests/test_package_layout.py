@@ -15,9 +15,14 @@ from pathlib import Path
 import star_haiku_xmap
 
 PACKAGE = Path(star_haiku_xmap.__file__).parent
-CONVERT = {"hf_import", "hf_llama", "mtj_layout", "mtj_import", "mtj_export", "hf_export", "commands"}
+CONVERT = {"hf_import", "hf_llama", "mtj_layout", "mtj_import", "mtj_export", "hf_export", "commands", "actions"}
 SUBPACKAGES = {"checkpoint": {"format", "write", "safeio"}, "plan": {"command", "memory", "models", "experiment", "table"},
-               "sampling": {"static", "continuous", "slots", "text"}}
+               "sampling": {"static", "continuous", "slots", "text"},
+               "model": {"config", "gptj", "llama", "layers", "architectures", "network", "lora", "lora_options"},
+               "train": {"trainer", "packing", "packplan", "resume", "lora_stage", "preference"},
+               "runtime": {"machine", "hugepages", "layout", "distributed", "coordination", "sharding", "envvars",
+                           "weights", "engine"}}
+TOP = {"__init__", "plugin", "options", "tokenizer", "preflight", "inference"}  # the door; the rest is by concern
 # The top-level modules that import from the subpackage, and why they must.
 USES_CONVERT = {
     "plugin": {"commands"},  # registers the commands
@@ -50,6 +55,7 @@ def test_conversion_modules_live_in_the_subpackage():
     assert not CONVERT & {p.stem for p in PACKAGE.glob("*.py")}  # no module left (or shimmed) at the old path
     for package, modules in SUBPACKAGES.items():
         assert {p.stem for p in (PACKAGE / package).glob("*.py")} - {"__init__", "__main__"} == modules
+    assert {p.stem for p in PACKAGE.glob("*.py")} == TOP
     old = {"checkpoint_write", "safeio", "plan_models", "plan_experiment", "sample", "continuous", "text"}
     assert not old & ({p.stem for p in PACKAGE.glob("*.py")} | {p.stem for p in (PACKAGE / "convert").glob("*.py")})
 
@@ -61,7 +67,7 @@ def test_only_the_listed_modules_import_the_subpackage():
 
 def test_subpackage_modules_are_short():
     lines = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines())
-             for folder in ("convert", "checkpoint", "plan", "sampling") for p in (PACKAGE / folder).glob("*.py")}
+             for folder in ("convert", *SUBPACKAGES) for p in (PACKAGE / folder).glob("*.py")}
     assert {name: n for name, n in lines.items() if n > MAX_LINES} == {}
 
 
@@ -83,11 +89,39 @@ def test_the_package_has_no_import_cycle():
     assert [group for group in house.cycles(modules) if group[0].startswith("star_haiku_xmap")] == []
 
 
+def test_old_module_paths_warn_and_give_the_new_module():
+    # Each module that moved into a folder imports by its old path until 0.2: the same module
+    # object, with a DeprecationWarning; the old model and train modules (now packages) lend
+    # their names alike. In a fresh interpreter, so that nothing is imported yet.
+    code = ("import importlib, warnings\n"
+            "from star_haiku_xmap import MOVED\n"
+            "for old, new in MOVED.items():\n"
+            "    with warnings.catch_warnings(record=True) as caught:\n"
+            "        warnings.simplefilter('always')\n"
+            "        module = importlib.import_module('star_haiku_xmap.' + old)\n"
+            "    assert module is importlib.import_module('star_haiku_xmap.' + new), old\n"
+            "    assert [w.category for w in caught] == [DeprecationWarning], (old, caught)\n"
+            "    assert 'star_haiku_xmap.' + new in str(caught[0].message)\n"
+            "from star_haiku_xmap import model, train\n"
+            "from star_haiku_xmap.model import network\n"
+            "from star_haiku_xmap.train import trainer\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    assert model.forward is network.forward and train.train is trainer.train\n"
+            "assert [w.category for w in caught] == [DeprecationWarning] * 2\n"
+            "print(len(MOVED))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(len(star_haiku_xmap.MOVED))
+
+
 def test_discovery_and_the_cli_import_no_jax():
     # The plugin, the commands and the plan's options load when the CLI starts; jax (and
     # haiku) load when a backend is built or a command runs.
     code = ("import sys\n"
             "import star_haiku_xmap.plugin, star_haiku_xmap.convert.commands, star_haiku_xmap.plan.command\n"
+            "import star_haiku_xmap.model, star_haiku_xmap.train, star_haiku_xmap.runtime, star_haiku_xmap.model.config\n"
+            "import star_haiku_xmap.model.lora_options, star_haiku_xmap.runtime.layout, star_haiku_xmap.runtime.hugepages\n"
             "print(sorted(m for m in ('jax', 'haiku', 'optax') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

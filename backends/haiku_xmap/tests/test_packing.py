@@ -14,8 +14,11 @@ import pytest
 
 from star_haiku_xmap.options import AdamW
 
-from star_haiku_xmap import model, packing, packplan, train
-from star_haiku_xmap.config import GPTJConfig
+from star_haiku_xmap.model import network as model
+from star_haiku_xmap.train import packing
+from star_haiku_xmap.train import packplan
+from star_haiku_xmap.train import trainer as train
+from star_haiku_xmap.model.config import GPTJConfig
 from star_haiku_xmap.tokenizer import ByteTokenizer
 
 CFG = GPTJConfig(n_layer=2, d_model=64, n_head=4, d_head=16, d_ff=128, rotary_dim=8, n_ctx=128, vocab=264)

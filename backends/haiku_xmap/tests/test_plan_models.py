@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from star_engine.cli import main
-from star_haiku_xmap.config import PRESETS
-from star_haiku_xmap.model import param_count
+from star_haiku_xmap.model.config import PRESETS
+from star_haiku_xmap.model.network import param_count
 from star_haiku_xmap.plan.models import FULL, LORA, MODELS, extrapolate
 
 

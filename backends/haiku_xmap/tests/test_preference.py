@@ -20,9 +20,12 @@ import pytest
 
 from star_engine.api import PreferencePair, PreferenceSpec, TrainExample, TrainSpec
 from star_engine.errors import UserError
-from star_haiku_xmap import model, plugin, preference, resume
+from star_haiku_xmap import plugin
+from star_haiku_xmap.model import network as model
+from star_haiku_xmap.train import preference
+from star_haiku_xmap.train import resume
 from star_haiku_xmap.checkpoint.format import load_checkpoint, read_manifest
-from star_haiku_xmap.config import GPTJConfig
+from star_haiku_xmap.model.config import GPTJConfig
 from star_haiku_xmap.tokenizer import ByteTokenizer
 from star_testkit import Killed, killer
 
@@ -248,7 +251,7 @@ def test_refusals_name_the_verifier_keys(tmp_path):
     b.validate_run({}, {"verifier": ok})
     for adapter, message in [({**ADAPTER, "rank": 1000}, "verifier.adapter.rank: 1000 is above"),
                              ({**ADAPTER, "targets": ["q"]}, "verifier.adapter.targets: 'q' is not"),
-                             ({**ADAPTER, "ranks": 2}, "verifier.adapter.ranks: unknown option")]:
+                             ({**ADAPTER, "ranks": 2}, "unknown key 'verifier.adapter.ranks'")]:
         with pytest.raises(UserError, match=message):
             b.validate_run({}, {"verifier": dataclasses.replace(ok, adapter=adapter)})
 

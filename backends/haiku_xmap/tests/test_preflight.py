@@ -16,10 +16,10 @@ from star_engine.api import GenSpec, TrainSpec
 from star_engine.config.load import check_table
 from star_engine.errors import IntegrityError, UserError
 from star_haiku_xmap import preflight
-from star_haiku_xmap.config import GPTJConfig
+from star_haiku_xmap.model.config import GPTJConfig
 from star_haiku_xmap.checkpoint import format as C
 from star_haiku_xmap.checkpoint import write as CW
-from star_haiku_xmap.model import init_params
+from star_haiku_xmap.model.network import init_params
 from star_haiku_xmap.options import AdamW
 from star_haiku_xmap.plugin import HaikuXmapBackend
 

@@ -18,7 +18,8 @@ import pytest
 
 from star_engine.api import GenRequest, GenSpec, TrainExample, TrainSpec
 from star_engine.errors import UserError
-from star_haiku_xmap import plugin, resume
+from star_haiku_xmap import plugin
+from star_haiku_xmap.train import resume
 from star_haiku_xmap.checkpoint.format import load_checkpoint, read_manifest
 from star_testkit import Killed, killer
 

@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from star_haiku_xmap import model
+from star_haiku_xmap.model import network as model
 from star_haiku_xmap.sampling import static as sample
-from star_haiku_xmap.config import GPTJConfig
+from star_haiku_xmap.model.config import GPTJConfig
 
 CFG = GPTJConfig(n_layer=2, d_model=64, n_head=4, d_head=16, d_ff=128, rotary_dim=8, n_ctx=64, vocab=72)
 EOS = 70

@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 
-from star_haiku_xmap import model, sharding
-from star_haiku_xmap.config import GPTJConfig
+from star_haiku_xmap.model import network as model
+from star_haiku_xmap.runtime import sharding
+from star_haiku_xmap.model.config import GPTJConfig
 
 CFG = GPTJConfig(n_layer=2, d_model=64, n_head=4, d_head=16, d_ff=128, rotary_dim=8, n_ctx=64, vocab=72)
 
@@ -73,7 +74,7 @@ import jax, jax.numpy as jnp, numpy as np
 from star_haiku_xmap import model, sharding, train
 from star_haiku_xmap.options import AdamW
 from star_haiku_xmap.sampling import static as sample
-from star_haiku_xmap.config import GPTJConfig
+from star_haiku_xmap.model.config import GPTJConfig
 cfg = GPTJConfig(**json.loads(sys.argv[1]))
 assert jax.device_count() == 8, jax.device_count()
 params = model.init_params(cfg, 0)

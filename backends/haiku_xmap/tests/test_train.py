@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 
 from star_engine.errors import UserError
-from star_haiku_xmap import model, packing, train
+from star_haiku_xmap.model import network as model
+from star_haiku_xmap.train import packing
+from star_haiku_xmap.train import trainer as train
 from star_haiku_xmap.sampling import static as sample
-from star_haiku_xmap.config import PRESETS, GPTJConfig
+from star_haiku_xmap.model.config import PRESETS, GPTJConfig
 from star_haiku_xmap.tokenizer import ByteTokenizer
 from star_haiku_xmap.options import AdamW
 

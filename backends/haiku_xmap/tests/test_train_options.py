@@ -41,7 +41,7 @@ def test_bf16_checkpoint_stores_fp32_masters_and_continues_from_them(tmp_path):
     # generation runs in the compute dtype
     out = backend.generate(res.checkpoint, [GenRequest("Q: 1+1\nA:", 0)],
                            GenSpec(max_new_tokens=4, temperature=0.0, top_p=1.0, stop=(), batch_size=1))
-    assert len(out) == 1 and backend._cache[1] == "bfloat16"
+    assert len(out) == 1 and backend.weights.cached_dtype == "bfloat16"
     # restart_from_base = false: the next fine-tune starts from exactly those fp32 weights
     again = backend.train(res.checkpoint, tmp_path / "it2", EXAMPLES, dataclasses.replace(SPEC, steps=0))
     for k, v in _leaves(again.checkpoint).items():
@@ -87,3 +87,26 @@ def test_training_mistakes_are_user_errors(tmp_path):
         plugin.HaikuXmapBackend.from_table(**SMALL, grad_accum_dtype="int8")
     with pytest.raises(UserError, match="model.remat"):
         plugin.HaikuXmapBackend.from_table(**SMALL, remat="yes")
+
+
+def test_typed_optimizer_and_adapter_objects_are_taken_as_tables_are():
+    # The core may hand the backend's own declared objects (``optimizer_table``, ``adapter_tables``)
+    # instead of tables: an AdamW is used as it is, a table becomes the same AdamW; a LoraOptions
+    # is checked against the model as its table is, with the same keys.
+    from star_haiku_xmap.model import lora
+    from star_haiku_xmap.model.lora_options import LoraOptions
+    from star_haiku_xmap.options import AdamW
+
+    backend = plugin.HaikuXmapBackend.from_table(**SMALL)
+    adamw = AdamW(lr=1e-3, warmup_steps=0)
+    assert backend.train_config(dataclasses.replace(SPEC, optimizer=adamw)).optimizer is adamw
+    assert backend.train_config(SPEC).optimizer == adamw
+    assert backend.adapter_tables == {"lora": LoraOptions} and backend.adapter_kinds == ("lora",)
+    table = {"kind": "lora", "rank": 4, "targets": ["q_proj", "v_proj"]}
+    typed = LoraOptions.from_table(table, "training.adapter")
+    assert LoraOptions.from_table(typed) is typed
+    assert lora.check_table(typed, backend.config, "k") == lora.check_table(table, backend.config, "k")
+    with pytest.raises(UserError, match=r"training\.adapter\.targets: 'q_porj' is not a projection"):
+        lora.adapter_spec(LoraOptions(kind="lora", targets=("q_porj",)), backend.config, "training.adapter")
+    with pytest.raises(UserError, match=r"training\.adapter\.rank: must be >= 1"):
+        LoraOptions.from_table({"kind": "lora", "rank": 0}, "training.adapter")

@@ -20,13 +20,13 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from star_engine.errors import UserError
-from star_haiku_xmap import sharding
+from star_haiku_xmap.runtime import sharding
 
 SCRIPT = textwrap.dedent("""
     import json
     import jax, jax.numpy as jnp, numpy as np
     from star_haiku_xmap import distributed as D, model, sharding, train as tr
-    from star_haiku_xmap.config import GPTJConfig
+    from star_haiku_xmap.model.config import GPTJConfig
     from star_haiku_xmap.options import AdamW
 
     cfg32 = GPTJConfig(n_layer=1, d_model=64, n_head=4, d_head=16, d_ff=256, rotary_dim=8, n_ctx=64, vocab=72)
@@ -68,7 +68,7 @@ PACKED_SCRIPT = textwrap.dedent("""
     import json
     import jax, numpy as np
     from star_haiku_xmap import distributed as D, model, packing, sharding, train as tr
-    from star_haiku_xmap.config import GPTJConfig
+    from star_haiku_xmap.model.config import GPTJConfig
 
     cfg32 = GPTJConfig(n_layer=2, d_model=64, n_head=4, d_head=16, d_ff=256, rotary_dim=8, n_ctx=128, vocab=72)
     rng = np.random.default_rng(0)

@@ -34,7 +34,7 @@ def test_math_qwen_trains_qwen_on_math_and_evaluates_on_math500():
     assert task["data"]["dev"].endswith("math500/test.jsonl") and cfg["evaluation"]["splits"] == ["dev"]
     assert "math500_file" not in task["options"]  # dev is the MATH-500 file itself; MATH's train split has none
     assert model["architecture"] == "llama" and model["checkpoint_path"] and model["tokenizer"] == "hf"
-    from star_haiku_xmap.config import PRESETS
+    from star_haiku_xmap.model.config import PRESETS
 
     assert PRESETS[model["preset"]].architecture == "llama" and model["preset"].startswith("qwen2.5")
     assert cfg["generation"]["max_new_tokens"] < PRESETS[model["preset"]].n_ctx

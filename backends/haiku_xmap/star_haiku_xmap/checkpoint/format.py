@@ -45,7 +45,7 @@ import numpy as np
 
 from star_engine import IntegrityError, UserError
 
-from ..config import MAX_LAYERS, config_from_dict
+from ..model.config import MAX_LAYERS, config_from_dict
 
 from .safeio import check_alloc, np_dtype, read_bounded, read_zstd_part, unpack_msgpack
 
@@ -97,12 +97,9 @@ def _get_path(tree: Any, path: tuple[str, ...], what: str) -> Any:
 
 @functools.lru_cache(maxsize=16)
 def _param_specs_cached(config_items: tuple) -> dict[tuple[str, ...], tuple[tuple[int, ...], str]]:
-    import jax  # the format is read without jax (export, preflight, ids); only shapes and devices need it
+    from ..model import network  # jax: the format is read without it (export, preflight, ids); shapes need it
 
-    from ..model import init_params  # jax, as above
-
-    config = config_from_dict(dict(config_items))
-    shapes = jax.eval_shape(lambda key: init_params(config, key), jax.random.key(0))
+    shapes = network.param_shapes(config_from_dict(dict(config_items)))
     return {path: (tuple(s.shape), np.dtype(s.dtype).name) for path, s in flatten(shapes)}
 
 
@@ -235,7 +232,7 @@ def _check_against_config(m: dict, where: str) -> None:
         raise IntegrityError(f"{where}: model_config is not a valid GPT-J config ({exc})") from None
     extra = m.get("extra")
     if isinstance(extra, dict) and extra.get("kind") == "lora":  # adapters alone, over a base
-        from ..lora import checkpoint_specs  # jax (haiku), as _param_specs_cached
+        from ..model.lora import checkpoint_specs  # jax (haiku), as _param_specs_cached
 
         try:
             specs = checkpoint_specs(m["model_config"], extra)

@@ -20,6 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+try:
+    import resource  # Unix only: absent elsewhere, where there is no limit to read
+except ImportError:  # pragma: no cover
+    resource = None  # type: ignore[assignment]
+
 import msgpack
 import numpy as np
 import zstandard
@@ -58,9 +63,9 @@ def _cgroup_available() -> int | None:
 
 def _rlimit_available() -> int | None:
     """Room left under RLIMIT_AS / RLIMIT_DATA (a soft limit set on this process)."""
+    if resource is None:
+        return None
     try:
-        import resource  # Unix only: absent elsewhere, where there is no limit to read
-
         with open("/proc/self/status", "rb") as f:
             status = {k: int(v.split()[0]) * 1024 for k, _, v in (line.partition(b":") for line in f)
                       if k in (b"VmSize", b"VmData")}

@@ -78,7 +78,7 @@ def split_axis_for(key_path: tuple[str, ...], shape: tuple[int, ...], mp_split: 
     sharding rules put on "mp", when ``mp_split`` > 1 divides it; else None."""
     if mp_split <= 1 or len(key_path) < 2:
         return None
-    from ..sharding import spec_for  # jax: the format is written without it unless split for a mesh
+    from ..runtime.sharding import spec_for  # jax: the format is written without it unless split for a mesh
 
     try:  # {module: {name: leaf}} ends every params-like tree (moments too, resume.py)
         spec = spec_for(f"{key_path[-2]}/{key_path[-1]}", shape)
@@ -100,8 +100,6 @@ def write_checkpoint(path: str | os.PathLike, leaves: Iterable[tuple[tuple[str, 
     stored as ``mp_split`` parts (see ``format.py``). ``specs``: the leaves
     expected, {key path: (shape, dtype name)} (default: the model's parameters,
     ``param_specs``; a training snapshot passes its state's, ``resume.py``)."""
-    import jax  # the format is written without jax (import, export); device arrays are fetched with it
-
     if isinstance(mp_split, bool) or not isinstance(mp_split, int) or mp_split < 1:
         raise UserError(f"mp_split must be an int >= 1, got {mp_split!r}")
 
@@ -121,7 +119,7 @@ def write_checkpoint(path: str | os.PathLike, leaves: Iterable[tuple[tuple[str, 
         raw: memoryview | None
         for index, (key_path, value) in enumerate(leaves):
             key_path = tuple(key_path)
-            arr = np.asarray(jax.device_get(value))
+            arr = np.asarray(value)  # a device array is fetched (jax's __array__)
             name = _dtype_name(arr.dtype)
             want = specs.get(key_path)
             if want is None or key_path in seen:

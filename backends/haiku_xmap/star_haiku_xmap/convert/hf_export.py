@@ -54,9 +54,9 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from star_engine import IntegrityError, UserError
 from star_engine.helpers import fsync_dir, temporary_sibling
 
-from ..config import GPTJConfig, ModelConfig, architecture, config_from_dict
+from ..model.config import GPTJConfig, ModelConfig, architecture, config_from_dict
 from . import hf_llama
-from ..lora import LoraSpec
+from ..model.lora import LoraSpec
 from ..tokenizer import TOKENIZER_FILE_MAX
 from ..checkpoint.format import MANIFEST, checked_manifest, manifest_sha256, param_specs, read_leaf, read_manifest
 from .hf_import import hf_name as gptj_hf_name

@@ -42,7 +42,7 @@ from tokenizers import Tokenizer
 
 from star_engine import IntegrityError, UserError
 
-from ..config import GPTJConfig, ModelConfig, architecture
+from ..model.config import GPTJConfig, ModelConfig, architecture
 from . import hf_llama
 from ..checkpoint.format import param_specs
 from ..checkpoint.write import write_checkpoint

@@ -28,7 +28,7 @@ from typing import Any
 
 from star_engine import UserError
 
-from ..config import LlamaConfig
+from ..model.config import LlamaConfig
 
 MODEL_TYPES = ("llama", "qwen2", "mistral")
 _ROTARY_BUFFER = r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq"

@@ -20,7 +20,7 @@ from numpy.lib import format as npy_format
 from star_engine import UserError
 from star_engine.helpers import fsync_dir, temporary_sibling
 
-from ..config import GPTJConfig
+from ..model.config import GPTJConfig
 from ..checkpoint.format import checked_manifest, read_leaf
 from .mtj_layout import leaf_layout, piece_sizes, shard_slices
 from ..checkpoint.safeio import make_parents, np_dtype, remove_created

@@ -28,7 +28,7 @@ from numpy.lib import format as npy_format
 
 from star_engine import IntegrityError, UserError
 
-from ..config import GPTJConfig
+from ..model.config import GPTJConfig
 from ..checkpoint.format import param_specs
 from ..checkpoint.write import write_checkpoint
 from .mtj_layout import MtjLeaf, leaf_layout

@@ -44,7 +44,7 @@ import numpy as np
 
 from star_engine import UserError
 
-from ..config import PRESETS, GPTJConfig
+from ..model.config import PRESETS, GPTJConfig
 from ..checkpoint.safeio import read_json
 
 PREFIX = "causal_transformer_shard/~/"

@@ -32,7 +32,7 @@ from typing import Any
 from star_engine import UserError
 from star_engine.helpers import run_command
 
-from ..config import MAX_LAYERS, PRESETS, preset
+from ..model.config import MAX_LAYERS, PRESETS, preset
 from .models import add_arguments as add_model_arguments, run_models
 from .table import GIB, short, yes
 
@@ -146,10 +146,7 @@ HEADER = ("| mesh dp x mp | program | ZeRO | master | moments | grad accum | rem
 
 
 def run(args: argparse.Namespace) -> int:
-    # jax: this module loads with the CLI (the plan's options); jax when a plan runs
-    import jax
-
-    from .memory import parse_mesh, setup_devices, plan_one
+    from . import memory  # jax: this module loads with the CLI (the plan's options); jax when a plan runs
 
     if getattr(args, "experiment", None) is not None:
         return _run_experiment(args)
@@ -162,14 +159,14 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "models", None):
         return run_models(args)
     if args.standard:
-        jobs: list[tuple[Any, ...]] = [(parse_mesh(m), *rest) for m, *rest in STANDARD]
+        jobs: list[tuple[Any, ...]] = [(memory.parse_mesh(m), *rest) for m, *rest in STANDARD]
     else:
-        jobs = [(parse_mesh(args.mesh), args.zero, args.master_dtype, args.opt_state_dtype, args.grad_accum_dtype,
+        jobs = [(memory.parse_mesh(args.mesh), args.zero, args.master_dtype, args.opt_state_dtype, args.grad_accum_dtype,
                  args.remat, args.device_gib, args.batch, args.grad_accum)]
-    setup_devices(max(dp * mp for (dp, mp), *_ in jobs), args.platform)
+    memory.setup_devices(max(dp * mp for (dp, mp), *_ in jobs), args.platform)
     if not args.json:
         print(f"# {args.preset}: {config.n_layer} layers, d_model {config.d_model}, {config.dtype}; "
-              f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} devices)")
+              f"{memory.devices_line()}")
         print(HEADER)
     done_sample = set()
     for (dp, mp), zero, master, opt_dtype, accum, remat, gib, batch, grad_accum in jobs:
@@ -177,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         if "sample" in todo:
             done_sample.add((dp, mp))
         with _compiling(todo, dp, mp):
-            rows = plan_one(config=config, dp=dp, mp=mp, zero=zero, opt_state_dtype=opt_dtype, batch=batch,
+            rows = memory.plan_one(config=config, dp=dp, mp=mp, zero=zero, opt_state_dtype=opt_dtype, batch=batch,
                             grad_accum=grad_accum, seq_len=args.seq_len, gen_batch=args.gen_batch,
                             prompt_len=args.prompt_len, new_tokens=args.new_tokens, what=todo,
                             master_dtype=master, accum_dtype=accum, remat=remat)
@@ -200,30 +197,29 @@ def _compiling(what: tuple[str, ...], dp: int, mp: int) -> Iterator[None]:
 
 def _run_experiment(args: argparse.Namespace) -> int:
     """``plan EXPERIMENT``: the experiment's train steps and sampler (``experiment.py``)."""
-    from .experiment import SECTIONS, job, load, unplanned  # jax (haiku, via lora), as run
-    from .memory import setup_devices, plan_one
+    from . import experiment, memory  # jax (haiku, via lora), as run
 
     what = tuple(w.strip() for w in args.what.split(",") if w.strip())
-    if not what or set(what) - {*SECTIONS, "sample"}:
-        raise UserError(f"--what: a comma-separated list of {', '.join(SECTIONS)}, sample; got {args.what!r}")
+    if not what or set(what) - {*experiment.SECTIONS, "sample"}:
+        raise UserError(f"--what: a comma-separated list of {', '.join(experiment.SECTIONS)}, sample; got {args.what!r}")
     if not args.device_gib > 0 or args.device_gib == float("inf"):
         raise UserError(f"--device-gib: must be a positive number, got {args.device_gib}")
-    cfg = load(args)
-    trains = [w for w in what if w in SECTIONS]
-    jobs = [job(args, w, cfg) for w in trains or ["train"]]  # every program refused before any compiles
+    cfg = experiment.load(args)
+    trains = [w for w in what if w in experiment.SECTIONS]
+    jobs = [experiment.job(args, w, cfg) for w in trains or ["train"]]  # every program refused before any compiles
     config, kw, _ = jobs[0]
-    setup_devices(kw["dp"] * kw["mp"], args.platform)
+    memory.setup_devices(kw["dp"] * kw["mp"], args.platform)
     if not args.json:
         for _, _, line in jobs:
             print(line)
-        for w in unplanned(cfg, what):
-            print(f"# the experiment also runs the {SECTIONS[w].label or '[training]'} step: plan it with --what {w}")
+        for w in experiment.unplanned(cfg, what):
+            print(f"# the experiment also runs the {experiment.SECTIONS[w].label or '[training]'} step: plan it with --what {w}")
         print(HEADER)
     programs = [(kw, ("train",)) for _, kw, _ in jobs] if trains else []
     programs += [(kw, ("sample",))] if "sample" in what else []
     for kw, todo in programs:
         with _compiling(todo, kw["dp"], kw["mp"]):
-            rows = plan_one(config=config, what=todo, **kw)
+            rows = memory.plan_one(config=config, what=todo, **kw)
         for r in rows:
             if args.json:
                 print(json.dumps({**r, "device_gib": args.device_gib, "fits": r["peak"] <= args.device_gib * GIB}),

@@ -29,8 +29,8 @@ from star_engine import Registry, UserError
 from star_engine.helpers import is_int, load_experiment
 
 from ..checkpoint.format import MANIFEST, read_manifest
-from ..config import PRESETS, config_from_dict, preset
-from ..lora import check_table
+from ..model.config import PRESETS, config_from_dict, preset
+from ..model.lora import check_table
 from ..options import missing_checkpoint
 
 # The plan options an experiment decides, as (flag, args attribute).

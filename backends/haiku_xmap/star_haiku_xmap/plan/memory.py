@@ -18,9 +18,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from star_engine import UserError
 
-from .. import model, packing, preference, sharding
-from .. import train as tr
-from ..config import architecture as arch
+from ..model import network as model
+from ..train import packing
+from ..train import preference
+from ..runtime import sharding
+from ..train import trainer as tr
+from ..model.config import architecture as arch
 from ..options import AdamW
 from ..sampling import static
 
@@ -142,3 +145,8 @@ def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch
                         "shape": f"{rows} x ({prompt_len} + {new_tokens})", "lower_s": round(t1 - t0, 1),
                         "compile_s": round(t2 - t1, 1), **_stats(compiled)})
     return results
+
+
+def devices_line() -> str:
+    """jax's version and the devices a plan compiles for (the table's heading)."""
+    return f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} devices)"

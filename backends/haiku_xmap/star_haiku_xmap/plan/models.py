@@ -26,7 +26,7 @@ import json
 
 from star_engine import UserError
 
-from ..config import preset
+from ..model.config import preset
 from .table import GIB, short, yes
 
 FULL = ("qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b")
@@ -68,7 +68,7 @@ def _one(config, layers: tuple[int, int] | None, **kw) -> dict:
 def plan_model(name: str, target: tuple, args: argparse.Namespace, layers: tuple[int, int] | None) -> list[dict]:
     """The sampler's row and the first training settings that fit (else the smallest peak) for one model and
     target."""
-    from ..lora import check_table  # jax (haiku), as _one
+    from ..model.lora import check_table  # jax (haiku), as _one
 
     label, dp, mp, gib = target
     config = preset(name.removesuffix("+lora"), dtype="bfloat16")

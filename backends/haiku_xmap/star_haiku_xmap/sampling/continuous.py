@@ -39,8 +39,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
-from .. import model
-from ..config import GPTJConfig
+from ..model import network as model
+from ..model.config import GPTJConfig
 from ..options import DecodeConfig
 from . import slots as device
 from .static import keys_from_seeds, left_pad

@@ -25,8 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .. import model
-from ..config import GPTJConfig
+from ..model import network as model
+from ..model.config import GPTJConfig
+from ..runtime.distributed import global_array, to_host
 from .static import any_shard, mask_vocab, sample_logits
 
 
@@ -166,13 +167,9 @@ def put(x, mesh: Mesh | None, spec: P):
     """A host array on the mesh (a global array from every process's identical copy)."""
     if mesh is None:
         return jnp.asarray(x)
-    from ..distributed import global_array
-
     sharding = NamedSharding(mesh, spec)
     return global_array(x, sharding) if jax.process_count() > 1 else jax.device_put(x, sharding)
 
 
 def host(x) -> np.ndarray:
-    from ..distributed import to_host
-
     return to_host(x)

@@ -19,8 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .. import model, sharding
-from ..config import GPTJConfig
+from ..model import network as model
+from ..runtime import distributed as dist, sharding
+from ..train.packing import bucket_lengths
+from ..model.config import GPTJConfig
 from ..options import DecodeConfig
 
 
@@ -180,9 +182,6 @@ def generate_batches(params, prompts: Sequence[Sequence[int]], seeds: Sequence[i
     ``continuous.generate`` (new tokens, end-of-text not included); stop strings
     are the caller's to apply. ``decode.max_new_tokens`` (default: the largest budget)
     fixes the compiled loop length and the prompt buckets below n_ctx."""
-    from .. import distributed as dist
-    from ..train import bucket_lengths
-
     N = max(budgets, default=0) if decode.max_new_tokens is None else decode.max_new_tokens
     slots, eos_id, pad_id = decode.slots, decode.eos_id, decode.pad_id
     results: list[list[int]] = [[] for _ in prompts]

@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 
 from star_engine import GenRequest, GenSpec, Progress
 
+from . import continuous as cont, static
+
 
 def cut_at_stop(text: str, stops: Sequence[str]) -> str:
     """``text`` before the earliest occurrence of any stop string."""
@@ -29,8 +31,6 @@ def generate_text(params: Any, requests: Sequence[GenRequest], spec: GenSpec, *,
     by end-of-text, a stop string or its budget, takes the next prompt; ``decode.chunk``
     decode steps between refills) or, ``continuous`` False, the static path
     (``model.generation = "static"``: length-sorted batches, each until its last row ends)."""
-    from . import continuous as cont, static  # jax: this module loads with the plugin, which must not import jax
-
     tok = tokenizer
     max_prompt = config.n_ctx - spec.max_new_tokens
     # Prompts longer than the context keep their end; an empty one starts from end-of-text.

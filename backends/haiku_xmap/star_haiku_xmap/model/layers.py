@@ -28,7 +28,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from .config import ModelConfig
-from .envvars import ATTENTION_ENV, ATTENTION_KINDS, attention_choice  # noqa: F401 -- ATTENTION_* re-exported
+from ..runtime.envvars import ATTENTION_ENV, ATTENTION_KINDS, attention_choice  # noqa: F401 -- ATTENTION_* re-exported
 
 # Finite "minus infinity": a fully masked row (a left-padding query) softmaxes to
 # uniform over the keys it is given, not NaN; its output is never used.

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import gptj, llama
+from . import gptj
+from . import llama
 from .config import GPTJConfig, LlamaConfig, ModelConfig
 
 

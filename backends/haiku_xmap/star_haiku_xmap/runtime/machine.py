@@ -4,38 +4,27 @@ per core by default, so that a dp mesh splits batches over the cores), multi-pro
 its heartbeat, the persistent compilation cache, the mesh. Each must run before jax starts
 its backends; building the backend (``star-engine validate``) does none of it.
 
-**Huge pages.** XLA:CPU allocates a fresh buffer for every step's temporaries and faults it
-in page by page; with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` malloc asks for huge pages
-(THP in ``madvise`` mode), which made CPU training and generation faster with bit-identical
-results (docs/performance.md). glibc reads its tunables only at process start, so the
-``star-engine`` command runs itself again once with the tunable added (``exec``: same pid,
-same arguments) when the run starts the backend, before it writes anything.
-``STAR_ENGINE_HUGEPAGES=0`` leaves malloc as it is; a ``glibc.malloc.hugetlb`` already in
-``GLIBC_TUNABLES`` is kept as given. On a machine with an accelerator
-(``accelerator_present``) it stays off: the host's malloc is not where such a run spends
-its time.
+Huge pages are ``hugepages.py``'s (re-exported here).
 """
 
 from __future__ import annotations
 
 import os
-import platform
-import sys
 from dataclasses import dataclass
 from typing import Any, cast
 from collections.abc import Mapping
 
+import jax
+from jax._src import xla_bridge
+
 from star_engine import UserError
 from star_engine.helpers import is_int
 
-from . import distributed as dist
-from .options import MAX_CPU_DEVICES
-
-HUGETLB = "glibc.malloc.hugetlb=1"
-OPT_OUT = "STAR_ENGINE_HUGEPAGES"
-# Device files of an NVIDIA GPU, an AMD GPU (ROCm) and a TPU (accel driver).
-ACCELERATOR_DEVICES = ("/dev/nvidiactl", "/dev/kfd", "/dev/accel0")
-COMMAND = "star-engine"  # the console script; ``python -m star_engine`` is the same command
+from ..options import MAX_CPU_DEVICES
+from . import distributed as dist, sharding
+from .coordination import start_heartbeat
+from .hugepages import (ACCELERATOR_DEVICES, COMMAND, HUGETLB, OPT_OUT, accelerator_present,  # noqa: F401
+                        default_cpu_devices, hugepages_environ, is_command, with_hugepages)
 
 
 @dataclass(frozen=True)
@@ -50,8 +39,6 @@ def start_runtime(options: Any) -> Runtime:
     """Start what a run needs of this machine, for ``[model]`` ``options`` (``ModelOptions``),
     in this order: XLA:CPU's device count, multi-process JAX, the heartbeat the other
     processes' barriers watch, the compilation cache, then the mesh (which lists the devices)."""
-    from . import sharding
-
     if options.cpu_devices is not None:
         set_cpu_devices(options.cpu_devices)
     elif dist.resolve_options(options.distributed) is None:
@@ -59,58 +46,12 @@ def start_runtime(options: Any) -> Runtime:
     distributed = dist.initialize(options.distributed)
     use_compile_cache()
     if distributed:  # the other processes' barriers see this one alive from now on
-        from .coordination import start_heartbeat
-
         start_heartbeat()
     try:
         mesh = sharding.make_mesh({"dp": -1, "mp": 1} if options.mesh is None else dict(options.mesh))
     except ValueError as exc:
         raise UserError(f"model.mesh: {exc}", key="model.mesh") from None
     return Runtime(mesh, distributed)
-
-
-def accelerator_present(devices: tuple[str, ...] = ACCELERATOR_DEVICES) -> bool:
-    """Whether this machine has a GPU or TPU (its driver's device file), without starting
-    any framework: CPU-only tuning (huge pages, one XLA:CPU device per core) stays off there."""
-    return any(os.path.exists(d) for d in devices)
-
-
-def hugepages_environ(environ: Mapping[str, str], accelerator: bool | None = None) -> dict[str, str] | None:
-    """The environment to run again with, or None when nothing changes (opted
-    out, not Linux with glibc, an accelerator present, or the tunable already set
-    either way). ``accelerator``: default ``accelerator_present()``."""
-    if environ.get(OPT_OUT, "1").strip() == "0":
-        return None
-    if accelerator_present() if accelerator is None else accelerator:
-        return None
-    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
-        return None
-    tunables = environ.get("GLIBC_TUNABLES", "")
-    if "glibc.malloc.hugetlb=" in tunables:
-        return None
-    return {**environ, "GLIBC_TUNABLES": ":".join(x for x in (tunables, HUGETLB) if x)}
-
-
-def is_command() -> bool:
-    """Whether this process is the ``star-engine`` command (its console script, or
-    ``python -m star_engine``): only it may run itself again (never a test session, a
-    notebook, a benchmark that uses the backend)."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return getattr(spec, "name", None) == "star_engine.__main__" or os.path.basename(sys.argv[0]) == COMMAND
-
-
-def with_hugepages() -> None:
-    """Run this process's command line again with the tunable (returns only when
-    nothing is to change, or when exec fails: then malloc stays as it is)."""
-    env = hugepages_environ(os.environ)
-    if env is None:
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        os.execve(sys.executable, sys.orig_argv, env)
-    except OSError:
-        pass
 
 
 def set_cpu_devices(n: Any) -> None:
@@ -123,7 +64,6 @@ def set_cpu_devices(n: Any) -> None:
     if not is_int(n) or not 1 <= n <= MAX_CPU_DEVICES:
         raise UserError(f"model.cpu_devices: must be an int in [1, {MAX_CPU_DEVICES}], got {n!r}",
                         key="model.cpu_devices")  # the [model] table is checked alike (options.resolve)
-    import jax  # this module loads with the plugin, which must not import jax (discovery stays fast)
 
     try:
         jax.config.update("jax_num_cpu_devices", n)
@@ -134,11 +74,6 @@ def set_cpu_devices(n: Any) -> None:
                             f"device(s), not {n}; set it before anything uses jax", key="model.cpu_devices") from None
 
 
-def default_cpu_devices() -> int:
-    """The cores this process may run on (its CPU affinity), at least 1."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def use_every_core(mesh: Mapping[str, Any] | None = None) -> None:
     """``model.cpu_devices`` left unset: one XLA:CPU device per core
     (``default_cpu_devices``), unless jax has already started its backends or the
@@ -147,8 +82,6 @@ def use_every_core(mesh: Mapping[str, Any] | None = None) -> None:
     ``JAX_NUM_CPU_DEVICES``). A mesh with both sizes given (``{dp = 1, mp = 1}``)
     asks for exactly dp x mp devices instead. The same machine and setting give the
     same mesh."""
-    import jax  # as set_cpu_devices
-    from jax._src import xla_bridge
 
     if accelerator_present():  # the mesh is the GPU's or TPU's devices: XLA:CPU's count stays as it is
         return
@@ -169,7 +102,6 @@ def use_compile_cache() -> None:
     ``$XDG_CACHE_HOME/star-engine/jax``, i.e. ``~/.cache/star-engine/jax``); ``0`` or
     an empty value turns it off. A loaded executable is the one that was compiled,
     so results do not change. A cache folder already configured is kept."""
-    import jax  # as set_cpu_devices
 
     folder = os.environ.get("STAR_HAIKU_XMAP_COMPILE_CACHE")
     if folder is None:

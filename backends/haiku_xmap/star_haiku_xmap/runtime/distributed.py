@@ -21,74 +21,24 @@ from what every process holds; ``to_host`` / ``host_leaves`` bring them back
 
 from __future__ import annotations
 
-import os
 from typing import Any
 from collections.abc import Mapping
 
+import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from star_engine import UserError
-from star_engine.helpers import is_int
 
-ENV_COORDINATOR = "STAR_ENGINE_COORDINATOR"
-ENV_NUM_PROCESSES = "STAR_ENGINE_NUM_PROCESSES"
-ENV_PROCESS_ID = "STAR_ENGINE_PROCESS_ID"
-ENV_LOCAL_DEVICE_IDS = "STAR_ENGINE_LOCAL_DEVICE_IDS"
+from ..checkpoint.format import flatten
+from ..checkpoint.write import save_checkpoint as save, write_checkpoint
+from . import coordination, sharding
+from .layout import ENV_COORDINATOR, ENV_LOCAL_DEVICE_IDS, ENV_NUM_PROCESSES, ENV_PROCESS_ID, resolve_options  # noqa: F401
 
 _initialized: dict | None = None
 
 
 # ----------------------------------------------------------------------------- initialisation
-
-
-def resolve_options(option: Any, environ: Mapping[str, str] | None = None) -> dict | None:
-    """The ``jax.distributed.initialize`` arguments for a ``[model] distributed``
-    value and the environment, or None for a single process. UserError on bad values."""
-    env = os.environ if environ is None else environ
-    if option == "auto":
-        return {"auto": True}
-    if option is not None and not isinstance(option, Mapping):
-        raise UserError(f"model.distributed: must be a table {{coordinator = \"host:port\", num_processes = N, "
-                        f"process_id = I}} or \"auto\", got {option!r}", key="model.distributed")
-    table = dict(option or {})
-    unknown = sorted(set(table) - {"coordinator", "num_processes", "process_id", "local_device_ids"})
-    if unknown:
-        raise UserError(f"model.distributed: unknown keys {unknown}; allowed: coordinator, num_processes, "
-                        "process_id, local_device_ids", key="model.distributed")
-    out: dict[str, Any] = {
-        "coordinator": table.get("coordinator", env.get(ENV_COORDINATOR)),
-        "num_processes": table.get("num_processes", env.get(ENV_NUM_PROCESSES)),
-        "process_id": table.get("process_id", env.get(ENV_PROCESS_ID)),
-        "local_device_ids": table.get("local_device_ids", env.get(ENV_LOCAL_DEVICE_IDS)),
-    }
-    if out["coordinator"] is None and out["num_processes"] is None and out["process_id"] is None:
-        return None
-    for key in ("num_processes", "process_id"):
-        v = out[key]
-        if isinstance(v, str):
-            try:
-                v = int(v)
-            except ValueError:
-                raise UserError(f"model.distributed.{key}: not an integer: {v!r}", key=f"model.distributed.{key}") from None
-        if not is_int(v):
-            raise UserError(f"model.distributed.{key}: required (or ${ENV_NUM_PROCESSES if key == 'num_processes' else ENV_PROCESS_ID}), got {v!r}", key=f"model.distributed.{key}")
-        out[key] = v
-    if out["num_processes"] < 1 or not 0 <= out["process_id"] < out["num_processes"]:
-        raise UserError(f"model.distributed: process_id {out['process_id']} must lie in [0, num_processes = "
-                        f"{out['num_processes']})", key="model.distributed")
-    coord = out["coordinator"]
-    if not isinstance(coord, str) or ":" not in coord or not coord.rsplit(":", 1)[1].isdigit():
-        raise UserError(f"model.distributed.coordinator: expected \"host:port\" (or ${ENV_COORDINATOR}), got {coord!r}", key="model.distributed.coordinator")
-    ids = out["local_device_ids"]
-    if isinstance(ids, str):
-        try:
-            ids = [int(x) for x in ids.split(",") if x.strip()]
-        except ValueError:
-            raise UserError(f"{ENV_LOCAL_DEVICE_IDS}: expected comma-separated ints, got {ids!r}", key="model.distributed.local_device_ids") from None
-    if ids is not None and (not isinstance(ids, list) or not all(type(i) is int and i >= 0 for i in ids)):
-        raise UserError(f"model.distributed.local_device_ids: expected a list of ints, got {ids!r}", key="model.distributed.local_device_ids")
-    out["local_device_ids"] = ids
-    return out
 
 
 def initialize(option: Any = None, environ: Mapping[str, str] | None = None) -> dict | None:
@@ -102,8 +52,6 @@ def initialize(option: Any = None, environ: Mapping[str, str] | None = None) -> 
         if _initialized != args:
             raise UserError(f"model.distributed: JAX is already initialised with {_initialized}, not {args}", key="model.distributed")
         return _initialized
-    import jax
-
     try:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     except (AttributeError, ValueError):  # option absent in this jax: its default is used
@@ -123,8 +71,6 @@ def initialize(option: Any = None, environ: Mapping[str, str] | None = None) -> 
 
 def is_primary() -> bool:
     """True on process 0 (the one that writes files in a multi-process run)."""
-    import jax
-
     return jax.process_index() == 0
 
 
@@ -134,8 +80,6 @@ def is_primary() -> bool:
 def global_array(host: np.ndarray, sharding: Any) -> Any:
     """A global ``jax.Array`` from a host array every process holds in full (the
     same values everywhere): each process places only its addressable slices."""
-    import jax
-
     host = np.asarray(host)
     return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
 
@@ -144,10 +88,6 @@ def place(params: Any, mesh) -> Any:
     """``params`` as global arrays with the rule table's shardings on ``mesh``. Host
     arrays and single-process arrays are placed slice by slice (every process must
     hold the same values); arrays already sharded that way are returned as they are."""
-    import jax
-
-    from . import sharding
-
     def one(x, sh):
         if isinstance(x, jax.Array) and x.sharding == sh:
             return x
@@ -161,11 +101,7 @@ def place(params: Any, mesh) -> Any:
 def to_host(x: Any) -> np.ndarray:
     """A (possibly multi-process) array as one host numpy array on every process
     (collective when the array spans processes)."""
-    import jax
-
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(jax.device_get(x))
 
@@ -173,19 +109,13 @@ def to_host(x: Any) -> np.ndarray:
 def barrier(name: str) -> None:
     """Wait for every process (no-op with one); a failed or dead peer ends the
     wait (``coordination.barrier``)."""
-    from .coordination import barrier as coordinated
-
-    coordinated(name)
+    coordination.barrier(name)
 
 
 def save_checkpoint(path: Any, params: Any, **kw: Any) -> dict | None:
     """``checkpoint.write.save_checkpoint`` of parameters that may span processes:
     every process takes part in the per-leaf gathers, process 0 writes (the path must be
     on a filesystem all of them see), then all wait."""
-    import jax
-
-    from .checkpoint.write import save_checkpoint as save, write_checkpoint
-
     if jax.process_count() == 1:
         return save(path, params, **kw)
     leaves = host_leaves(params)
@@ -202,7 +132,5 @@ def host_leaves(params: Any) -> Any:
     """Yield ``(key path, host numpy array)`` of a params tree one leaf at a time;
     a leaf spread over several processes is gathered (every process must iterate,
     the gather is collective)."""
-    from .checkpoint.format import flatten
-
     for key_path, value in flatten(params):
         yield key_path, to_host(value)

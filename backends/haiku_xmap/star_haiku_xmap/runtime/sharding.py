@@ -29,9 +29,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from star_engine.helpers import is_int
+from .layout import AXES, mesh_shape
 
-AXES = ("dp", "mp")
 
 RULES: tuple[tuple[str, P], ...] = (
     (r"^wte/embeddings$", P("mp", None)),
@@ -56,28 +55,6 @@ RULES: tuple[tuple[str, P], ...] = (
     (r"^h_\d+/(attn/out|mlp/(fc_out|down))/lora_b$", P()),
 )
 _COMPILED = tuple((re.compile(pattern), spec) for pattern, spec in RULES)
-
-
-def mesh_shape(mesh: Mapping[str, Any] | None, n_devices: int) -> tuple[int, int]:
-    """(dp, mp) for ``n_devices`` from ``{"dp": -1, "mp": 1}``; -1 takes what is left."""
-    cfg = {"dp": -1, "mp": 1} if mesh is None else dict(mesh)
-    unknown = sorted(set(cfg) - set(AXES))
-    if unknown:
-        raise ValueError(f"mesh: unknown axes {unknown}; allowed: {list(AXES)}")
-    dp, mp = cfg.get("dp", -1), cfg.get("mp", 1)
-    for name, value in (("dp", dp), ("mp", mp)):
-        if not is_int(value) or (value < 1 and value != -1):
-            raise ValueError(f"mesh.{name} must be a positive int or -1, got {value!r}")
-    if dp == -1 and mp == -1:
-        raise ValueError("mesh: at most one of dp, mp may be -1")
-    if dp == -1 or mp == -1:
-        fixed = mp if dp == -1 else dp
-        if n_devices % fixed:
-            raise ValueError(f"mesh: {n_devices} devices are not divisible by {fixed}")
-        dp, mp = (n_devices // fixed, mp) if dp == -1 else (dp, n_devices // fixed)
-    if dp * mp != n_devices:
-        raise ValueError(f"mesh: dp={dp} x mp={mp} = {dp * mp} != {n_devices} devices")
-    return dp, mp
 
 
 def make_mesh(mesh: Mapping[str, Any] | None = None, devices: Sequence[Any] | None = None) -> Mesh:

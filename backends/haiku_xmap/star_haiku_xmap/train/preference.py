@@ -38,11 +38,13 @@ import numpy as np
 
 from star_engine import PreferencePair, PreferenceSpec, Progress, TrainExample, TrainResult, TrainSpec, UserError
 
-from . import lora, sharding
-from . import train as tr
-from .distributed import global_array, to_host
+from ..model import lora
+from ..runtime import sharding
+from . import trainer as tr
+from ..runtime.distributed import global_array, to_host
 from .packing import Encoded, bucket_lengths, empty_batch, encode_example
-from .options import AdamW
+from ..options import AdamW, ModelOptions, train_config
+from ..runtime.weights import Weights
 from .resume import stage_snapshots
 
 KEY = "verifier"  # the TOML section a refusal names
@@ -179,70 +181,72 @@ def encode_pairs(tokenizer: Any, pairs: Sequence[PreferencePair], max_len: int) 
     return seqs
 
 
-def train_preferences(backend: Any, init: str, out: Path, pairs: Sequence[PreferencePair], spec: PreferenceSpec,
-                      progress: Progress | None = None) -> TrainResult:
+def train_preferences(weights: Weights, options: ModelOptions, init: str, out: Path, pairs: Sequence[PreferencePair],
+                      spec: PreferenceSpec, progress: Progress | None = None) -> TrainResult:
     """``HaikuXmapBackend.train_preferences`` (see the module docstring): the checkpoint is
     ``train``'s (master weights; ``extra.kind = "verifier"``) or, with an adapter table, a
-    LoRA stage's (``extra.kind = "lora"``, its base ``init``); ``extra.stage = "verifier"``."""
+    LoRA stage's (``extra.kind = "lora"``, its base ``init``); ``extra.stage = "verifier"``. ``weights``:
+    the backend's; ``options``: its ``[model]`` table."""
     if spec.steps > 0 and not pairs:
         raise UserError(f"{KEY}: {spec.steps} steps requested but there are no preference pairs", key=KEY)
     if not (math.isfinite(spec.beta) and spec.beta > 0):
         raise UserError(f"{KEY}.beta: must be a number > 0, got {spec.beta!r}", key=f"{KEY}.beta")
-    AdamW.from_table(spec.optimizer, f"{KEY}.optimizer")  # a hand-built job's table: named by its key here
-    want = None if spec.adapter is None else lora.check_table(spec.adapter, backend.config, f"{KEY}.adapter")
-    seqs = encode_pairs(backend.tokenizer, pairs, backend.seq_len)
+    optimizer = AdamW.from_table(spec.optimizer, f"{KEY}.optimizer")  # a table is checked here, naming its key
+    want = None if spec.adapter is None else lora.check_table(spec.adapter, weights.config, f"{KEY}.adapter")
     tspec = TrainSpec(spec.steps, spec.batch_size, spec.grad_accum, spec.seed, spec.optimizer, packing="none",
                       loss="completion", adapter=spec.adapter)
-    snapshots = stage_snapshots(backend, init, out, tspec, seqs, {"kind": "dpo", "beta": float(spec.beta)})
-    mesh, config = backend.mesh, backend.config
+    job = train_config(options, weights.model, tspec, want, optimizer)
+    seqs = encode_pairs(weights.tokenizer, pairs, weights.seq_len)
+    snapshots = stage_snapshots(weights, options, init, out, tspec, seqs, {"kind": "dpo", "beta": float(spec.beta)})
+    mesh, config, pad_id = weights.mesh, weights.config, weights.tokenizer.pad_id
     # The loaded weights: the frozen base (compute dtype) under adapters, else the policy's
     # start in the master dtype (the one list holds the only reference: the trainer's master
     # copy replaces it).
-    held = [backend.load_params(init) if want is not None else backend.load_params(init, backend.options.master_dtype, keep=False)]
+    held = [weights.load(init) if want is not None else weights.load(init, options.master_dtype, keep=False)]
     batches = None
     if spec.steps > 0:
-        ref_N = sequence_logps(held[0], seqs, rows=2 * spec.batch_size, max_len=backend.seq_len,
-                               pad_id=backend.tokenizer.pad_id, config=config, mesh=mesh)
+        ref_N = sequence_logps(held[0], seqs, rows=2 * spec.batch_size, max_len=weights.seq_len, pad_id=pad_id,
+                               config=config, mesh=mesh)
         plan = pair_plan(len(pairs), steps=spec.steps, per_step=spec.batch_size * spec.grad_accum, seed=spec.seed)
         batches = dpo_batches(seqs, ref_N, plan, batch_size=spec.batch_size, grad_accum=spec.grad_accum,
-                              max_len=backend.seq_len, pad_id=backend.tokenizer.pad_id, dp=sharding.dp_size(mesh))
+                              max_len=weights.seq_len, pad_id=pad_id, dp=sharding.dp_size(mesh))
     frozen = held[0] if want is not None else None
-    trained, losses, tokens = tr.train(held.pop(), config, seqs, backend.train_config(tspec, want), mesh=mesh,
+    trained, losses, tokens = tr.train(held.pop(), config, seqs, job, mesh=mesh,
                                        progress=progress, snapshots=snapshots, batches=batches,
                                        objective=functools.partial(dpo_objective, beta=float(spec.beta)))
     out.parent.mkdir(parents=True, exist_ok=True)
-    init_id = backend.checkpoint_id(init)
+    init_id = weights.checkpoint_id(init)
     extra = {"stage": "verifier", "objective": "dpo", "init": init_id, "beta": float(spec.beta),
              "steps": spec.steps, "seed": spec.seed, "batch_size": spec.batch_size, "grad_accum": spec.grad_accum,
              "pairs": len(pairs), "compute_dtype": config.dtype}
     if want is not None:
-        ckpt_id = backend.keep_written(
+        ckpt_id = weights.keep_written(
             out, trained, {"kind": "lora", "lora": want.to_dict(), "base": init_id,
                            "base_path": os.path.relpath(Path(init).resolve(), out.resolve()), **extra},
             specs=lora.adapter_specs(config, want), compute=lora.merge(frozen, trained, want, config.dtype))
     else:
-        ckpt_id = backend.keep_written(out, trained, {"kind": "verifier", **extra},
+        ckpt_id = weights.keep_written(out, trained, {"kind": "verifier", **extra},
                                         dtype=str(jax.tree.leaves(trained)[0].dtype))
     del trained, frozen
     return TrainResult(checkpoint=str(out), checkpoint_id=ckpt_id, steps=spec.steps, tokens=tokens,
                        losses=tuple(losses))
 
 
-def score(backend: Any, checkpoint: str, examples: Sequence[TrainExample], batch_size: int,
+def score(weights: Weights, checkpoint: str, examples: Sequence[TrainExample], batch_size: int,
           progress: Progress | None = None) -> list[float]:
     """``HaikuXmapBackend.score``: each example's fp32 log-probability (completion and
     end-of-text) under ``checkpoint`` loaded as ``generate`` loads it, ``batch_size`` rows a
     pass; a prompt too long for the context (``model.n_ctx``) keeps its end."""
     if not examples:
         return []
-    n_ctx, seqs = backend.config.n_ctx, []
+    n_ctx, seqs = weights.config.n_ctx, []
     for i, ex in enumerate(examples):
         try:
-            seqs.append(encode(backend.tokenizer, ex.prompt, ex.completion, n_ctx))
+            seqs.append(encode(weights.tokenizer, ex.prompt, ex.completion, n_ctx))
         except ValueError:
             raise UserError(f"{KEY}: scored example {i}: its completion does not fit the model's context of "
                             f"n_ctx = {n_ctx} tokens after its prompt: {ex.completion[:60]!r}...", key=KEY) from None
-    logp_N = sequence_logps(backend.load_params(checkpoint), seqs, rows=batch_size, max_len=n_ctx,
-                            pad_id=backend.tokenizer.pad_id, config=backend.config, mesh=backend.mesh,
+    logp_N = sequence_logps(weights.load(checkpoint), seqs, rows=batch_size, max_len=n_ctx,
+                            pad_id=weights.tokenizer.pad_id, config=weights.config, mesh=weights.mesh,
                             progress=progress)
     return [float(x) for x in logp_N]

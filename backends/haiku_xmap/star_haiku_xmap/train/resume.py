@@ -38,10 +38,19 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from collections.abc import Mapping, Sequence
 
+import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from star_engine import IntegrityError, UserError
 from star_engine.helpers import temporary_sibling
+
+from ..checkpoint.format import MANIFEST, load_leaf_sharded, read_leaf, read_manifest
+from ..checkpoint.write import manifest_bytes, write_checkpoint
+from ..model.network import param_count
+from ..options import ModelOptions
+from ..runtime import distributed as dist
+from ..runtime.weights import Weights
 
 SUFFIX = ".partial"
 FORMAT = "star-haiku-xmap-train-snapshot"
@@ -73,8 +82,6 @@ def examples_sha256(encoded: Sequence[Any]) -> str:
 
 def leaf_paths(tree: Any) -> list[tuple[str, ...]]:
     """Every leaf's key path as strings (dict keys, namedtuple fields, tuple indices)."""
-    import jax
-
     def name(k: Any) -> str:
         for attr in ("key", "name", "idx"):
             if hasattr(k, attr):
@@ -87,35 +94,37 @@ def leaf_paths(tree: Any) -> list[tuple[str, ...]]:
     return paths
 
 
-def stage_snapshots(backend: Any, init: str, out: str | Path, spec: Any, encoded: Sequence[Any],
-                    objective: Mapping[str, Any] | None = None) -> Snapshots:
-    """The snapshots of the ``HaikuXmapBackend.train`` stage that writes ``out`` from
-    checkpoint ``init`` with ``spec`` (a ``TrainSpec``): keyed by everything that
-    decides its steps, so that only a rerun of the very same stage loads one.
-    ``objective``: what else decides them, for a stage that is not ``train``'s (the
+def stage_snapshots(weights: Weights, options: ModelOptions, init: str, out: str | Path, spec: Any,
+                    encoded: Sequence[Any], objective: Mapping[str, Any] | None = None) -> Snapshots:
+    """The snapshots of the training stage that writes ``out`` from checkpoint ``init`` with
+    ``spec`` (a ``TrainSpec``) on the backend's ``weights`` under its ``[model]`` ``options``:
+    keyed by everything that decides its steps, so that only a rerun of the very same stage
+    loads one. ``objective``: what else decides them, for a stage that is not ``train``'s (the
     verifier's DPO: ``{"kind": "dpo", "beta": ...}``, ``encoded`` its pairs' sequences).
     ``model.train_checkpoint_minutes`` None: ``default_minutes`` for the backend's model."""
-    import jax
-
-    from .model import param_count
-
-    o = backend.options
-    mesh = [int(backend.mesh.shape["dp"]), int(backend.mesh.shape["mp"])]
-    key = {"init": backend.checkpoint_id(init), "steps": spec.steps, "batch_size": spec.batch_size,
-           "grad_accum": spec.grad_accum, "seed": spec.seed, "optimizer": dict(spec.optimizer),
+    o, config = options, weights.config
+    mesh = [int(weights.mesh.shape["dp"]), int(weights.mesh.shape["mp"])]
+    key = {"init": weights.checkpoint_id(init), "steps": spec.steps, "batch_size": spec.batch_size,
+           "grad_accum": spec.grad_accum, "seed": spec.seed, "optimizer": _table(spec.optimizer),
            "packing": spec.packing, "loss": spec.loss, "examples": examples_sha256(encoded),
-           "model_config": backend.config.to_dict(), "seq_len": backend.seq_len,
+           "model_config": config.to_dict(), "seq_len": weights.seq_len,
            "master_dtype": o.master_dtype, "grad_accum_dtype": o.grad_accum_dtype,
            "zero": o.zero, "opt_state_dtype": o.opt_state_dtype, "remat": o.remat,
            "mesh": mesh, "processes": jax.process_count()}
     if spec.adapter is not None:  # a LoRA stage (lora_stage.py)
-        key["adapter"] = dict(spec.adapter)
+        key["adapter"] = _table(spec.adapter)
     if objective is not None:
         key["objective"] = dict(objective)
     minutes = o.train_checkpoint_minutes
     return Snapshots(snapshot_dir(out), key, steps=spec.steps, every_steps=o.train_checkpoint_steps,
-                     every_minutes=default_minutes(param_count(backend.config)) if minutes is None else minutes,
-                     model_config=backend.config.to_dict(), tokenizer=backend.tokenizer.to_dict(), mp_split=mesh[1])
+                     every_minutes=default_minutes(param_count(config)) if minutes is None else minutes,
+                     model_config=config.to_dict(), tokenizer=weights.tokenizer.to_dict(), mp_split=mesh[1])
+
+
+def _table(value: Any) -> dict:
+    """A ``TrainSpec``'s option table as the key holds it: a table as given, an object
+    (``options.AdamW``, ``options.LoraOptions``) as its table."""
+    return dict(value) if isinstance(value, Mapping) else value.as_dict()
 
 
 class Restored(NamedTuple):
@@ -142,8 +151,6 @@ class Snapshots:
     def restore(self, abstract_state: Any, shardings: Any = None) -> Restored | None:
         """The state saved for this stage, on the devices with ``shardings`` (None: the
         default device), or None (no snapshot, or one that does not match: deleted)."""
-        from .checkpoint.format import MANIFEST, read_manifest
-
         self._last = time.monotonic()
         if not (self.path / MANIFEST).is_file():
             if self.path.exists():
@@ -158,11 +165,6 @@ class Snapshots:
         return restored
 
     def _load(self, m: dict, abstract_state: Any, shardings: Any) -> Restored | None:
-        import jax
-
-        from .checkpoint.format import load_leaf_sharded, read_leaf
-        from .checkpoint.write import manifest_bytes
-
         extra = m["extra"]
         if extra.get("format") != FORMAT or manifest_bytes(extra.get("key")) != manifest_bytes(self.key):
             return None
@@ -194,8 +196,6 @@ class Snapshots:
     def due(self, step: int) -> bool:
         """Whether to save after ``step`` steps (never after the last: the checkpoint follows).
         Several processes agree on the time trigger (process 0's clock decides)."""
-        import jax
-
         if step >= self.steps:
             return False
         by_steps = self.every_steps > 0 and step % self.every_steps == 0
@@ -203,8 +203,6 @@ class Snapshots:
             return by_steps
         late = time.monotonic() - self._last >= 60.0 * self.every_minutes
         if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-
             late = bool(multihost_utils.broadcast_one_to_all(np.asarray(late)))
         return late
 
@@ -217,11 +215,6 @@ class Snapshots:
     def save(self, state: Any, step: int, losses: Sequence[Any], tokens: int) -> None:
         """Write the snapshot atomically (replacing the previous one); in a multi-process
         run every process takes part in the gathers, process 0 writes."""
-        import jax
-
-        from . import distributed as dist
-        from .checkpoint.write import write_checkpoint
-
         flat = jax.tree_util.tree_leaves(state)
         paths = leaf_paths(state)
         specs = {p: (tuple(x.shape), np.dtype(x.dtype).name) for p, x in zip(paths, flat)}
@@ -252,8 +245,6 @@ def discard(path: Path) -> None:
     """Delete the snapshot at ``path`` (process 0; all wait). It is first renamed to a
     temporary's name (``.<name>.tmp-...``, which a restarted run cleans away), so that a kill
     during the deletion never leaves a half-deleted snapshot under its own name."""
-    from . import distributed as dist
-
     if dist.is_primary() and path.exists():
         doomed = temporary_sibling(path, "discard")
         os.rename(path, doomed)

@@ -22,8 +22,6 @@ dtype), so it runs at the plain model's speed.
 
 from __future__ import annotations
 
-import math
-
 import difflib
 import functools
 from dataclasses import dataclass
@@ -36,11 +34,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from star_engine import UserError
-from star_engine.helpers import is_int, is_number
 
-from . import model
+from . import network as model
 from .config import ModelConfig, architecture, config_from_dict
 from .layers import Linear
+from .lora_options import LoraOptions
 
 # peft's target names -> this backend's module path inside block h_{i}.
 TARGETS: dict[str, dict[str, str]] = {
@@ -49,7 +47,6 @@ TARGETS: dict[str, dict[str, str]] = {
     "llama": {"q_proj": "attn/q", "k_proj": "attn/k", "v_proj": "attn/v", "o_proj": "attn/out",
               "gate_proj": "mlp/gate", "up_proj": "mlp/up", "down_proj": "mlp/down"},
 }
-KEYS = ("kind", "rank", "alpha", "targets", "rslora")
 
 
 @dataclass(frozen=True)
@@ -82,47 +79,37 @@ def _shapes(config: ModelConfig) -> dict:
 
 
 def check_table(table: Any, config: ModelConfig, key: str) -> LoraSpec:
-    """The ``adapter`` table at TOML key ``key`` checked against the model: a ``UserError``
-    naming ``key.<option>`` for an unknown option or kind, a target the architecture lacks,
-    or a rank above a target matrix's smaller side."""
-    if not isinstance(table, Mapping):
-        raise UserError(f"{key}: must be a table like {{ kind = \"lora\", rank = 16, alpha = 32 }}, got {table!r}")
-    for k in table:
-        if k not in KEYS:
-            close = difflib.get_close_matches(str(k), KEYS, n=1)
-            raise UserError(f"{key}.{k}: unknown option" + (f"; did you mean {close[0]!r}?" if close else
-                                                            f"; known: {list(KEYS)}"))
-    if table.get("kind") != "lora":
-        raise UserError(f"{key}.kind: must be \"lora\" (the one adapter kind of this backend), "
-                        f"got {table.get('kind')!r}")
-    rank, alpha = table.get("rank", 16), table.get("alpha", None)
-    if not is_int(rank) or rank < 1:
-        raise UserError(f"{key}.rank: must be an int >= 1, got {rank!r}")
-    alpha = 2 * rank if alpha is None else alpha
-    if not is_number(alpha) or not alpha > 0:
-        raise UserError(f"{key}.alpha: must be a number > 0, got {alpha!r}")
-    if not math.isfinite(alpha):
-        raise UserError(f"{key}.alpha: must be a finite number > 0, got {alpha!r}")
-    rslora = table.get("rslora", False)
-    if not isinstance(rslora, bool):
-        raise UserError(f"{key}.rslora: must be true or false, got {rslora!r}")
+    """The ``adapter`` table at TOML key ``key`` (a table, or a ``LoraOptions`` already checked)
+    as the ``LoraSpec`` trained on the model ``config``: its options checked as declared
+    (``options.LoraOptions``), then against the model (``adapter_spec``); a ``UserError``
+    naming ``key.<option>``."""
+    return adapter_spec(LoraOptions.from_table(table, key), config, key)
+
+
+def adapter_spec(table: LoraOptions, config: ModelConfig, key: str) -> LoraSpec:
+    """The ``LoraSpec`` of ``table`` on the model ``config``: the targets are distinct
+    projections of its architecture, the rank at most each target matrix's smaller side;
+    alpha defaults to twice the rank, the targets to every projection. A ``UserError``
+    naming ``key.<option>`` otherwise."""
+    alpha = 2 * table.rank if table.alpha is None else table.alpha
     names = TARGETS[architecture(config)]
-    targets = table.get("targets", list(names))
-    if (not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets)
-            or len(set(targets)) != len(targets)):
+    targets = list(names) if table.targets is None else list(table.targets)
+    if len(set(targets)) != len(targets):
         raise UserError(f"{key}.targets: must be a non-empty list of distinct names from {list(names)}, "
-                        f"got {targets!r}")
+                        f"got {targets!r}", key=f"{key}.targets")
     for t in targets:
         if t not in names:
             close = difflib.get_close_matches(t, names, n=1)
             raise UserError(f"{key}.targets: {t!r} is not a projection of this {architecture(config)} model"
-                            + (f"; did you mean {close[0]!r}?" if close else "") + f" (targets: {list(names)})")
-    spec = LoraSpec(int(rank), float(alpha), tuple(targets), rslora)
+                            + (f"; did you mean {close[0]!r}?" if close else "") + f" (targets: {list(names)})",
+                            key=f"{key}.targets")
+    spec = LoraSpec(int(table.rank), float(alpha), tuple(targets), table.rslora)
     shapes = _shapes(config)
     for t in spec.targets:
         n_in, n_out = shapes["h_0/" + names[t]]["w"].shape
-        if rank > min(n_in, n_out):
-            raise UserError(f"{key}.rank: {rank} is above {t}'s smaller side ({n_in} x {n_out})")
+        if spec.rank > min(n_in, n_out):
+            raise UserError(f"{key}.rank: {spec.rank} is above {t}'s smaller side ({n_in} x {n_out})",
+                            key=f"{key}.rank")
     return spec
 
 
