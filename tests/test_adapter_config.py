@@ -52,3 +52,24 @@ def test_no_table_is_full_fine_tuning_and_a_table_reaches_the_backend(scripted, 
     cfg = load_experiment(_file(tmp_path, "training", '{ kind = "lora", rank = 8 }'))
     assert cfg.training.train_spec(3, 0).adapter == {"kind": "lora", "rank": 8}
     assert cfg.base_training.train_spec(3, 0).adapter is None
+
+
+def test_a_run_written_before_config_json_completed_its_adapter_resumes(tmp_path):
+    """config.json now records an adapter with its declaration's defaults (issue #40); a run
+    directory whose config.json holds the table as written resumes when the new values of the
+    keys it lacks are those defaults, and is a different configuration when they are not."""
+    import json
+
+    from star_engine.rundir.layout import inspect
+
+    root = tmp_path / "run"
+    root.mkdir()
+    old = {"experiment": {"output_dir": str(root), "smoke": False}, "training": {"adapter": {"kind": "lora", "rank": 8}}}
+    (root / "config.json").write_text(json.dumps(old))
+    defaults = {"adapter.lora": {"rank": 16, "alpha": None, "targets": None, "rslora": False}}
+    new = {"experiment": {"output_dir": str(root), "smoke": False},
+           "training": {"adapter": {"kind": "lora", "rank": 8, "alpha": None, "targets": None, "rslora": False}}}
+    assert inspect(new, defaults).resume
+    new["training"]["adapter"]["rslora"] = True
+    with pytest.raises(UserError, match="changed: training.adapter.rslora"):
+        inspect(new, defaults)

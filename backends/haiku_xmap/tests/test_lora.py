@@ -223,3 +223,25 @@ def test_lora_on_a_2x2_mesh_with_zero1_matches_one_device(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
     assert got["losses"] < 1e-5 and got["adapters"] < 1e-5, got
+
+
+def test_the_core_hands_the_backend_its_declared_adapter_and_optimizer(tmp_path):
+    """The ``[training.adapter]`` and ``[training.optimizer]`` tables are checked once, at load,
+    against the backend's declarations, and the objects travel to the job (issue #40)."""
+    from star_engine.config.load import load_experiment
+    from star_haiku_xmap.model.lora_options import LoraOptions
+    from star_haiku_xmap.options import AdamW
+
+    toml = tmp_path / "exp.toml"
+    toml.write_text('[experiment]\nname = "x"\niterations = 1\n[task]\ndataset = "arithmetic"\n'
+                    '[model]\nbackend = "haiku_xmap"\npreset = "tiny"\n'
+                    '[training]\nadapter = { kind = "lora", rank = 4 }\noptimizer = { lr = 1e-4 }\n')
+    cfg = load_experiment(toml)
+    assert cfg.training.adapter == LoraOptions(kind="lora", rank=4) and cfg.base_training.adapter == {}
+    spec = cfg.training.train_spec(2, 0)
+    assert spec.adapter is cfg.training.adapter and spec.optimizer == AdamW(lr=1e-4)
+    assert cfg.as_dict()["training"]["adapter"] == {"kind": "lora", "rank": 4, "alpha": None, "targets": None,
+                                                    "rslora": False}  # config.json: what trains
+    toml.write_text(toml.read_text().replace("rank = 4", "rank = 0"))
+    with pytest.raises(UserError, match=r"^" + str(toml).replace(".", r"\.") + r": training\.adapter\.rank"):
+        load_experiment(toml)
