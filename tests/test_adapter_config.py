@@ -60,6 +60,7 @@ def test_a_run_written_before_config_json_completed_its_adapter_resumes(tmp_path
     keys it lacks are those defaults, and is a different configuration when they are not."""
     import json
 
+    from star_engine.errors import UserError
     from star_engine.rundir.layout import inspect
 
     root = tmp_path / "run"
