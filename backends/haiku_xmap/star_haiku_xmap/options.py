@@ -190,8 +190,8 @@ class DecodeConfig:
     ``slots`` rows decoding together. Continuous batching: ``chunk`` decode steps at most
     between the host's checks and refills, ``refill`` (rows of a shard that, once ended while
     prompts wait, end a chunk early; None: an eighth of a shard's slots), ``share_prefix``
-    (``continuous.shared_prefix``). The static path: ``max_new_tokens``, the compiled loop
-    length (None: the largest budget)."""
+    (``continuous.shared_prefix``). How many new tokens each row may take is the call's
+    (``budgets``: the ``GenSpec``'s ``max_new_tokens``, its one route)."""
 
     temperature: float
     top_p: float
@@ -202,7 +202,6 @@ class DecodeConfig:
     chunk: int = 16
     refill: int | None = None
     share_prefix: bool = True
-    max_new_tokens: int | None = None
 
 
 MASTER_DTYPES = ACCUM_DTYPES = get_args(Dtype)
@@ -238,11 +237,20 @@ def train_config(o: ModelOptions, model: Model, spec: Any, adapter: Any = None, 
                        accum_dtype=o.grad_accum_dtype, remat=o.remat, adapter=adapter)
 
 
+def check_generation(key: str, n: int, n_ctx: int) -> None:
+    """``max_new_tokens`` ``n`` (of TOML section ``key``) against a model of context ``n_ctx``: room
+    for a prompt. The one check of the value against the model (``validate_run``, ``plan``)."""
+    if n >= n_ctx:
+        raise UserError(f"{key}.max_new_tokens: {n} leaves no room for a prompt in the model's context of "
+                        f"n_ctx = {n_ctx} tokens (model.n_ctx); use at most {n_ctx - 1}",
+                        key=f"{key}.max_new_tokens")
+
+
 def decode_config(o: ModelOptions, tokenizer: Any, spec: Any) -> DecodeConfig:
     """The ``DecodeConfig`` of ``spec`` (a ``GenSpec``) under the options ``o`` and ``tokenizer``."""
     return DecodeConfig(temperature=float(spec.temperature), top_p=float(spec.top_p), eos_id=tokenizer.eos_id,
                         pad_id=tokenizer.pad_id, valid_vocab=tokenizer.vocab_size, slots=spec.batch_size,
-                        chunk=o.generation_chunk, share_prefix=o.share_prefix, max_new_tokens=spec.max_new_tokens)
+                        chunk=o.generation_chunk, share_prefix=o.share_prefix)
 
 
 def _fail(name: str, message: str) -> UserError:

@@ -22,19 +22,11 @@ import jax
 from star_engine import GenSpec, IntegrityError, TrainSpec, UserError
 
 from .checkpoint.format import MANIFEST, checked_manifest
+from .options import check_generation
 from .model.lora import check_table
 from .model.network import param_shapes
 from .runtime.envvars import BARRIER_TIMEOUT, PEER_TIMEOUT, attention_choice, env_seconds
 from .checkpoint.safeio import MAX_BUFFER, check_alloc, memory_available, np_dtype
-
-
-def check_generation(key: str, spec: GenSpec, n_ctx: int) -> None:
-    """``spec`` (from TOML section ``key``) against a model of context ``n_ctx``: room for a prompt."""
-    n = spec.max_new_tokens
-    if n >= n_ctx:
-        raise UserError(f"{key}.max_new_tokens: {n} leaves no room for a prompt in the model's context of "
-                        f"n_ctx = {n_ctx} tokens (model.n_ctx); use at most {n_ctx - 1}",
-                        key=f"{key}.max_new_tokens")
 
 
 def validate_run(config: Any, checkpoint_path: str, processes: int, generation: Mapping[str, GenSpec],
@@ -46,7 +38,7 @@ def validate_run(config: Any, checkpoint_path: str, processes: int, generation: 
         env_seconds(name, default)
     attention_choice()
     for key, spec in generation.items():
-        check_generation(key, spec, config.n_ctx)
+        check_generation(key, spec.max_new_tokens, config.n_ctx)
     for key, tspec in training.items():
         if tspec.adapter is not None:
             check_table(tspec.adapter, config, f"{key}.adapter")

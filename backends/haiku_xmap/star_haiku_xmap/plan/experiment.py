@@ -31,7 +31,7 @@ from star_engine.helpers import is_int, load_experiment
 from ..checkpoint.format import MANIFEST, read_manifest
 from ..model.config import PRESETS, config_from_dict, preset
 from ..model.lora import check_table
-from ..options import missing_checkpoint
+from ..options import check_generation, missing_checkpoint
 
 # The plan options an experiment decides, as (flag, args attribute).
 DECIDED = (("--preset", "preset"), ("--n-layer", "n_layer"), ("--dtype", "dtype"), ("--mesh", "mesh"),
@@ -140,8 +140,7 @@ def job(args: argparse.Namespace, what: str = "train",
     if not isinstance(seq_len, int) or not 2 <= seq_len <= config.n_ctx:
         raise UserError(f"model.seq_len: must be an int in [2, n_ctx={config.n_ctx}], got {seq_len!r}")
     new_tokens = g["max_new_tokens"]
-    if new_tokens >= config.n_ctx:
-        raise UserError(f"generation.max_new_tokens: {new_tokens} leaves no room for a prompt in n_ctx={config.n_ctx}")
+    check_generation("generation", new_tokens, config.n_ctx)  # as validate_run checks it
     adapter = None
     if tr["adapter"]:
         adapter = check_table({k: v for k, v in tr["adapter"].items()}, config, f"{section}.adapter")

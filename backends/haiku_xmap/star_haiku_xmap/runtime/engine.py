@@ -136,8 +136,8 @@ class Engine:
 
     def generate(self, checkpoint: str, requests: Sequence[GenRequest], spec: GenSpec,
                  progress: Progress | None = None) -> list[str]:
-        """``HaikuXmapBackend.generate`` of at least one request and one new token."""
-        preflight.check_generation("generation", spec, self.config.n_ctx)  # a caller that skipped validate_run
+        """``HaikuXmapBackend.generate`` of at least one request and one new token (``spec``'s
+        ``max_new_tokens`` checked against the model once, by ``validate_run``)."""
         return generate_text(self.weights.load(checkpoint), requests, spec, tokenizer=self.tokenizer,
                              config=self.config, mesh=self.mesh, decode=decode_config(self.options, self.tokenizer, spec),
                              continuous=self.options.generation == "continuous", progress=progress)

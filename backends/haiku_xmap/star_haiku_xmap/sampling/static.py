@@ -180,9 +180,9 @@ def generate_batches(params, prompts: Sequence[Sequence[int]], seeds: Sequence[i
     to a multiple of dp), left-padded to a length bucket and run by ``generate``
     until the batch's last row ends. Same arguments and results as
     ``continuous.generate`` (new tokens, end-of-text not included); stop strings
-    are the caller's to apply. ``decode.max_new_tokens`` (default: the largest budget)
-    fixes the compiled loop length and the prompt buckets below n_ctx."""
-    N = max(budgets, default=0) if decode.max_new_tokens is None else decode.max_new_tokens
+    are the caller's to apply. The largest budget fixes the compiled loop length and the
+    prompt buckets below n_ctx."""
+    N = max(budgets, default=0)
     slots, eos_id, pad_id = decode.slots, decode.eos_id, decode.pad_id
     results: list[list[int]] = [[] for _ in prompts]
     if not prompts or N == 0:

@@ -33,6 +33,9 @@ def generate_text(params: Any, requests: Sequence[GenRequest], spec: GenSpec, *,
     (``model.generation = "static"``: length-sorted batches, each until its last row ends)."""
     tok = tokenizer
     max_prompt = config.n_ctx - spec.max_new_tokens
+    if max_prompt < 1:  # validate_run refuses such a spec, naming its TOML key; a caller that skipped it
+        raise ValueError(f"GenSpec.max_new_tokens = {spec.max_new_tokens} leaves no room for a prompt in "
+                         f"n_ctx = {config.n_ctx} (the backend's validate_run refuses it)")
     # Prompts longer than the context keep their end; an empty one starts from end-of-text.
     prompts = [(tok.encode(r.prompt) or [tok.eos_id])[-max_prompt:] for r in requests]
     stops = tuple(s for s in spec.stop if s)
