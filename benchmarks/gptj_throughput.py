@@ -108,7 +108,7 @@ def jax_workloads(a) -> tuple[dict, object, object]:
     from star_haiku_xmap.train import trainer as train
     from star_haiku_xmap.sampling import static as sample
     from star_haiku_xmap.model.config import GPTJConfig, LlamaConfig
-    from star_haiku_xmap.runtime.machine import set_cpu_devices
+    from star_haiku_xmap.session.machine import set_cpu_devices
     from star_haiku_xmap.options import AdamW
 
     set_cpu_devices(a.cpu_devices)  # model.cpu_devices: before jax starts its backends

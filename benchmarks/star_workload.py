@@ -167,7 +167,7 @@ def useful_train_tokens(mix: dict, plan: str) -> int:
 
 def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
     """({(mix, side): fn}, info) for this engine, every fn compiled by a first call."""
-    from star_haiku_xmap.runtime.machine import default_cpu_devices, set_cpu_devices
+    from star_haiku_xmap.session.machine import default_cpu_devices, set_cpu_devices
 
     n = a.cpu_devices or default_cpu_devices()
     set_cpu_devices(n)  # before jax starts its backends
@@ -251,7 +251,7 @@ def main(argv=None) -> None:
 
         hf_workload.serve_workload(json.loads(Path(a.workload).read_text()), a)
         return
-    from star_haiku_xmap.runtime.machine import default_cpu_devices
+    from star_haiku_xmap.session.machine import default_cpu_devices
 
     dp = a.cpu_devices or default_cpu_devices()
     mixes = workload(a, dp)

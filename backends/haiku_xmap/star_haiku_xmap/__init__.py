@@ -1,12 +1,14 @@
 """GPT-J backend for star-engine: dm-haiku model, (dp, mp) mesh sharding, AdamW
 training with masked loss, KV-cache sampling. Registered as backend ``haiku_xmap``.
 
-The package by concern: ``model/`` (the networks, their config, LoRA), ``train/`` (the
-fine-tuning, DPO and LoRA stages, packing, resumable snapshots), ``runtime/`` (the machine,
-multi-process JAX, the mesh, the weights on it, the backend's jax-using bodies),
-``checkpoint/`` (the native format), ``convert/``, ``plan/``, ``sampling/``; at the top the
-door: ``plugin`` (the backend the core builds), ``options`` (its tables), ``tokenizer``,
-``preflight``, ``inference``. Importing the package, or the plugin, imports no jax.
+The package by concern, lowest floor first: ``runtime/`` (process layout, mesh and its rule
+table, heartbeat and barriers, huge pages, environment variables), ``model/`` (the networks,
+their config, LoRA), ``checkpoint/`` (the native format), ``tokenizer``, ``options`` (its
+tables), ``session/`` (the started machine, a multi-process run's writes, the weights on the
+devices), ``preflight``, ``train/`` (fine-tuning, DPO and LoRA stages, packing, resumable
+snapshots), ``sampling/``, ``engine`` (the backend's jax-using bodies), ``plan/``,
+``convert/``, ``inference``, and at the door ``plugin`` (the backend the core builds, jax-free:
+one deferred import of ``engine``). Importing the package, or the plugin, imports no jax.
 
 The modules that lay at the top before 0.1.x's folders (``star_haiku_xmap.gptj``,
 ``star_haiku_xmap.config``, ...) still import, with a ``DeprecationWarning``, until 0.2:
@@ -33,7 +35,7 @@ MOVED: dict[str, str] = {  # old module (under this package) -> its new one
     "architectures": "model.architectures", "lora": "model.lora",
     "packing": "train.packing", "packplan": "train.packplan", "resume": "train.resume",
     "lora_stage": "train.lora_stage", "preference": "train.preference",
-    "machine": "runtime.machine", "distributed": "runtime.distributed", "coordination": "runtime.coordination",
+    "machine": "session.machine", "distributed": "session.distributed", "coordination": "runtime.coordination",
     "sharding": "runtime.sharding", "envvars": "runtime.envvars",
 }
 # Old modules whose name is now a package's: the package lends the module's names.

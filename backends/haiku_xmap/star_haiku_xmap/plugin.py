@@ -25,8 +25,8 @@ from .runtime.hugepages import is_command, with_hugepages
 from .runtime.layout import resolve_options
 
 if TYPE_CHECKING:
-    from .runtime.engine import Engine
-    from .runtime.weights import Weights
+    from .engine import Engine
+    from .session.weights import Weights
 
 
 class HaikuXmapBackend:
@@ -55,9 +55,9 @@ class HaikuXmapBackend:
         return cls(ModelOptions.from_table(table))
 
     def engine(self) -> Engine:
-        """The jax-using bodies (``runtime.engine.Engine``): the one import of jax's side, on first need."""
+        """The jax-using bodies (``engine.Engine``): the one import of jax's side, on first need."""
         if self._engine is None:
-            from .runtime.engine import Engine  # jax: the backend is built and discovered without it
+            from .engine import Engine  # jax: the backend is built and discovered without it
 
             self._engine = Engine(self.options, self.model, self.process_layout)
         return self._engine
@@ -90,7 +90,7 @@ class HaikuXmapBackend:
 
     @property
     def weights(self) -> Weights:
-        """The weights on the mesh (``runtime.weights.Weights``: load, cache, save, keep written)."""
+        """The weights on the mesh (``session.weights.Weights``: load, cache, save, keep written)."""
         return self.engine().weights
 
     def save_params(self, path: Path, params: Any, extra: dict, dtype: str | None = None, specs: Any = None) -> None:

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from star_haiku_xmap.runtime import machine
+from star_haiku_xmap.session import machine
 
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 

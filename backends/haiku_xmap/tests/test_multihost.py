@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from star_engine.errors import UserError
-from star_haiku_xmap.runtime import distributed
+from star_haiku_xmap.session import distributed
 
 WORKER = textwrap.dedent("""
     import json, sys

@@ -20,9 +20,10 @@ SUBPACKAGES = {"checkpoint": {"format", "write", "safeio"}, "plan": {"command", 
                "sampling": {"static", "continuous", "slots", "text"},
                "model": {"config", "gptj", "llama", "layers", "architectures", "network", "lora", "lora_options"},
                "train": {"trainer", "packing", "packplan", "resume", "lora_stage", "preference"},
-               "runtime": {"machine", "hugepages", "layout", "distributed", "coordination", "sharding", "envvars",
-                           "weights", "engine"}}
-TOP = {"__init__", "plugin", "options", "tokenizer", "preflight", "inference"}  # the door; the rest is by concern
+               "runtime": {"hugepages", "layout", "coordination", "sharding", "envvars"},
+               "session": {"machine", "distributed", "weights"}}
+# the door and the modules between the floors; the rest is by concern
+TOP = {"__init__", "plugin", "engine", "options", "tokenizer", "preflight", "inference"}
 # The top-level modules that import from the subpackage, and why they must.
 USES_CONVERT = {
     "plugin": {"commands"},  # registers the commands
@@ -126,3 +127,29 @@ def test_discovery_and_the_cli_import_no_jax():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# The backend's floors, lowest first (docs/house.md draws them): a module imports only from its
+# own floor or below.
+FLOORS = ["__init__", "runtime", "model", "checkpoint", "tokenizer", "options", "session", "preflight", "train",
+          "sampling", "engine", "plan", "convert", "inference", "plugin"]
+
+
+def floor_of(module: str) -> int:
+    parts = module.split(".")
+    return 0 if len(parts) == 1 else FLOORS.index(parts[1])
+
+
+def test_the_backend_imports_downwards_only():
+    import sys
+
+    from star_testkit import REPO
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    import house_report
+
+    modules = {n: m for n, m in house_report.read_modules(REPO).items() if n.startswith("star_haiku_xmap")}
+    assert len({floor_of(n) for n in modules}) == len(FLOORS)  # every floor holds a module
+    upward = [f"{n} -> {i}" for n, m in sorted(modules.items()) for i in sorted(m.imports)
+              if i in modules and floor_of(i) > floor_of(n)]
+    assert upward == []

@@ -1,4 +1,4 @@
-"""The runtime: this machine for XLA (``machine``, ``hugepages``), multi-process JAX
-(``layout``, ``distributed``, ``coordination``), the mesh and its rule table (``sharding``), the
-environment variables read (``envvars``), the weights on the devices (``weights``) and the
-backend's jax-using bodies (``engine``). Importing the package imports no jax."""
+"""What the runtime is made of, below the model: the process layout and mesh axes (``layout``),
+the mesh and its rule table (``sharding``), the processes' heartbeat and barriers
+(``coordination``), huge pages for XLA:CPU (``hugepages``) and the environment variables read
+(``envvars``). Importing the package imports no jax."""

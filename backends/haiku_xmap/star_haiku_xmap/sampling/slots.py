@@ -27,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ..model import network as model
 from ..model.config import GPTJConfig
-from ..runtime.distributed import global_array, to_host
+from ..session.distributed import global_array, to_host
 from .static import any_shard, mask_vocab, sample_logits
 
 

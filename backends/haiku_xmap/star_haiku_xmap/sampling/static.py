@@ -20,7 +20,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ..model import network as model
-from ..runtime import distributed as dist, sharding
+from ..runtime import sharding
+from ..session import distributed as dist
 from ..train.packing import bucket_lengths
 from ..model.config import GPTJConfig
 from ..options import DecodeConfig

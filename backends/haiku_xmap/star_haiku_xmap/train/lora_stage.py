@@ -22,7 +22,7 @@ from star_engine import Progress, TrainResult, TrainSpec, UserError
 from ..checkpoint.format import read_manifest
 from ..model import lora
 from ..options import ModelOptions, train_config
-from ..runtime.weights import Weights
+from ..session.weights import Weights
 from . import packing as pk
 from . import trainer as tr
 from .resume import stage_snapshots

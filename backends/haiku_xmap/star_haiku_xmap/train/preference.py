@@ -41,10 +41,10 @@ from star_engine import PreferencePair, PreferenceSpec, Progress, TrainExample, 
 from ..model import lora
 from ..runtime import sharding
 from . import trainer as tr
-from ..runtime.distributed import global_array, to_host
+from ..session.distributed import global_array, to_host
 from .packing import Encoded, bucket_lengths, empty_batch, encode_example
 from ..options import AdamW, ModelOptions, train_config
-from ..runtime.weights import Weights
+from ..session.weights import Weights
 from .resume import stage_snapshots
 
 KEY = "verifier"  # the TOML section a refusal names

@@ -49,8 +49,8 @@ from ..checkpoint.format import MANIFEST, load_leaf_sharded, read_leaf, read_man
 from ..checkpoint.write import manifest_bytes, write_checkpoint
 from ..model.network import param_count
 from ..options import ModelOptions
-from ..runtime import distributed as dist
-from ..runtime.weights import Weights
+from ..session import distributed as dist
+from ..session.weights import Weights
 
 SUFFIX = ".partial"
 FORMAT = "star-haiku-xmap-train-snapshot"

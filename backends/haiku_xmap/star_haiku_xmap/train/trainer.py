@@ -32,7 +32,7 @@ from ..model import lora
 from ..model import network as model
 from . import packing
 from ..runtime import sharding
-from ..runtime.distributed import global_array, place, to_host
+from ..session.distributed import global_array, place, to_host
 from ..options import OPT_STATE_DTYPES, TrainConfig, check_dtypes
 from ..model.config import GPTJConfig
 from .packing import Encoded, bucket_lengths, encode_example, plan_steps  # noqa: F401  (the backend's API)

@@ -18,18 +18,18 @@ import jax
 from star_engine import (GenRequest, GenSpec, PreferencePair, PreferenceSpec, Progress, TrainExample, TrainResult,
                          TrainSpec, UserError)
 
-from .. import preflight
-from ..checkpoint.format import read_manifest
-from ..model import network
-from ..options import BACKEND, Model, ModelOptions, decode_config, train_config
-from ..sampling.static import keys_from_seeds
-from ..sampling.text import generate_text
-from ..train import lora_stage, preference, resume
-from ..train import packing as pk
-from ..train import trainer as tr
-from . import coordination
-from .machine import Runtime, start_runtime
-from .weights import Weights
+from . import preflight
+from .checkpoint.format import read_manifest
+from .model import network
+from .options import BACKEND, Model, ModelOptions, decode_config, train_config
+from .sampling.static import keys_from_seeds
+from .sampling.text import generate_text
+from .train import lora_stage, preference, resume
+from .train import packing as pk
+from .train import trainer as tr
+from .runtime import coordination
+from .session.machine import Runtime, start_runtime
+from .session.weights import Weights
 
 BASE_DIR = "base_init"
 

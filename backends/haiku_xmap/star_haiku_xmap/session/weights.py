@@ -23,7 +23,7 @@ from ..checkpoint.format import load_checkpoint, manifest_sha256, read_manifest
 from ..model import lora, network
 from ..model.config import config_from_dict
 from ..options import Model
-from . import sharding
+from ..runtime import sharding
 from .distributed import save_checkpoint
 
 

@@ -21,10 +21,11 @@ from star_engine import UserError
 from star_engine.helpers import is_int
 
 from ..options import MAX_CPU_DEVICES
-from . import distributed as dist, sharding
-from .coordination import start_heartbeat
-from .hugepages import (ACCELERATOR_DEVICES, COMMAND, HUGETLB, OPT_OUT, accelerator_present,  # noqa: F401
-                        default_cpu_devices, hugepages_environ, is_command, with_hugepages)
+from . import distributed as dist
+from ..runtime import sharding
+from ..runtime.coordination import start_heartbeat
+from ..runtime.hugepages import (ACCELERATOR_DEVICES, COMMAND, HUGETLB, OPT_OUT, accelerator_present,  # noqa: F401
+                                 default_cpu_devices, hugepages_environ, is_command, with_hugepages)
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,8 @@ from star_engine import UserError
 
 from ..checkpoint.format import flatten
 from ..checkpoint.write import save_checkpoint as save, write_checkpoint
-from . import coordination, sharding
-from .layout import ENV_COORDINATOR, ENV_LOCAL_DEVICE_IDS, ENV_NUM_PROCESSES, ENV_PROCESS_ID, resolve_options  # noqa: F401
+from ..runtime import coordination, sharding
+from ..runtime.layout import ENV_COORDINATOR, ENV_LOCAL_DEVICE_IDS, ENV_NUM_PROCESSES, ENV_PROCESS_ID, resolve_options  # noqa: F401
 
 _initialized: dict | None = None
 
