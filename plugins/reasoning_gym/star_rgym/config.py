@@ -37,16 +37,16 @@ def typed(name: str, table: Any, key: str = "config") -> dict[str, Any]:
     (``seed`` and ``size`` excluded), checked and converted; UserError naming the key."""
     _, config_cls = dataset_classes(name)
     if not isinstance(table, Mapping):
-        raise UserError(f"{key}: must be a table of dataset {name!r}'s options, got {table!r}")
+        raise UserError(f"{key}: must be a table of dataset {name!r}'s options, got {table!r}", key=key)
     out = _fields(config_cls, table, key, f"reasoning-gym dataset {name!r}", reserved=True)
     if name == "composite":
         if not out.get("datasets"):
             raise UserError(f"{key}.datasets: the composite dataset needs a list of "
-                            f"{{ name = ..., weight = ..., config = {{...}} }} tables")
+                            f"{{ name = ..., weight = ..., config = {{...}} }} tables", key=f"{key}.datasets")
         names = [spec.name for spec in out["datasets"]]
         dup = next((n for n in names if names.count(n) > 1), None)
         if dup is not None:
-            raise UserError(f"{key}.datasets: dataset {dup!r} is listed twice")
+            raise UserError(f"{key}.datasets: dataset {dup!r} is listed twice", key=f"{key}.datasets")
     return out
 
 
@@ -103,15 +103,15 @@ def _fields(cls: type, table: Mapping[str, Any], key: str, what: str, reserved: 
     out: dict[str, Any] = {}
     for k, v in table.items():
         if reserved and k in RESERVED:
-            raise UserError(f"{key}.{k}: set by the task, not the dataset's table: use {RESERVED[k]}")
+            raise UserError(f"{key}.{k}: set by the task, not the dataset's table: use {RESERVED[k]}", key=f"{key}.{k}")
         if k not in fields:
             raise UserError(f"{key}.{k}: unknown option of {what}; accepted: {', '.join(accepted)}"
-                            f"{close_matches(k, accepted)}")
+                            f"{close_matches(k, accepted)}", key=f"{key}.{k}")
         out[k] = _convert(v, hints.get(k, Any), f"{key}.{k}")
     missing = [n for n in accepted if n not in out and fields[n].default is dataclasses.MISSING
                and fields[n].default_factory is dataclasses.MISSING]  # type: ignore[misc]
     if missing:
-        raise UserError(f"{key}: {what} needs option(s) {', '.join(missing)}")
+        raise UserError(f"{key}: {what} needs option(s) {', '.join(missing)}", key=key)
     return out
 
 
@@ -130,13 +130,13 @@ def _convert(value: Any, ann: Any, key: str) -> Any:
         raise first or UserError(f"{key}: unexpected value {value!r}")
     if origin is typing.Literal:
         if value not in args:
-            raise UserError(f"{key}: must be one of {', '.join(map(repr, args))}, got {value!r}")
+            raise UserError(f"{key}: must be one of {', '.join(map(repr, args))}, got {value!r}", key=key)
         return value
     if origin in (list, tuple, Sequence) or ann in (list, tuple):
         return _sequence(value, origin or ann, args, key)
     if origin is dict or ann is dict:
         if not isinstance(value, Mapping):
-            raise UserError(f"{key}: must be a table, got {value!r}")
+            raise UserError(f"{key}: must be a table, got {value!r}", key=key)
         return dict(value)
     if isinstance(ann, type):
         return _scalar(value, ann, key)
@@ -145,10 +145,10 @@ def _convert(value: Any, ann: Any, key: str) -> Any:
 
 def _sequence(value: Any, kind: Any, args: tuple, key: str) -> Any:
     if not isinstance(value, (list, tuple)):
-        raise UserError(f"{key}: must be a list, got {value!r}")
+        raise UserError(f"{key}: must be a list, got {value!r}", key=key)
     if kind is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
         if len(value) != len(args):
-            raise UserError(f"{key}: must be a list of {len(args)} values, got {value!r}")
+            raise UserError(f"{key}: must be a list of {len(args)} values, got {value!r}", key=key)
         return tuple(_convert(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
     item = args[0] if args else Any
     items = [_convert(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
@@ -165,7 +165,7 @@ def _scalar(value: Any, ann: type, key: str) -> Any:
     if ann in _SCALARS:
         ok, words = _SCALARS[ann]
         if not ok(value):
-            raise UserError(f"{key}: must be {words}, got {value!r}")
+            raise UserError(f"{key}: must be {words}, got {value!r}", key=key)
         return float(value) if ann is float else value
     if ann in (datetime.date, datetime.time):
         return _when(value, ann, key)
@@ -173,15 +173,15 @@ def _scalar(value: Any, ann: type, key: str) -> Any:
         for member in ann:
             if value is member or value == member.value or value == member.name:
                 return member
-        raise UserError(f"{key}: must be one of {', '.join(repr(m.value) for m in ann)}, got {value!r}")
+        raise UserError(f"{key}: must be one of {', '.join(repr(m.value) for m in ann)}, got {value!r}", key=key)
     if dataclasses.is_dataclass(ann):
         if not isinstance(value, Mapping):
-            raise UserError(f"{key}: must be a table ({ann.__name__}), got {value!r}")
+            raise UserError(f"{key}: must be a table ({ann.__name__}), got {value!r}", key=key)
         if ann.__name__ == "DatasetSpec":
             return _dataset_spec(ann, value, key)
         return ann(**_fields(ann, value, key, ann.__name__))
     if not isinstance(value, ann):
-        raise UserError(f"{key}: must be a {ann.__name__}, got {value!r}")
+        raise UserError(f"{key}: must be a {ann.__name__}, got {value!r}", key=key)
     return value
 
 
@@ -196,7 +196,7 @@ def _when(value: Any, ann: type, key: str) -> Any:
         except ValueError:
             pass
     what = "a date (1900-01-01)" if ann is datetime.date else "a time of day (08:30:00)"
-    raise UserError(f"{key}: must be {what}, got {value!r}")
+    raise UserError(f"{key}: must be {what}, got {value!r}", key=key)
 
 
 def _dataset_spec(cls: type, value: Mapping[str, Any], key: str) -> Any:
@@ -205,9 +205,9 @@ def _dataset_spec(cls: type, value: Mapping[str, Any], key: str) -> Any:
     spec = _fields(cls, {"config": {}, **value}, key, "a composite's dataset")
     name = spec["name"]
     if name == "composite":
-        raise UserError(f"{key}.name: a composite cannot hold a composite")
+        raise UserError(f"{key}.name: a composite cannot hold a composite", key=f"{key}.name")
     dataset_classes(name, f"{key}.name")
     if not is_number(spec["weight"]) or spec["weight"] <= 0:
-        raise UserError(f"{key}.weight: must be a number > 0, got {spec['weight']!r}")
+        raise UserError(f"{key}.weight: must be a number > 0, got {spec['weight']!r}", key=f"{key}.weight")
     spec["config"] = typed(name, spec.get("config", {}), f"{key}.config")
     return cls(**spec)

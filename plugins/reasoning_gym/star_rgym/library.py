@@ -55,12 +55,12 @@ def dataset_classes(name: str, key: str = "name") -> tuple[type, type]:
     and the close names."""
     known = datasets()
     if not isinstance(name, str) or not name:
-        raise UserError(f"{key}: must be the name of a reasoning-gym dataset (a string), got {name!r}")
+        raise UserError(f"{key}: must be the name of a reasoning-gym dataset (a string), got {name!r}", key=key)
     if name not in known:
         close = difflib.get_close_matches(name, sorted(known), n=5, cutoff=0.6)
         hint = f"close names: {', '.join(close)}" if close else "no close name"
         raise UserError(f"{key}: unknown reasoning-gym dataset {name!r}; {hint} ({len(known)} datasets in "
-                        f"{DISTRIBUTION} {version()}: sorted(reasoning_gym.factory.DATASETS))")
+                        f"{DISTRIBUTION} {version()}: sorted(reasoning_gym.factory.DATASETS))", key=key)
     return known[name]
 
 

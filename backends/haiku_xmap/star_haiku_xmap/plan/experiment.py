@@ -60,7 +60,7 @@ def model_config(model: dict[str, Any]) -> tuple[Any, str]:
                             f"either: --set model.preset=... plans a preset instead", key="model.checkpoint_path")
         name = name or ("llama-tiny" if model.get("architecture") == "llama" else "tiny")
         if name not in PRESETS:
-            raise UserError(f"model.preset: unknown preset {name!r}; known: {sorted(PRESETS)}")
+            raise UserError(f"model.preset: unknown preset {name!r}; known: {sorted(PRESETS)}", key="model.preset")
         try:
             config = preset(name, **overrides)
         except (TypeError, ValueError) as e:
@@ -74,10 +74,10 @@ def model_config(model: dict[str, Any]) -> tuple[Any, str]:
 def _mesh(model: dict[str, Any]) -> tuple[int, int, str]:
     mesh = model.get("mesh") or {"dp": -1, "mp": 1}
     if not isinstance(mesh, dict) or set(mesh) - {"dp", "mp"}:
-        raise UserError(f"model.mesh: must be a table like {{dp = 1, mp = 8}}, got {mesh!r}")
+        raise UserError(f"model.mesh: must be a table like {{dp = 1, mp = 8}}, got {mesh!r}", key="model.mesh")
     dp, mp = mesh.get("dp", -1), mesh.get("mp", 1)
     if not all(is_int(x) for x in (dp, mp)) or mp < 1 or (dp < 1 and dp != -1):
-        raise UserError(f"model.mesh: dp >= 1 (or -1: every device) and mp >= 1, got {mesh!r}")
+        raise UserError(f"model.mesh: dp >= 1 (or -1: every device) and mp >= 1, got {mesh!r}", key="model.mesh")
     return (1, mp, " (dp = -1: every device; planned as one replica)") if dp == -1 else (dp, mp, "")
 
 
@@ -138,7 +138,8 @@ def job(args: argparse.Namespace, what: str = "train",
     dp, mp, note = _mesh(model)
     seq_len = model.get("seq_len") or config.n_ctx
     if not isinstance(seq_len, int) or not 2 <= seq_len <= config.n_ctx:
-        raise UserError(f"model.seq_len: must be an int in [2, n_ctx={config.n_ctx}], got {seq_len!r}")
+        raise UserError(f"model.seq_len: must be an int in [2, n_ctx={config.n_ctx}], got {seq_len!r}",
+                        key="model.seq_len")
     new_tokens = g["max_new_tokens"]
     check_generation("generation", new_tokens, config.n_ctx)  # as validate_run checks it
     adapter = None
