@@ -188,24 +188,26 @@ class Peer:
         self.wait_policy = wait_policy
         cmd = [sys.executable, str(script), serve_flag, *argv]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # both PIPE
+        self.to_child, self.from_child = self.proc.stdin, self.proc.stdout
 
     def ready(self) -> Peer:
         self._read()  # {"ready": true} once the child has built and warmed up its workloads
         return self
 
     def _read(self) -> dict:
-        line = self.proc.stdout.readline()
+        line = self.from_child.readline()
         if not line:
             raise SystemExit(f"peer process died (exit code {self.proc.wait()})")
         return json.loads(line)
 
     def ask(self, cmd: str) -> dict:
-        self.proc.stdin.write(cmd + "\n")
-        self.proc.stdin.flush()
+        self.to_child.write(cmd + "\n")
+        self.to_child.flush()
         return self._read()
 
     def close(self) -> None:
-        self.proc.stdin.close()
+        self.to_child.close()
         self.proc.wait()
 
 

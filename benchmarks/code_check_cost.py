@@ -11,6 +11,7 @@ import argparse
 import os
 import subprocess
 import time
+from typing import Literal
 
 from star_code.checker import PythonTestsChecker, gold_answer
 from star_code.sandbox import namespaces_work
@@ -33,7 +34,9 @@ def main() -> None:
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0))
     print(f"CPU: {cpu_model()}; usable cores: {cores}; load average before: {os.getloadavg()}")
-    levels = ["process"] + (["namespaces"] if namespaces_work() is None else [])
+    levels: list[Literal["namespaces", "process"]] = ["process"]
+    if namespaces_work() is None:
+        levels.append("namespaces")
     for isolation in levels:
         for workers in sorted({1, cores}):
             checker = PythonTestsChecker(isolation=isolation, workers=workers)

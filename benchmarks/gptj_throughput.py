@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 from bench_common import (MALLOC_HELP, MALLOC_MODES, Peer, apply_malloc, choose_peers, cpu_name, first_call,
                     interleave, matmul_peak, paired_ratio, summarise, thp_mode, threads, timed)
@@ -107,13 +108,14 @@ def jax_workloads(a) -> tuple[dict, object, object]:
     from star_haiku_xmap.runtime import sharding
     from star_haiku_xmap.train import trainer as train
     from star_haiku_xmap.sampling import static as sample
-    from star_haiku_xmap.model.config import GPTJConfig, LlamaConfig
+    from star_haiku_xmap.model.config import GPTJConfig, LlamaConfig, ModelConfig
     from star_haiku_xmap.session.machine import set_cpu_devices
     from star_haiku_xmap.options import AdamW
 
     set_cpu_devices(a.cpu_devices)  # model.cpu_devices: before jax starts its backends
 
     n_ctx = max(a.prompt + a.new_tokens, a.train_seq)
+    cfg: ModelConfig
     if a.arch == "llama":
         cfg = LlamaConfig(n_layer=a.layers, d_model=a.d_model, n_head=a.heads, n_kv_head=a.kv_heads,
                           d_head=a.d_model // a.heads, d_ff=a.d_ff, n_ctx=n_ctx, vocab=a.vocab, dtype=a.dtype)
@@ -142,7 +144,7 @@ def jax_workloads(a) -> tuple[dict, object, object]:
     update = train.make_update(cfg, tx, mesh, state)
     tokens = rng.integers(0, a.vocab, (1, a.train_batch, a.train_seq)).astype(np.int32)
     batch = jax.device_put(packing.dense_batch(tokens), sharding.batch_sharding(mesh, batch_axis=1, ndim=3))
-    box = [state, None]
+    box: list[Any] = [state, None]  # the state and the last step's metrics
 
     def step():
         box[0], box[1] = update(box[0], batch)
@@ -204,8 +206,8 @@ def main(argv=None) -> None:
                                                    "gen_batch", "prompt", "new_tokens", "train_batch", "train_seq")}}
     # The peers start first: their import and warm-up must not overlap the JAX timings.
     policies = {"auto": ("default", "passive")}.get(a.hf_omp_wait_policy, (a.hf_omp_wait_policy,))
-    peers = [Peer(__file__, [x for x in argv if x != "--peer"], policy) for policy in policies] if a.peer else []
-    peers = choose_peers([p.ready() for p in peers], ("gen", "train")) if peers else None
+    started = [Peer(__file__, [x for x in argv if x != "--peer"], policy) for policy in policies] if a.peer else []
+    peers = choose_peers([p.ready() for p in started], ("gen", "train")) if started else None
     info, gen, step = jax_workloads(a)
     gen_tokens, train_tokens = a.gen_batch * a.new_tokens, a.train_batch * a.train_seq
 
@@ -222,6 +224,7 @@ def main(argv=None) -> None:
         tc, hc = rounds(fn, cmd, n)
         result[f"{what}_ceiling_tokens_per_s"] = summarise("c", tc, tokens)["c_tokens_per_s"]
         if peers is not None:
+            assert hc is not None  # rounds() times the peers whenever there are peers
             result[f"{what}_ceiling_ratio_jax_over_hf"] = paired_ratio(tc, hc, 0)
     result.update(summarise("generate", tg, gen_tokens))
     result["generate_compile_s"] = round(info["generate_first_call_s"] - result["generate_s"], 3)
@@ -232,6 +235,7 @@ def main(argv=None) -> None:
     result["peaks"] = {k: round(v / 1e9, 1) for k, v in matmul_peak(a.dtype).items()}
     result["device"], result["jax"], result["mesh"] = info["device"], info["jax"], info["mesh"]
     if peers is not None:
+        assert hg is not None and ht is not None  # rounds() times the peers whenever there are peers
         peer = peers["train"]
         result["peaks"].update({k: round(v / 1e9, 1) for k, v in peer.ask("peak")["peaks"].items()})
         result.update(peer.ask("info"))

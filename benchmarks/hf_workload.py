@@ -67,7 +67,7 @@ def continuous_generation(model, prompts, budgets):
         manager.start()
         try:
             ids = [manager.add_request(p, max_new_tokens=b) for p, b in zip(prompts, budgets)]
-            done = {}
+            done: dict[str, list[int]] = {}  # request id -> its tokens
             while len(done) < len(ids):
                 r = manager.get_result(timeout=60)
                 if r is None:

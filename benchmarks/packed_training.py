@@ -25,6 +25,7 @@ import platform
 import subprocess
 import sys
 import time
+from typing import Any
 
 
 def cpu_name() -> str:
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, enc in mixes(1500, 0).items():
         if name not in a.mix.split(","):
             continue
-        runs = {}
+        runs: dict[str, dict[str, Any]] = {}  # mode -> its batches, state, update and timings
         for mode in ("none", "segments"):
             batches = list(train.packing_batches(enc, steps=a.steps, batch_size=a.batch, grad_accum=1, seed=0,
                                                  seq_len=512, pad_id=0, dp=a.cpu_devices, packing=mode,

@@ -46,6 +46,7 @@ import os
 import sys
 import tempfile
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 from bench_common import (MALLOC_HELP, MALLOC_MODES, Peer, apply_malloc, choose_peers, cpu_name, paired_ratio, rotate,
@@ -111,7 +112,7 @@ def addition_mix(a) -> dict:
     kept = [(enc(task.context(e)), gold(e)) for e in train[:250]] + \
            [(enc(hint.context(task, e)), gold(e)) for e in train[250:500]]
     return {"model": _model(model), "eos": 256, "pad": 256, "slots": gen["batch_size"],
-            "max_new_tokens": gen["max_new_tokens"], "prompts": [p for p, _ in pairs],
+            "prompts": [p for p, _ in pairs],
             "budgets": [len(c) for _, c in pairs], "train": [[p, c] for p, c in kept],
             "train_batch": toml["training"]["batch_size"]}
 
@@ -130,7 +131,7 @@ def cqa_mix(a) -> dict:
     n_ctx = 1 << (a.cqa_prompt + 200).bit_length()
     return {"model": {"n_layer": 4, "d_model": 256, "n_head": 8, "d_head": 32, "d_ff": 1024, "rotary_dim": 16,
                       "n_ctx": n_ctx, "vocab": V},
-            "eos": V - 1, "pad": V - 1, "slots": a.cqa_slots, "max_new_tokens": 128,
+            "eos": V - 1, "pad": V - 1, "slots": a.cqa_slots,
             "prompts": [prefix + q for q in questions], "budgets": rationales,
             "train": [[q, ids(r)] for q, r in zip(questions, rationales)], "train_batch": a.cqa_train_batch}
 
@@ -184,12 +185,12 @@ def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
     from star_haiku_xmap.options import AdamW
     mesh = sharding.make_mesh({"dp": -1, "mp": 1})
     info = {"mesh": dict(mesh.shape), "jax": jax.__version__, "cpu_devices": n}
-    fns = {}
+    fns: dict[tuple[str, str], Callable[[], None]] = {}  # (mix, side) -> one timed call
     for name, mix in mixes.items():
         cfg = GPTJConfig(**mix["model"])
         params = sharding.shard_tree(model.init_params(cfg, 0), mesh)
         decode = sample.DecodeConfig(temperature=0.0, top_p=1.0, eos_id=-1, pad_id=mix["pad"], slots=mix["slots"],
-                                     chunk=a.chunk, max_new_tokens=mix["max_new_tokens"])
+                                     chunk=a.chunk)
         common = dict(config=cfg, mesh=mesh)
         args = (params, mix["prompts"], list(range(len(mix["prompts"]))), mix["budgets"])
         stats: dict = {}

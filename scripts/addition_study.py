@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -121,7 +120,7 @@ def greedy(exp, checkpoint: str, dev, hinted: bool, batch_size: int) -> dict[str
 
 
 def overall(per_class: dict[str, float], dev) -> float:
-    counts = defaultdict(int)
+    counts: defaultdict[str, int] = defaultdict(int)
     for ex in dev:
         counts[ex.cls] += 1
     return sum(per_class[c] * n for c, n in counts.items()) / sum(counts.values())
@@ -135,12 +134,15 @@ def measure(args: argparse.Namespace) -> None:
     from star_haiku_xmap.checkpoint import format as ckpt
     from star_haiku_xmap.checkpoint import write as ckpt_write
     from star_haiku_xmap.options import AdamW
+    from star_haiku_xmap.plugin import HaikuXmapBackend
 
     registry = Registry()
     exp = build(load_experiment(Path(args.experiment), args.set, registry=registry), registry)
     if args.hinted and not exp.config.rationalization.enabled:
         raise SystemExit("addition_study: --hinted needs rationalization enabled (the hint formatter)")
-    task, backend = exp.task, exp.backend  # guarded: attributes pass through, a failing method names its plugin
+    task, backend = exp.task, exp.backend
+    if not isinstance(backend, HaikuXmapBackend):  # its tokenizer, mesh and trainer are the haiku_xmap backend's
+        raise SystemExit(f"addition_study: needs model.backend = \"haiku_xmap\", not {exp.config.model['backend']!r}")
     bt, seed = exp.config.base_training, exp.config.experiment.seed
     optimizer = dict(bt.optimizer)
     steps = args.steps or bt.steps
@@ -152,7 +154,7 @@ def measure(args: argparse.Namespace) -> None:
     init = backend.base(work / "base", seed) if not args.init else args.init
     params = sharding.shard_tree(ckpt.load_checkpoint(init)[0], backend.mesh)
     tx = AdamW.from_table(optimizer).build(steps)
-    state = train.init_state(train.master_params(params, backend.master_dtype), tx)
+    state = train.init_state(train.master_params(params, backend.options.master_dtype), tx)
     update = train.make_update(backend.config, tx, backend.mesh, state)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -233,7 +235,7 @@ def plot(args: argparse.Namespace) -> None:
     fig, axes = plt.subplots(2, len(classes), figsize=(3.2 * len(classes), 6.4), sharex=True, sharey=True,
                              squeeze=False)
     for (what, c), ax in zip(panels, axes.flat):
-        for (header, rows), color in zip(runs, plt.get_cmap("tab10").colors):
+        for (header, rows), color in zip(runs, matplotlib.color_sequences["tab10"]):
             x = [r[key] for r in rows]
             y = [100 * (r.get("greedy", {}).get(c, np.nan) if what == "greedy" else r["tf"].get(c, {}).get("sum", np.nan))
                  for r in rows]
@@ -296,4 +298,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -236,6 +236,7 @@ def main(argv=None) -> int:
         else:
             left = max(deadline - time.monotonic(), 1.0)
             row_file = a.out / f".{check}.json"
+            rc: int | str  # the exit code, or why there is none
             try:
                 rc = subprocess.run([sys.executable, __file__, *argv, "--only", check, "--in-process",
                                      "--budget", f"{left:.1f}", "--row-to", str(row_file)],

@@ -12,7 +12,7 @@ import numpy as np
 # The timed shapes: Qwen2.5-1.5B (the backend's preset, bf16 compute) and a tiny one of
 # the same family for the CPU self-test. Generation: prompts of ~prompt tokens, k
 # samples each, new tokens each (every row runs to its budget: no end-of-text).
-SHAPES = {
+SHAPES: dict[bool, dict[str, Any]] = {
     False: {"preset": "qwen2.5-1.5b", "over": {"n_ctx": 1024}, "seq": 1024,
             "prompts": 256, "prompt": 400, "k": 4, "new": 256},
     True: {"preset": "qwen2.5-1.5b", "over": {"n_layer": 2, "d_model": 64, "n_head": 4, "n_kv_head": 2,
@@ -22,7 +22,7 @@ SHAPES = {
 
 
 # The LoRA check: Llama-3.1-8B's shape (untied, 128k vocabulary), rank 32 on every projection.
-LORA_SHAPES = {
+LORA_SHAPES: dict[bool, dict[str, Any]] = {
     False: {"preset": "llama-3.1-8b", "over": {"n_ctx": 1024}, "seq": 1024, "rank": 32},
     True: {"preset": "llama-3.1-8b", "over": {"n_layer": 2, "d_model": 64, "n_head": 4, "n_kv_head": 2,
                                               "d_head": 16, "d_ff": 128, "vocab": 512, "n_ctx": 128}, "seq": 128,
@@ -134,6 +134,7 @@ def train(s: dict, a, pk: dict, adapter: dict | None = None) -> dict:
     spec = None if adapter is None else lora.check_table(adapter, cfg, "adapter")
     tx = AdamW.from_table({"lr": 1e-5, "warmup_steps": 0}).build(1000)
     params = model.init_params(cfg, 0)
+    frozen: tuple[Any, ...]  # the frozen base's parameters after the state (LoRA), or none
     if spec is None:
         state, frozen = tr.init_state(tr.master_params(params, "float32"), tx), ()
     else:

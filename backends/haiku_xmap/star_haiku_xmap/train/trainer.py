@@ -34,7 +34,7 @@ from . import packing
 from ..runtime import sharding
 from ..session.distributed import global_array, place, to_host
 from ..options import OPT_STATE_DTYPES, TrainConfig, check_dtypes
-from ..model.config import GPTJConfig
+from ..model.config import ModelConfig
 from .packing import Encoded, bucket_lengths, encode_example, plan_steps  # noqa: F401  (the backend's API)
 
 
@@ -136,7 +136,7 @@ def _build_state(params: Any, tx: optax.GradientTransformation, state_sh: Any) -
 # ----------------------------------------------------------------------------- loss / step
 
 
-def token_logp(params, batch: Mapping[str, jax.Array], config: GPTJConfig, remat: bool = False,
+def token_logp(params, batch: Mapping[str, jax.Array], config: ModelConfig, remat: bool = False,
                adapters: Any = None, adapter: lora.LoraSpec | None = None) -> jax.Array:
     """fp32 log p(target) (B, T) of every target of one micro-batch of (B, T) arrays
     (``packing.KEYS``; unweighted: padding's too). ``remat``: the backward pass keeps
@@ -158,7 +158,7 @@ def token_logp(params, batch: Mapping[str, jax.Array], config: GPTJConfig, remat
     return jnp.sum(shifted_BTV * onehot_BTV, axis=-1) - jnp.log(jnp.sum(jnp.exp(shifted_BTV), axis=-1))
 
 
-def token_loss(params, batch: Mapping[str, jax.Array], config: GPTJConfig, remat: bool = False,
+def token_loss(params, batch: Mapping[str, jax.Array], config: ModelConfig, remat: bool = False,
                adapters: Any = None, adapter: lora.LoraSpec | None = None):
     """(sum of fp32 next-token NLL over the weighted targets, number of them) for one
     micro-batch (``token_logp``'s arguments): ``make_update``'s default objective."""
@@ -167,7 +167,7 @@ def token_loss(params, batch: Mapping[str, jax.Array], config: GPTJConfig, remat
     return -jnp.sum(logp_BT * w_BT), jnp.sum(w_BT)
 
 
-def make_update(config: GPTJConfig, tx: optax.GradientTransformation, mesh=None,
+def make_update(config: ModelConfig, tx: optax.GradientTransformation, mesh=None,
                 state_example: TrainState | None = None, state_shardings: Any = None, *,
                 accum_dtype: str = "float32", remat: bool = False,
                 adapter: lora.LoraSpec | None = None, objective: Callable = token_loss) -> Callable:
@@ -241,12 +241,12 @@ def make_update(config: GPTJConfig, tx: optax.GradientTransformation, mesh=None,
 # ----------------------------------------------------------------------------- loop
 
 
-def dims(config: GPTJConfig) -> tuple[int, int, int, int]:
+def dims(config: ModelConfig) -> tuple[int, int, int, int]:
     """(n_layer, d_model, d_ff, vocab): what packing's cost model needs."""
     return config.n_layer, config.d_model, config.d_ff, config.vocab
 
 
-def train(params: Any, config: GPTJConfig, encoded: Sequence[Encoded], job: TrainConfig, *, mesh=None,
+def train(params: Any, config: ModelConfig, encoded: Sequence[Encoded], job: TrainConfig, *, mesh=None,
           progress: Callable[[int], None] | None = None, snapshots: Any = None, adapters: Any = None,
           batches: Iterable[dict] | None = None, objective: Callable = token_loss) -> tuple[Any, list[float], int]:
     """Run ``job.steps`` optimizer steps from ``params`` (left intact). Returns (master
@@ -330,7 +330,7 @@ def _put_batch(batch_sh: Any) -> Callable[[Mapping], dict]:
     return lambda batch: {k: global_array(v, batch_sh) for k, v in batch.items()}
 
 
-def fresh_adapters(config: GPTJConfig, adapter: lora.LoraSpec, seed: int) -> Any:
+def fresh_adapters(config: ModelConfig, adapter: lora.LoraSpec, seed: int) -> Any:
     """A stage's new LoRA adapters (the identity), drawn from its seed."""
     return lora.init_adapters(config, adapter, jax.random.fold_in(jax.random.key(seed), 0x10CA))
 
@@ -346,7 +346,7 @@ def _frozen_base(params: Any, compute: Any, mesh) -> Any:
     return jax.jit(lambda p: jax.tree.map(lambda x: x.astype(compute), p), out_shardings=out_sh)(params)
 
 
-def packing_batches(encoded: Sequence[Encoded], *, config: GPTJConfig, **kw) -> Iterable[dict[str, np.ndarray]]:
+def packing_batches(encoded: Sequence[Encoded], *, config: ModelConfig, **kw) -> Iterable[dict[str, np.ndarray]]:
     """``packing.step_batches`` with the model's dimensions for the row-shape choice."""
     return packing.step_batches(encoded, dims=dims(config), **kw)
 
