@@ -25,7 +25,10 @@ from star_haiku_xmap.runtime import sharding
 SCRIPT = textwrap.dedent("""
     import json
     import jax, jax.numpy as jnp, numpy as np
-    from star_haiku_xmap import distributed as D, model, sharding, train as tr
+    from star_haiku_xmap.model import network as model
+    from star_haiku_xmap.runtime import sharding
+    from star_haiku_xmap.session import distributed as D
+    from star_haiku_xmap.train import trainer as tr
     from star_haiku_xmap.model.config import GPTJConfig
     from star_haiku_xmap.options import AdamW
 
@@ -49,14 +52,18 @@ SCRIPT = textwrap.dedent("""
     # the state itself: where the moments live
     params = model.init_params(cfg, 0)
     tx = AdamW.from_table({"lr": 1e-2, "warmup_steps": 0}).build(4)
-    state, _ = tr.init_train_state(D.place(params, mesh), tx, mesh, zero=1)
+    def state_on(params, tx):  # as tr.train makes it: the moments born in their ZeRO-1 shardings
+        abstract = jax.eval_shape(lambda p: tr.init_state(p, tx), params)
+        return tr.build_state(params, tx, tr.state_shardings(abstract, mesh, 1, jax.tree.leaves(params)[0].dtype))
+
+    state = state_on(D.place(params, mesh), tx)
     adam = state.opt_state[1][0]
     specs = {k: str(getattr(adam.mu[k.rsplit("/", 1)[0]][k.rsplit("/", 1)[1]], "sharding").spec)
              for k in ("h_0/attn/q/w", "h_0/attn/out/w", "h_0/mlp/fc_in/b", "h_0/mlp/fc_out/b", "h_0/ln/scale",
                        "wte/embeddings", "lm_head/b")}
     shard = adam.mu["h_0/attn/q"]["w"].addressable_shards[0].data.shape
     nu_dtype = str(adam.nu["h_0/attn/q"]["w"].dtype)
-    st16, _ = tr.init_train_state(D.place(params, mesh), tr.with_state_dtype(tx, "bfloat16"), mesh, zero=1)
+    st16 = state_on(D.place(params, mesh), tr.with_state_dtype(tx, "bfloat16"))
     out["state"] = {"mu_specs": specs, "mu_shard_shape": list(shard), "fp32_nu": nu_dtype,
                     "bf16_nu": str(st16.opt_state[1][0].nu["h_0/attn/q"]["w"].dtype),
                     "param_spec": str(state.params["h_0/attn/q"]["w"].sharding.spec)}

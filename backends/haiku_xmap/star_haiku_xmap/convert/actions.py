@@ -18,7 +18,7 @@ from ..tokenizer import ByteTokenizer, HFTokenizer
 from .hf_export import DEFAULT_MAX_SHARD, export_hf, parse_size
 from .hf_import import folder_tokenizer, iter_hf, source_name
 from .mtj_export import export_mtj
-from .mtj_import import iter_mtj_gptj
+from .mtj_import import convert_mtj_gptj
 from .mtj_layout import resolve_config
 
 MAX_MP = 1024  # --mp
@@ -104,8 +104,9 @@ def convert(args: argparse.Namespace) -> int:
         dtype = args.dtype or "bfloat16"
         config = resolve_config(args.config, dtype=dtype)
         tok = tokenizer_dict(args, None)
-        step, leaves = iter_mtj_gptj(src, config)
-        extra = {"source": "mtj_slim", "mtj_step": step}
+        check_vocab(tok, config)
+        convert_mtj_gptj(src, dest, config=config, tokenizer=tok, mp_split=mp)
+        return wrote(dest, config, mp)
     else:
         if src.resolve() == dest.resolve():
             raise UserError(f"{dest}: the destination must differ from the source")
@@ -117,6 +118,11 @@ def convert(args: argparse.Namespace) -> int:
         extra = dict(manifest["extra"])
     check_vocab(tok, config)
     write_checkpoint(dest, leaves, model_config=config.to_dict(), tokenizer=tok, extra=extra, mp_split=mp)
+    return wrote(dest, config, mp)
+
+
+def wrote(dest: Path, config: Any, mp: int) -> int:
+    """Say what ``convert`` wrote; its exit code."""
     split = f", leaves pre-split for mp={mp}" if mp > 1 else ""
     print(f"wrote {dest.resolve()} ({config.n_layer} layers, d_model {config.d_model}, vocab {config.vocab}, "
           f"{config.dtype}{split}); an experiment reads it with [model] checkpoint_path = its path relative "

@@ -115,21 +115,10 @@ def state_shardings(state: Any, mesh, zero: int, compute_dtype: Any) -> Any:
     return state_sh
 
 
-def init_train_state(params: Any, tx: optax.GradientTransformation, mesh, *, zero: int = 0,
-                     compute_dtype: Any = None) -> tuple[TrainState, Any]:
-    """(state, state shardings) on ``mesh``: the optimizer state is created by a jit
-    whose outputs already have their final (ZeRO) shardings (``state_shardings``), so
-    no replicated copy of the moments ever exists. ``compute_dtype``: the model's
-    (default: the params' own, i.e. no separate master weights). ``params`` is
-    donated (pass a copy to keep yours)."""
-    abstract = jax.eval_shape(lambda p: init_state(p, tx), params)
-    compute = jax.tree.leaves(params)[0].dtype if compute_dtype is None else compute_dtype
-    state_sh = state_shardings(abstract, mesh, zero, compute)
-    return _build_state(params, tx, state_sh), state_sh
-
-
-def _build_state(params: Any, tx: optax.GradientTransformation, state_sh: Any) -> TrainState:
-    """``init_state`` jit'd straight into ``state_sh`` (``params`` donated)."""
+def build_state(params: Any, tx: optax.GradientTransformation, state_sh: Any) -> TrainState:
+    """``init_state`` jit'd straight into ``state_sh`` (``state_shardings``): the optimizer state
+    is born in its final (ZeRO) shardings, so no replicated copy of the moments ever exists
+    (``params`` donated: pass a copy to keep yours)."""
     return jax.jit(lambda p: init_state(p, tx), out_shardings=state_sh, donate_argnums=0)(params)
 
 
@@ -322,7 +311,7 @@ def _first_state(params: Any, tx: optax.GradientTransformation, master_dtype: st
         return restored.state, state_sh, restored
     if mesh is None:
         return init_state(params, tx), state_sh, None
-    return _build_state(params, tx, state_sh), state_sh, None  # the moments born in their (ZeRO) shardings
+    return build_state(params, tx, state_sh), state_sh, None  # the moments born in their (ZeRO) shardings
 
 
 def _put_batch(batch_sh: Any) -> Callable[[Mapping], dict]:
