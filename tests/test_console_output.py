@@ -245,3 +245,16 @@ def test_the_table_marks_a_smoke_iteration_trained_on_gold_and_missing_values():
         assert "* trained on the task's gold completions: nothing was kept" in " ".join(text.split())
     plain = [{**rows[1], "trained_on": "kept"}]
     assert "*" not in render(summary_table(plain), 200)
+
+
+def test_the_machine_a_run_ran_on_is_named_with_its_wall_time(tmp_path):
+    """The run's summary ends with the CPU model (as lscpu names it) and this command's wall time."""
+    from star_engine.machine import clock, cpu_model
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC   7B13 64-Core Processor\n")
+    assert cpu_model(info) == "AMD EPYC 7B13 64-Core Processor"
+    info.write_text("processor\t: 0\nBogoMIPS\t: 50.00\nModel\t\t: Raspberry Pi 4 Model B Rev 1.4\n")
+    assert cpu_model(info) == "Raspberry Pi 4 Model B Rev 1.4"
+    assert cpu_model(tmp_path / "absent")  # platform's words, never empty
+    assert (clock(41.2), clock(820.4), clock(7530)) == ("41 s", "13 min 40 s", "2 h 05 min")

@@ -17,6 +17,7 @@ from pathlib import Path
 import structlog
 
 from .. import ui
+from ..machine import cpu_model, ran_on, usable_cpus
 from ..version import __version__
 from ..rundir import layout as rundir, runlock
 from ..capabilities import NeedsReferences, Starts, ValidatesRun
@@ -144,6 +145,7 @@ def run(exp: Experiment, toml_path: Path) -> list[dict]:
 
 
 def _run(exp: Experiment, toml_path: Path) -> list[dict]:
+    started = time.perf_counter()
     preflight(exp)
     if isinstance(exp.backend, Starts):  # the optional Backend.start: never in validate
         with exp.calling(exp.backend, "start"):
@@ -154,12 +156,14 @@ def _run(exp: Experiment, toml_path: Path) -> list[dict]:
     t0 = time.perf_counter()
     rows = run_star(exp, store)
     store.set_header(finished=True)
-    log.info("run_finished", run_dir=str(store.root), seconds=round(time.perf_counter() - t0, 1))
+    log.info("run_finished", run_dir=str(store.root), seconds=round(time.perf_counter() - t0, 1),
+             cpu=cpu_model(), cpus=usable_cpus())
     from ..report.report import write_report  # matplotlib is imported only when a report is made
 
     exp.processes.primary_does("write report", lambda: write_report(store.root))
     exp.notify("on_run_end", run_dir=store.root, metrics=rows)
     if not ui.is_quiet():
         notes = [n for n in (collapse_note(exp.config, rows), nothing_kept_note(rows)) if n]
-        ui.print_summary(rows, "\n".join(notes) or None)  # the collapse guard's stop; iterations that kept nothing
+        notes.append(ran_on(time.perf_counter() - started))  # timings differ from one CPU to another
+        ui.print_summary(rows, "\n".join(notes))  # the collapse guard's stop; iterations that kept nothing
     return rows
