@@ -21,6 +21,7 @@ def _ceiling_module():
     return load_script(SCRIPT.parent / "ceiling.py")
 
 
+@pytest.mark.slow  # the whole benchmark script end to end (the default run keeps its units)
 def test_benchmark_prints_one_json_line_with_throughputs_and_mfu():
     args = ["--layers", "1", "--d-model", "32", "--heads", "2", "--rotary-dim", "8", "--vocab", "64",
             "--gen-batch", "4", "--prompt", "8", "--new-tokens", "8", "--train-batch", "2", "--train-seq", "16",
@@ -39,6 +40,7 @@ def test_benchmark_prints_one_json_line_with_throughputs_and_mfu():
     assert "generate_ratio_jax_over_hf" not in result  # only with --peer
 
 
+@pytest.mark.slow  # as above, for the Llama family
 def test_benchmark_runs_the_llama_family():
     args = ["--arch", "llama", "--layers", "1", "--d-model", "32", "--heads", "4", "--kv-heads", "2", "--d-ff", "48",
             "--vocab", "64", "--gen-batch", "2", "--prompt", "8", "--new-tokens", "4", "--train-batch", "2",
