@@ -21,19 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 from typing import Any
 
-
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        return next(x.split(":", 1)[1].strip() for x in out.splitlines() if x.startswith("Model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"
+from star_engine.machine import cpu_model  # as lscpu's "Model name"
 
 
 def mixes(n: int, seed: int) -> dict:
@@ -125,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             out[mode] = {"useful_tokens_per_s": round(run["useful"] / best), "padding_share": round(
                 1 - run["useful"] / run["computed"], 3), "shapes": [list(s) for s in run["shapes"]],
                 "compile_s": round(run["compile_s"], 1), "step_ms": round(1e3 * best / a.steps, 1)}
-        out.update(cpu=cpu_name(), load_before=[round(x, 2) for x in load],
+        out.update(cpu=cpu_model(), load_before=[round(x, 2) for x in load],
                    load_after=[round(x, 2) for x in os.getloadavg()], jax=jax.__version__)
         print(json.dumps(out), flush=True)
     return 0
