@@ -487,12 +487,17 @@ def forged_checkpoint(root: Path, vocab: int) -> tuple[Path, int]:
 @pytest.mark.parametrize("vocab", [1 << 31, 1 << 24], ids=["128GiB", "1GiB"])
 def test_forged_leaf_size_consistent_everywhere_refused_before_allocation(tmp_path, vocab):
     """The embedding (and lm_head) of 128 GiB (over the absolute cap) or 1 GiB (over what this
-    child may allocate): every reader refuses, none tries (a MemoryError would say it tried)."""
+    child may allocate): every reader refuses, none tries (a MemoryError would say it tried).
+    ``load_checkpoint`` puts the small leaves it reads first on a device, which starts jax's CPU
+    client: a thread pool as wide as the machine, whose stacks alone exceed the child's margin on
+    a many-core machine. The setup starts it before the limit is set, so that the margin measures
+    the readers, not the machine's core count (CI failed here on a wider machine)."""
     ck, _ = forged_checkpoint(tmp_path / "ck", vocab)
     for call in (f"C.load_checkpoint({str(ck)!r})",
                  f"m, leaves = C.native_leaves({str(ck)!r})\nfor _ in leaves: pass",
                  f"preflight.check_checkpoint({str(ck)!r})"):
-        out = bounded("from star_haiku_xmap import preflight\n"
+        out = bounded("import jax\njax.devices()\n"
+                      "from star_haiku_xmap import preflight\n"
                       "from star_haiku_xmap.checkpoint import format as C\n"
                       "from star_haiku_xmap.checkpoint.format import param_specs\n"
                       f"param_specs(C.read_manifest({str(ck)!r})['model_config'])", call)
