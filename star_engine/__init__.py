@@ -34,7 +34,8 @@ _SURFACE: dict[str, str] = {
     **dict.fromkeys((
         "Example", "DataFile", "TrainExample", "Candidate", "Verdict", "Progress", "Task", "Checker",
         "HintFormatter", "RationaleFilter", "StepSchedule", "QuestionSampler", "Backend", "MultiProcess",
-        "CheckContext", "ProbeSample", "Probe", "ReferenceProbe", "TuningChoice", "SamplingTuner"), "api"),
+        "CheckContext", "ProbeSample", "Probe", "ReferenceProbe", "TuningChoice", "SamplingTuner",
+        "GenerationEngine"), "api"),
     # the jobs a backend is given, and what it returns
     **dict.fromkeys(("GenSpec", "GenRequest", "TrainSpec", "TrainResult", "Packing", "Loss", "PACKINGS", "LOSSES",
                      "PreferencePair", "PreferenceSpec"), "jobs"),
@@ -60,7 +61,7 @@ __all__ = [  # the plugin API's nouns: hookimpl, __version__ and every name of _
     "GenRequest", "TrainSpec", "TrainResult", "Progress", "Task", "Checker", "HintFormatter",
     "RationaleFilter", "StepSchedule", "QuestionSampler", "Backend", "MultiProcess", "Packing", "Loss",
     "PACKINGS", "LOSSES", "PreferencePair", "PreferenceSpec", "CheckContext", "ProbeSample", "Probe",
-    "ReferenceProbe", "TuningChoice", "SamplingTuner", "UserError", "IntegrityError", "PluginError", "ProcessLost",
+    "ReferenceProbe", "TuningChoice", "SamplingTuner", "GenerationEngine", "UserError", "IntegrityError", "PluginError", "ProcessLost",
     "Section", "Range", "at_least", "above", "between", "NON_EMPTY", "NonNegInt", "PosInt", "NonNegFloat",
     "Fraction", "PROMPT_KINDS", "Registry",
 ]
@@ -91,7 +92,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what the names are, for type checkers and editors
-    from .api import (Backend, Candidate, CheckContext, Checker, DataFile, Example, HintFormatter, MultiProcess,
+    from .api import (Backend, Candidate, CheckContext, Checker, DataFile, Example, GenerationEngine, HintFormatter,
+                      MultiProcess,
                       Probe, ProbeSample, Progress, QuestionSampler, RationaleFilter, ReferenceProbe,
                       SamplingTuner, StepSchedule, Task, TrainExample, TuningChoice, Verdict)
     from .jobs import (LOSSES, PACKINGS, GenRequest, GenSpec, Loss, Packing, PreferencePair, PreferenceSpec,

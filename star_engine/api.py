@@ -279,6 +279,35 @@ class SamplingTuner(Protocol):
         gets the stored probes back)."""
 
 
+class GenerationEngine(Protocol):
+    """What samples the run's prompts instead of the backend's own ``generate``
+    (``[generation] engine``, options from the ``[generation.server]`` table): e.g. an
+    OpenAI-compatible inference server (``star_server``). Every stage that samples
+    (generation, rationalization, evaluation, a tuner's probes) goes through it, chunk by chunk.
+
+    The run calls ``start`` once, after every check and before the first chunk; ``close``
+    once when the run ends, fails or is interrupted (the engine stops what it started);
+    ``generate`` as ``Backend.generate`` is called: one completion per request, cut before
+    the first stop string, each request's ``seed`` alone deciding its randomness."""
+
+    def start(self, run_dir: Path, backend: Backend) -> None:
+        """Before the first ``generate``: ``run_dir`` the run directory (the engine may keep
+        files under ``run_dir / "served"``), ``backend`` the run's backend (its checkpoints are
+        the ones ``generate`` names)."""
+
+    def generate(self, checkpoint: str, requests: Sequence[GenRequest], spec: GenSpec,
+                 progress: Progress | None = None) -> list[str]:
+        """One completion per request, sampled from exactly ``checkpoint``'s weights."""
+
+    def provenance(self) -> tuple[str, str]:
+        """(model version, sampled by) of the texts the last ``generate`` returned: the content
+        hash of the weights that produced them and who produced them (a server's URL and model
+        name); the run records both in each row."""
+
+    def close(self) -> None:
+        """Stop whatever ``start`` and ``generate`` started; idempotent."""
+
+
 class Backend(Protocol):
     """A model family. Checkpoints are directories the backend writes atomically.
 
@@ -367,6 +396,21 @@ class Backend(Protocol):
         the prompts longer than this (``prompts_truncated`` in ``metrics.parquet``, a
         ``prompts_truncated`` warning event); without it no prompt counts as cut. A backend
         that has it should have ``count_tokens`` too (else prompts are counted in bytes)."""
+
+    def export_hf(self, checkpoint: str, dest: Path) -> Mapping[str, Any]:
+        """Optional (what a server engine, ``generation.engine = "server"``, loads). Write
+        ``checkpoint`` as a new Hugging Face model folder ``dest`` (config, safetensors weights,
+        tokenizer; a parameter-efficient checkpoint merged into its base), atomically; returns
+        a JSON-serialisable summary (``model_type``, ``files``, ...)."""
+
+    def export_adapter(self, checkpoint: str, dest: Path, base_name: str) -> Mapping[str, Any] | None:
+        """Optional. Write ``checkpoint``'s adapters alone as a peft folder ``dest``
+        (``adapter_config.json`` naming ``base_name``, ``adapter_model.safetensors``), atomically;
+        None (nothing written) when the checkpoint has no adapters (every weight trained)."""
+
+    def fit_prompt(self, prompt: str, spec: GenSpec) -> str:
+        """Optional. ``prompt`` as ``generate`` would read it under ``spec``: left-truncated to
+        ``prompt_capacity(spec)`` tokens (the text of the tokens kept); an engine sends this."""
 
     def train_preferences(self, init: str, out: Path, pairs: Sequence[PreferencePair], spec: PreferenceSpec,
                           progress: Progress | None = None) -> TrainResult:

@@ -109,3 +109,12 @@ class DeclinesQuestions(Protocol):  # a RationaleFilter's (``RationaleFilter``: 
     selection, so it must be deterministic, as ``keep``."""
 
     def decline(self, generated: Sequence[Candidate], history: Sequence[Candidate]) -> Collection[str]: ...
+
+
+@runtime_checkable
+class ValidatesEngine(Protocol):  # a GenerationEngine's (``GenerationEngine.validate``)
+    """``validate(backend)``: what the engine needs of the run's backend (an export of its
+    checkpoints the server loads, its tokenizer's prompt cut), checked before the run writes or
+    starts anything; ``UserError`` naming the key otherwise."""
+
+    def validate(self, backend: object) -> None: ...

@@ -113,6 +113,19 @@ def register_tuners(register) -> None:
 
 
 @hookspec
+def register_engines(register) -> None:
+    """Register generation engines (what samples the run's prompts instead of the backend).
+
+    Args:
+        register: ``register(name, factory)``; ``factory(**options)`` returns a
+            :class:`star_engine.api.GenerationEngine`. ``options`` come from the
+            ``[generation.server]`` table; ``[generation] engine`` names the engine.
+    Returns: nothing.
+    Called: once, when the registry is built; the engine's ``start`` once per run.
+    """
+
+
+@hookspec
 def register_backends(register) -> None:
     """Register model backends.
 

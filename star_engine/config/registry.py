@@ -42,6 +42,7 @@ KINDS = {  # kind -> the register_* hook that fills it
     "sampler": "register_samplers",
     "tuner": "register_tuners",
     "backend": "register_backends",
+    "engine": "register_engines",
     "command": "register_commands",
 }
 OBSERVER_HOOKS = ("on_run_start", "on_iteration_start", "on_iteration_end", "on_run_end")

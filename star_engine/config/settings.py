@@ -151,6 +151,10 @@ class Generation(Sampling):
     sampler: Component = ""
     tuner: Component = ""  # chooses each iteration's temperature (SamplingTuner); "": generation.temperature
     chunk_size: PosInt = 256
+    # What samples: "" the backend's own sampler; else a registered engine (register_engines,
+    # e.g. "server": an OpenAI-compatible inference server) with [generation.server] its options.
+    engine: str = ""
+    server: dict = field(default_factory=dict)
 
     def gen_spec(self, stop: tuple[str, ...]) -> GenSpec:
         """How rationales are sampled (generation, rationalization); ``stop``: the task's."""

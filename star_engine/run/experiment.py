@@ -16,8 +16,8 @@ from typing import Any
 
 from . import labelfree
 from ..rundir import procs
-from ..api import (Backend, Checker, Example, HintFormatter, QuestionSampler, RationaleFilter, SamplingTuner,
-                   StepSchedule, Task)
+from ..api import (Backend, Checker, Example, GenerationEngine, HintFormatter, QuestionSampler, RationaleFilter,
+                   SamplingTuner, StepSchedule, Task)
 from ..capabilities import TrainsVerifiers
 from ..errors import UserError
 from ..config.registry import Registry, option_defaults
@@ -57,6 +57,8 @@ class Experiment:
     probes) when it is not the task's checker; None: the checker does."""
     tuner: SamplingTuner | None = None
     """``generation.tuner``: None: every iteration samples at ``generation.temperature``."""
+    engine: GenerationEngine | None = None
+    """``generation.engine`` (its options ``[generation.server]``): None: the backend samples."""
 
     @property
     def run_dir(self) -> Path:
@@ -106,6 +108,7 @@ def build(config: Config, registry: Registry, load_data: bool = True) -> Experim
     reward = (None if not rew or dict(rew) == dict(resolved["checker"]) else
               registry.create("checker", rew["name"], _options(rew), "task.reward"))
     labelfree.check_components(config, checker, [e.checker for e in panel.entries], reward)  # group, label-free
+    engine = build_engine(config, registry)
     backend_options = {k: v for k, v in config.model.items() if k != "backend"}
     backend = registry.create("backend", config.model["backend"], backend_options, "model")
     if config.verifier.enabled and not isinstance(backend, TrainsVerifiers):
@@ -128,10 +131,23 @@ def build(config: Config, registry: Registry, load_data: bool = True) -> Experim
             task.prompt(hinted)
     exp = Experiment(config, registry, task, checker, resolved["checker"]["name"], hint, filters, schedule, sampler,
                      backend, {}, defaults, component_options(config, registry),
-                     procs.configure(backend, registry.origin(backend)), panel, reward, tuner)
+                     procs.configure(backend, registry.origin(backend)), panel, reward, tuner, engine)
     if load_data:
         exp.splits = load_splits(config, task, checker, panel, registry, reward)
     return exp
+
+
+def build_engine(config: Config, registry: Registry) -> GenerationEngine | None:
+    """``[generation] engine`` with the ``[generation.server]`` table its options; None: the
+    backend's own sampler (a ``[generation.server]`` table without an engine is refused)."""
+    gen = config.generation
+    if not gen.engine:
+        if gen.server:
+            raise UserError("generation.server: the table is the options of a generation engine, and "
+                            "generation.engine names none (set generation.engine = \"server\")",
+                            key="generation.server")
+        return None
+    return registry.create("engine", gen.engine, gen.server, "generation.engine", "generation.server")
 
 
 COMPONENTS = (("task.options", "task"), ("task.checker", "checker"), ("task.hint", "hint"),
@@ -156,6 +172,9 @@ def component_options(config: Config, registry: Registry) -> dict[str, dict[str,
             where = path if i is None else f"{path}[{i}]"
             found = option_defaults(registry.get(kind, name, where if kind != "task" else "task.dataset").factory)
             out[where] = {**found, **{k: v for k, v in table.items() if k != "name"}}
+    if cfg["generation"].get("engine"):  # the engine's options are the [generation.server] table (no name)
+        found = option_defaults(registry.get("engine", cfg["generation"]["engine"], "generation.engine").factory)
+        out["generation.server"] = {**found, **cfg["generation"].get("server", {})}
     return out
 
 

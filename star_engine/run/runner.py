@@ -20,7 +20,8 @@ from .. import ui
 from ..machine import cpu_model, ran_on, usable_cpus
 from ..version import __version__
 from ..rundir import layout as rundir, runlock
-from ..capabilities import NeedsReferences, Starts, ValidatesRun
+from ..capabilities import NeedsReferences, Starts, ValidatesEngine, ValidatesRun
+from ..api import MultiProcess
 from ..errors import UserError
 from .experiment import Experiment, config_hash
 from .labelfree import collapse_note
@@ -52,6 +53,20 @@ def check_backend(exp: Experiment) -> None:
         training["verifier"] = cfg.verifier.train_spec()
     with exp.calling(backend, "validate_run"):
         backend.validate_run(generation=generation, training=training)
+
+
+def check_engine(exp: Experiment) -> None:
+    """The generation engine's checks of the run's backend (``GenerationEngine.validate``, optional:
+    e.g. that the backend exports what the server loads), before anything is written or started."""
+    engine = exp.engine
+    if engine is None:
+        return
+    if isinstance(exp.backend, MultiProcess) and exp.backend.process_count() > 1:
+        raise UserError("generation.engine: a generation engine samples from one process; this run's backend runs "
+                        f"{exp.backend.process_count()} processes", key="generation.engine")
+    if isinstance(engine, ValidatesEngine):
+        with exp.calling(engine, "validate"):
+            engine.validate(exp.backend)
 
 
 def check_volume(exp: Experiment) -> None:
@@ -95,6 +110,7 @@ def preflight(exp: Experiment) -> rundir.RunDir:
     try_components(exp)
     check_references(exp)
     check_backend(exp)
+    check_engine(exp)
     return rundir.inspect(exp.config.as_dict(), exp.defaults, exp.options)
 
 
@@ -154,7 +170,15 @@ def _run(exp: Experiment, toml_path: Path) -> list[dict]:
     log_skipped(exp.panel)  # gold answers the checkers skipped when the data was loaded
     exp.notify("on_run_start", run_dir=store.root, config=exp.config.as_dict())
     t0 = time.perf_counter()
-    rows = run_star(exp, store)
+    if exp.engine is not None:  # generation.engine: started now, stopped however the run ends
+        with exp.calling(exp.engine, "start"):
+            exp.engine.start(store.root, exp.backend)
+    try:
+        rows = run_star(exp, store)
+    finally:
+        if exp.engine is not None:
+            with exp.calling(exp.engine, "close"):
+                exp.engine.close()
     store.set_header(finished=True)
     log.info("run_finished", run_dir=str(store.root), seconds=round(time.perf_counter() - t0, 1),
              cpu=cpu_model(), cpus=usable_cpus())

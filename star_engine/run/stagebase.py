@@ -119,24 +119,47 @@ class StageBase:
     # -- generation in stored chunks ----------------------------------------------
     def generate_texts(self, rel_dir: str, prompts: Sequence[str], seeds: Sequence[int], spec: GenSpec,
                        model: str, what: str) -> list[str]:
+        """The texts of ``generate_chunks``."""
+        return [c.text for c in self.generate_chunks(rel_dir, prompts, seeds, spec, model, what)]
+
+    def generate_chunks(self, rel_dir: str, prompts: Sequence[str], seeds: Sequence[int], spec: GenSpec,
+                        model: str, what: str) -> list[Chunk]:
+        """One generation per prompt, sampled by the run's engine (``generation.engine``) or else
+        the backend, stored ``chunk_size`` at a time under ``rel_dir`` (a stored chunk is read
+        back, not sampled again), each with what produced it."""
         size = self.cfg.generation.chunk_size
-        texts: list[str] = []
+        chunks: list[Chunk] = []
         with ui.progress(what, len(prompts)) as advance:
             for i, start in enumerate(range(0, len(prompts), size)):
                 rel = f"{rel_dir}/chunk-{i:05d}.parquet"
                 if not self.store.done(rel):
                     reqs = [GenRequest(p, s) for p, s in zip(prompts[start:start + size], seeds[start:start + size])]
-                    with self.loading(model), \
-                            self.exp.calling(self.backend, "generate"):
-                        out = self.backend.generate(self.path(model), reqs, spec, progress=advance)
-                    self.exp.registry.returned(
-                        self.backend, "generate", out, hasattr(out, "__len__") and len(out) == len(reqs) and all(
-                            isinstance(t, str) for t in out), f"one text per request ({len(reqs)})")
-                    self.store.write_records(rel, [Chunk(index=start + j, text=t) for j, t in enumerate(out)], Chunk)
+                    out, version, by = self._sample(model, reqs, spec, advance)
+                    self.store.write_records(rel, [Chunk(index=start + j, text=t, model_version=version, sampled_by=by)
+                                                   for j, t in enumerate(out)], Chunk)
                 else:
                     advance(min(size, len(prompts) - start))
-                texts.extend(c.text for c in self.store.read_records(rel, Chunk))
-        return texts
+                chunks.extend(self.store.read_records(rel, Chunk))
+        return chunks
+
+    def _sample(self, model: str, reqs: Sequence[GenRequest], spec: GenSpec, advance: Any) -> tuple[list[str], str, str]:
+        """(texts, model version, sampled by) of one chunk: the engine's, or the backend's ("", "")."""
+        engine = self.exp.engine
+        with self.loading(model):
+            if engine is None:
+                with self.exp.calling(self.backend, "generate"):
+                    out = self.backend.generate(self.path(model), reqs, spec, progress=advance)
+                origin, (version, by) = self.backend, ("", "")
+            else:
+                with self.exp.calling(engine, "generate"):
+                    out = engine.generate(self.path(model), reqs, spec, progress=advance)
+                with self.exp.calling(engine, "provenance"):
+                    version, by = engine.provenance()
+                origin = engine
+        self.exp.registry.returned(
+            origin, "generate", out, hasattr(out, "__len__") and len(out) == len(reqs) and all(
+                isinstance(t, str) for t in out), f"one text per request ({len(reqs)})")
+        return list(out), str(version), str(by)
 
     def _finish(self, rel: str, rows: list, kind: type, chunk_dir: str | None, omit: tuple[str, ...] = ()) -> list:
         self.store.write_records(rel, rows, kind, omit)
@@ -223,13 +246,14 @@ class StageBase:
 
     def _row(self, n: int, ex: Example, s: int, text: str, stored: str, full: str, seed: int, hinted: bool,
              model_id: str, cut: bool | None, leaks: Sequence[str] = (),
-             judged: tuple[str, str | None, Verdict] | None = None) -> Rationale:
+             judged: tuple[str, str | None, Verdict] | None = None, chunk: Chunk | None = None) -> Rationale:
         """Sample ``s`` of ``ex`` as a row (``judged``: its ``judge_all`` already, else judged here)."""
         stage = "rationalize" if hinted else "generate"
         text, _, verdict = judged or self._judge(text, ex.answer, self.where(n, ex, s, stage))
         return rationale_of(n, ex, s, stored, text, verdict, was_hinted=hinted, checker=self.judge.name_for(stage),
                           model_checkpoint=model_id, prompt_hash=prompt_hash(full), seed=seed,
-                          leak_strings=tuple(leaks), prompt_truncated=cut)
+                          leak_strings=tuple(leaks), prompt_truncated=cut,
+                          model_version=chunk.model_version if chunk else "", sampled_by=chunk.sampled_by if chunk else "")
 
 
 def rationale_of(n: int, ex: Example, s: int, prompt: str, text: str, verdict: Verdict, **rest: Any) -> Rationale:

@@ -89,14 +89,15 @@ class Stages(StageBase):
         seeds = [derive_seed(self.seed, n, ex.id, s, stage) for ex, s in items]
         spec = spec or self.sample_spec
         cut = self.truncation.flags(prompts, spec, stage, n)
-        texts = self.generate_texts(f"{it_dir(n)}/{stage}", prompts, seeds, spec, model, f"iter {n}: {stage}")
+        chunks = self.generate_chunks(f"{it_dir(n)}/{stage}", prompts, seeds, spec, model, f"iter {n}: {stage}")
+        texts = [c.text for c in chunks]
         mid = self.checkpoint_id(model)
         judged = self.judge_all(items, texts, stage, n)
         rows = []
         for i, ((ex, s), text, full, seed, c, j) in enumerate(zip(items, texts, prompts, seeds, cut, judged)):
             prompt, leaks = stored(i)
             rows.append(self._row(n, ex, s, text, prompt, full, seed, stage == "rationalize", mid, c, leaks,
-                                  judged=j))
+                                  judged=j, chunk=chunks[i]))
         self.judge.flush(stage, n)
         return rows
 

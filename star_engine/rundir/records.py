@@ -126,6 +126,10 @@ class Chunk:
 
     index: int  # position in the stage's list of prompts
     text: str
+    # What produced it (``GenerationEngine.provenance``): the weights' content hash and the
+    # server and model name; "" for the backend's own sampler (``model_checkpoint`` names its weights).
+    model_version: str = ""
+    sampled_by: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,6 +159,10 @@ class Rationale:
     # The prompt was longer than the backend keeps (Backend.prompt_capacity) and lost its start;
     # null: not counted (a backend without prompt_capacity, gold rows, files written before).
     prompt_truncated: bool | None = None
+    # Sampled through a generation engine (``generation.engine``): the hash of the weights the
+    # server served and the server ("<url> <model name>"); "": the backend's own sampler.
+    model_version: str = ""
+    sampled_by: str = ""
 
     def candidate(self) -> Candidate:
         """The plugin contract's view of this row (``api.Candidate``: its fields, same names)."""

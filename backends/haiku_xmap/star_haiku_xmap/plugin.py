@@ -160,6 +160,22 @@ class HaikuXmapBackend:
             return [""] * len(requests)
         return self.engine().generate(checkpoint, requests, spec, progress)
 
+    def fit_prompt(self, prompt: str, spec: GenSpec) -> str:
+        """``prompt`` as ``generate`` reads it (``Backend.fit_prompt``): its last
+        ``prompt_capacity(spec)`` tokens, as text (a cut inside a character's bytes decodes as
+        U+FFFD, which the server then encodes as that character)."""
+        ids, keep = self.tokenizer.encode(prompt), self.prompt_capacity(spec)
+        return prompt if len(ids) <= keep else self.tokenizer.decode(ids[len(ids) - keep:])
+
+    # ------------------------------------------------------------------ export (a server engine's)
+
+    def export_hf(self, checkpoint: str, dest: Path) -> Mapping[str, Any]:
+        """``checkpoint`` as a new Hugging Face folder ``dest`` (``Backend.export_hf``;
+        ``convert.hf_export.export_hf``: a LoRA checkpoint merged into its base)."""
+        from .convert.hf_export import export_hf
+
+        return export_hf(checkpoint, dest)
+
     def decode_config(self, spec: GenSpec) -> DecodeConfig:
         """The ``options.DecodeConfig`` of ``spec`` under this backend's options and tokenizer."""
         return decode_config(self.options, self.tokenizer, spec)
