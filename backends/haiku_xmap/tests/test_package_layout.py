@@ -15,7 +15,8 @@ from pathlib import Path
 import star_haiku_xmap
 
 PACKAGE = Path(star_haiku_xmap.__file__).parent
-CONVERT = {"hf_import", "hf_llama", "mtj_layout", "mtj_import", "mtj_export", "hf_export", "commands", "actions"}
+CONVERT = {"hf_import", "hf_llama", "mtj_layout", "mtj_import", "mtj_export", "hf_export", "peft_export",
+           "commands", "actions"}
 SUBPACKAGES = {"checkpoint": {"format", "write", "safeio"}, "plan": {"command", "memory", "models", "experiment", "table"},
                "sampling": {"static", "continuous", "slots", "text"},
                "model": {"config", "gptj", "llama", "layers", "architectures", "network", "lora", "lora_options"},

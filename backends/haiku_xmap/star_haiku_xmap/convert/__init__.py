@@ -8,5 +8,6 @@ checkpoint format is ``star_haiku_xmap.checkpoint``, the plan command
 - ``mtj_import``: reading a slim checkpoint into native parameters.
 - ``mtj_export``: writing a native checkpoint as a slim checkpoint.
 - ``hf_export``: writing a native checkpoint as a Hugging Face folder (``convert --to hf``).
+- ``peft_export``: writing a LoRA checkpoint's adapters as a peft adapter folder (``convert --to peft``).
 - ``commands``: ``star-engine convert`` and ``star-engine plan``.
 """

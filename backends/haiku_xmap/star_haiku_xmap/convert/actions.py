@@ -20,6 +20,7 @@ from .hf_import import folder_tokenizer, iter_hf, source_name
 from .mtj_export import export_mtj
 from .mtj_import import convert_mtj_gptj
 from .mtj_layout import resolve_config
+from .peft_export import export_peft
 
 MAX_MP = 1024  # --mp
 
@@ -86,10 +87,14 @@ def convert(args: argparse.Namespace) -> int:
         dest = default_destination(str(src))
     if args.max_shard_size is not None and args.target != "hf":
         raise UserError("--max-shard-size: only with --to hf")
-    if args.target in ("mtj", "hf"):
+    if args.base_name is not None and args.target != "peft":
+        raise UserError("--base-name: only with --to peft")
+    if args.target in ("mtj", "hf", "peft"):
         if args.source not in (None, "native"):
             raise UserError(f"--to {args.target}: convert to a native checkpoint first (--from native SRC)")
-        return to_mtj(args, mp or 8) if args.target == "mtj" else to_hf(args)
+        if args.target == "mtj":
+            return to_mtj(args, mp or 8)
+        return to_hf(args) if args.target == "hf" else to_peft(args)
     if args.source is None:
         raise UserError("--from: required (hf, mtj or native)")
     mp = mp or 1
@@ -157,3 +162,18 @@ def to_hf(args: argparse.Namespace) -> int:
     return 0
 
 
+
+
+def to_peft(args: argparse.Namespace) -> int:
+    """``convert --to peft``."""
+    if args.mp is not None:
+        raise UserError("--to peft: --mp does not apply (an adapter folder is not split for a mesh)")
+    if args.tokenizer_file or args.byte_tokenizer:
+        raise UserError("--to peft: an adapter folder stores no tokenizer (the base model's export has it)")
+    if args.base_name is None:
+        raise UserError("--base-name: required with --to peft (the base model's --to hf folder or hub name)")
+    out = export_peft(args.src, args.dest, base_name=args.base_name, dtype=args.dtype)
+    print(f"wrote {args.dest} (peft LoRA adapter: r {out['r']}, alpha {out['alpha']:g}, "
+          f"{', '.join(out['target_modules'])}; {out['tensors']} tensors, {out['dtype']}, {out['bytes']} bytes) "
+          f"over base {out['base_model_name_or_path']}")
+    return 0

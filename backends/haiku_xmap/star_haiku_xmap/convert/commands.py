@@ -4,7 +4,8 @@
   mesh-transformer-jax slim checkpoint) or a native checkpoint into a native
   checkpoint, optionally pre-split for an mp-way mesh, or back into the
   mesh-transformer-jax layout for another number of shards, or a native checkpoint
-  out as a Hugging Face folder (``--to hf``: ``hf_export.py``).
+  out as a Hugging Face folder (``--to hf``: ``hf_export.py``), or a LoRA checkpoint's
+  adapters as a Hugging Face peft adapter folder (``--to peft``: ``peft_export.py``).
 - ``star-engine plan [EXPERIMENT]``: compile the train and decode steps of an experiment
   (``plan/experiment.py``), or of a model and mesh given by options, with abstract
   parameters and print XLA's per-device memory analysis.
@@ -38,25 +39,32 @@ class ConvertCommand:
             "the mesh-transformer-jax slim layout with --mp shards (default 8). --to hf writes a native checkpoint "
             "(GPT-J, Llama, Qwen2, Mistral) as a Hugging Face folder that transformers loads: safetensors, "
             "config.json, generation_config.json, tokenizer.json and tokenizer_config.json. With --to mtj or "
-            "--to hf the source is a native checkpoint (--from native, the default there).")
+            "--to hf the source is a native checkpoint (--from native, the default there). --to peft writes a LoRA "
+            "checkpoint's adapters as a peft adapter folder (adapter_config.json, adapter_model.safetensors) that "
+            "peft.PeftModel.from_pretrained and vLLM's --enable-lora load over the base model's --to hf export, "
+            "named by --base-name.")
         parser.add_argument("src", type=Path, help="source folder; with --from hf also a Hugging Face hub id "
                                                    "(owner/name[@revision], downloaded through huggingface_hub "
                                                    "when no such folder exists here)")
         parser.add_argument("dest", type=Path, nargs="?", default=None,
                             help="destination folder (created; an existing checkpoint is replaced atomically; "
-                                 "--to mtj|hf: must not exist). Default with --from hf: checkpoints/NAME in the "
+                                 "--to mtj|hf|peft: must not exist). Default with --from hf: checkpoints/NAME in the "
                                  "working directory, NAME the source's last path part in lower case (Qwen/Qwen2.5-1.5B: "
                                  "checkpoints/qwen2.5-1.5b), where the experiment files expect it when run from "
                                  "the repository's root")
         parser.add_argument("--from", dest="source", default=None, choices=("hf", "mtj", "native"),
-                            help="required with --to native; --to mtj|hf read a native checkpoint")
-        parser.add_argument("--to", dest="target", default="native", choices=("native", "mtj", "hf"))
+                            help="required with --to native; --to mtj|hf|peft read a native checkpoint")
+        parser.add_argument("--to", dest="target", default="native", choices=("native", "mtj", "hf", "peft"))
         parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=None,
                             help="parameter dtype (default: bfloat16 from hf/mtj, the source's from native and "
-                                 "for --to hf)")
+                                 "for --to hf and --to peft)")
         parser.add_argument("--max-shard-size", default=None, metavar="SIZE",
                             help="--to hf: largest safetensors file (5GB, 500MiB, bytes); above it the weights are "
                                  "split in shards listed by model.safetensors.index.json (default 5GB)")
+        parser.add_argument("--base-name", default=None, metavar="PATH|NAME",
+                            help="--to peft (required): the base model as the adapter's users load it (its --to hf "
+                                 "folder, or the name vLLM serves it under); adapter_config.json's "
+                                 "base_model_name_or_path")
         parser.add_argument("--mp", type=int, default=None, metavar="N",
                             help="--to native: store leaves pre-split for an mp=N mesh (default 1 = unsplit); "
                                  "--to mtj: number of shards (default 8)")
