@@ -24,11 +24,11 @@ def hf_model(a, n_positions: int):
         cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=a.d_model, intermediate_size=a.d_ff,
                           num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
                           max_position_embeddings=n_positions, attention_dropout=0.0, tie_word_embeddings=False)
-        return LlamaForCausalLM(cfg).to(dtype).eval()
-    cfg = GPTJConfig(vocab_size=a.vocab, n_positions=n_positions, n_embd=a.d_model, n_layer=a.layers,
+        return LlamaForCausalLM(cfg).to(dtype).eval()  # type: ignore[arg-type]  # .to(dtype): torch's
+    gcfg = GPTJConfig(vocab_size=a.vocab, n_positions=n_positions, n_embd=a.d_model, n_layer=a.layers,
                      n_head=a.heads, rotary_dim=a.rotary_dim, n_inner=a.d_ff, resid_pdrop=0.0, embd_pdrop=0.0,
                      attn_pdrop=0.0, tie_word_embeddings=False)
-    return GPTJForCausalLM(cfg).to(dtype).eval()
+    return GPTJForCausalLM(gcfg).to(dtype).eval()  # type: ignore[arg-type]
 
 
 def adamw_step(model, lr: float = 1e-4):

@@ -19,6 +19,7 @@ process (``star_workload.py --hf-serve``): for each mix, a random
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 from bench_common import serve, timed_reply
 from hf_peer import adamw_step, hf_model
@@ -139,7 +140,7 @@ def serve_workload(mixes: dict, a) -> None:
     import torch
     import transformers
 
-    info = {"torch": torch.__version__, "transformers": transformers.__version__, "hf_threads": None}
+    info: dict[str, Any] = {"torch": torch.__version__, "transformers": transformers.__version__, "hf_threads": None}
     calls = {"info": lambda: info}
     for name, mix in mixes.items():
         model = hf_model(_shape(mix), mix["model"]["n_ctx"])

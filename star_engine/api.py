@@ -403,10 +403,15 @@ class Backend(Protocol):
         tokenizer; a parameter-efficient checkpoint merged into its base), atomically; returns
         a JSON-serialisable summary (``model_type``, ``files``, ...)."""
 
-    def export_adapter(self, checkpoint: str, dest: Path, base_name: str) -> Mapping[str, Any] | None:
-        """Optional. Write ``checkpoint``'s adapters alone as a peft folder ``dest``
-        (``adapter_config.json`` naming ``base_name``, ``adapter_model.safetensors``), atomically;
-        None (nothing written) when the checkpoint has no adapters (every weight trained)."""
+    def adapter_base(self, checkpoint: str) -> str | None:
+        """Optional (with ``export_adapter``). The base checkpoint whose weights
+        ``checkpoint``'s adapters (a parameter-efficient stage's) are applied to; None when
+        ``checkpoint`` is a whole model."""
+
+    def export_adapter(self, checkpoint: str, dest: Path, base_name: str) -> Mapping[str, Any]:
+        """Optional. Write the adapters of ``checkpoint`` (one ``adapter_base`` names a base
+        of) alone as a new peft folder ``dest`` (``adapter_config.json`` naming
+        ``base_name``, ``adapter_model.safetensors``), atomically; returns a summary."""
 
     def fit_prompt(self, prompt: str, spec: GenSpec) -> str:
         """Optional. ``prompt`` as ``generate`` would read it under ``spec``: left-truncated to

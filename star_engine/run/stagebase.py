@@ -145,6 +145,7 @@ class StageBase:
     def _sample(self, model: str, reqs: Sequence[GenRequest], spec: GenSpec, advance: Any) -> tuple[list[str], str, str]:
         """(texts, model version, sampled by) of one chunk: the engine's, or the backend's ("", "")."""
         engine = self.exp.engine
+        origin: Any
         with self.loading(model):
             if engine is None:
                 with self.exp.calling(self.backend, "generate"):

@@ -176,6 +176,19 @@ class HaikuXmapBackend:
 
         return export_hf(checkpoint, dest)
 
+    def adapter_base(self, checkpoint: str) -> str | None:
+        """The base a LoRA checkpoint's adapters are over (``Backend.adapter_base``); None for a
+        whole model."""
+        from .convert.peft_export import lora_base
+
+        return lora_base(checkpoint)
+
+    def export_adapter(self, checkpoint: str, dest: Path, base_name: str) -> Mapping[str, Any]:
+        """A LoRA checkpoint's adapters as a peft folder (``convert.peft_export.export_peft``)."""
+        from .convert.peft_export import export_peft
+
+        return export_peft(checkpoint, dest, base_name=base_name)
+
     def decode_config(self, spec: GenSpec) -> DecodeConfig:
         """The ``options.DecodeConfig`` of ``spec`` under this backend's options and tokenizer."""
         return decode_config(self.options, self.tokenizer, spec)

@@ -27,7 +27,7 @@ SUBPACKAGES = {"checkpoint": {"format", "write", "safeio"}, "plan": {"command", 
 TOP = {"__init__", "plugin", "engine", "options", "tokenizer", "preflight", "inference"}
 # The top-level modules that import from the subpackage, and why they must.
 USES_CONVERT = {
-    "plugin": {"commands"},  # registers the commands
+    "plugin": {"commands", "hf_export", "peft_export"},  # registers the commands; exports for a server engine
     "inference": {"hf_import"},  # load_model: a native checkpoint or an HF folder
 }
 MAX_LINES = 400

@@ -59,7 +59,9 @@ class ServerOptions(Section):
     command: str = ""  # or a command line the engine runs, with {model} and {port}
     api: Literal["completions"] = "completions"
     kind: Literal["vllm", "sglang", "transformers", "openai"] = "vllm"
-    load: Literal["auto", "restart", "load_model", "none"] = "auto"  # auto: restart (command) / none (url)
+    # How the server is made to serve a checkpoint: auto: restart (command) / none (url);
+    # load_lora_adapter: a LoRA checkpoint's adapters alone (vLLM --enable-lora), its base as auto.
+    load: Literal["auto", "restart", "load_model", "load_lora_adapter", "none"] = "auto"
     concurrency: PosInt = 8
     timeout_seconds: Annotated[float, above(0)] = 600.0  # one request's
     startup_timeout_seconds: Annotated[float, above(0)] = 600.0  # a started server's /health and /v1/models
@@ -106,7 +108,11 @@ class ServerEngine:
                 check_command(options.command)
             except UserError as e:
                 raise UserError(f"{KEY}.command: {e}", key=f"{KEY}.command") from None
-        load = options.load if options.load != "auto" else ("restart" if options.command else "none")
+        auto = "restart" if options.command else "none"
+        load = options.load if options.load != "auto" else auto
+        self.adapters = load == "load_lora_adapter"
+        if self.adapters:  # whole models (the base, a run without adapters) as auto
+            load = auto
         if load == "restart" and not options.command:
             raise UserError(f"{KEY}.load: \"restart\" needs a command the engine runs (url is a server you run: "
                             "load = \"load_model\" or \"none\")", key=f"{KEY}.load")
@@ -119,7 +125,9 @@ class ServerEngine:
         self.process: ServerProcess | None = None
         self.run_dir: Path | None = None
         self.backend: Any = None
-        self.current: tuple[str, str] | None = None  # (folder, sha256) the server serves now
+        self.current: tuple[str, str] | None = None  # (model name, sha256) the requests name now
+        self.whole: str | None = None  # the whole model's folder the server serves (a LoRA run: the base)
+        self.folders: dict[str, str] = {}  # an adapter's name -> its folder
         self.last: tuple[str, str] = ("", "")
 
     def _client_options(self) -> dict[str, Any]:
@@ -133,6 +141,9 @@ class ServerEngine:
         if not callable(getattr(backend, "export_hf", None)):
             raise UserError(f"generation.engine: the backend ({type(backend).__name__}) has no export_hf: it cannot "
                             "write the Hugging Face folder a server loads", key="generation.engine")
+        if self.adapters and not all(callable(getattr(backend, m, None)) for m in ("adapter_base", "export_adapter")):
+            raise UserError(f"{KEY}.load: \"load_lora_adapter\": the backend ({type(backend).__name__}) does not export "
+                            "adapters (adapter_base, export_adapter)", key=f"{KEY}.load")
 
     def start(self, run_dir: Path, backend: Any) -> None:
         self.run_dir, self.backend = Path(run_dir), backend
@@ -142,7 +153,7 @@ class ServerEngine:
         if self.process is not None:
             self.process.stop()
             self.process = None
-        self.current = None
+        self.current = self.whole = None
 
     def provenance(self) -> tuple[str, str]:
         return self.last
@@ -173,22 +184,49 @@ class ServerEngine:
     def serve(self, checkpoint: str) -> tuple[str, str]:
         """Make the server serve exactly ``checkpoint`` (exported, hashed, loaded, checked):
         (the model name requests carry, the export's hash)."""
-        folder, sha = self.export(checkpoint)
-        if self.current != (folder, sha):
-            previous = self.current
-            if self.load == "restart":
-                self._restart(folder)
-            elif self.load == "load_model":
-                self.client.call("POST", "/load_model", {"model": folder})
-            self.client.model = folder
+        base = self.backend.adapter_base(checkpoint) if self.adapters else None
+        if base is None:
+            name, sha = self.export(checkpoint)
+            if self.current != (name, sha):
+                self._serve_whole(name)
+        else:  # vLLM's runtime LoRA: the base served whole, the adapters loaded by name
+            base_folder, _ = self.export(base)
+            folder, sha = self.export(checkpoint, adapter_over=base_folder)
+            name = f"star-{sha[:16]}"
+            self.folders[name] = folder
+            if self.current != (name, sha):
+                if self.whole != base_folder:
+                    self._serve_whole(base_folder)
+                self.client.call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": folder})
+        if self.current != (name, sha):
+            self.client.model = name
             listed = self.client.models()
-            if folder not in listed:
-                raise UserError(f"server {self.client.url} does not serve model version {sha[:16]} ({folder}); "
+            if name not in listed:
+                raise UserError(f"server {self.client.url} does not serve model version {sha[:16]} ({name}); "
                                 f"GET /v1/models lists {listed}: refusing to sample from other weights")
-            self.current = (folder, sha)
-            if previous is not None and previous[0] != folder and not self.options.keep_exports:
-                shutil.rmtree(previous[0], ignore_errors=True)
+            self._forget(self.current, name)
+            self.current = (name, sha)
         return self.current
+
+    def _serve_whole(self, folder: str) -> None:
+        """The server serves the whole model ``folder``: restarted with it, loaded, or (``none``) as it is."""
+        if self.load == "restart":
+            self._restart(folder)
+        elif self.load == "load_model":
+            self.client.call("POST", "/load_model", {"model": folder})
+        self.whole = folder
+
+    def _forget(self, previous: tuple[str, str] | None, now: str) -> None:
+        """After a switch: the adapter served before unloaded; the folder served before removed
+        unless it is still the base served or ``keep_exports`` keeps it."""
+        if previous is None or previous[0] == now:
+            return
+        name = previous[0]
+        if self.adapters and name.startswith("star-"):
+            self.client.call("POST", "/v1/unload_lora_adapter", {"lora_name": name})
+        folder = self.folders.get(name, name)
+        if not self.options.keep_exports and folder != self.whole:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _restart(self, folder: str) -> None:
         assert self.run_dir is not None
@@ -200,23 +238,29 @@ class ServerEngine:
             self.process.restart(folder)
         self.client = CompletionsClient(self.process.url, folder, **self._client_options())
 
-    def export(self, checkpoint: str) -> tuple[str, str]:
-        """``RUN_DIR/served/<checkpoint id>/`` (written once; its recorded hash checked when it is
-        reused, and written again when it differs) and its hash."""
+    def export(self, checkpoint: str, adapter_over: str | None = None) -> tuple[str, str]:
+        """``RUN_DIR/served/<checkpoint id>/``: the checkpoint as an HF folder, or (``adapter_over``:
+        the served base's folder) its adapters alone as a peft folder; written once, its recorded
+        hash checked whenever it is reused (written again when it differs). (folder, hash)."""
         assert self.run_dir is not None, "start() first"
         ident = str(self.backend.checkpoint_id(checkpoint))
         root = self.run_dir / "served"
-        folder, record = root / ident[:16], root / "served.json"
+        name = ident[:16] + ("-adapter" if adapter_over else "")
+        folder, record = root / name, root / "served.json"
         served = json.loads(record.read_text()) if record.exists() else {}
-        want = served.get(ident, {}).get("sha256")
+        want = served.get(name, {}).get("sha256")
         if folder.exists() and want and folder_sha256(folder) == want:
             return str(folder), want
         shutil.rmtree(folder, ignore_errors=True)  # unrecorded (a kill mid-export) or changed since
         root.mkdir(parents=True, exist_ok=True)
-        summary = self.backend.export_hf(checkpoint, folder)
+        if adapter_over:
+            summary = self.backend.export_adapter(checkpoint, folder, adapter_over)
+        else:
+            summary = self.backend.export_hf(checkpoint, folder)
         sha = folder_sha256(folder)
-        served[ident] = {"folder": folder.name, "checkpoint": str(checkpoint), "sha256": sha,
-                         "export": json.loads(json.dumps(summary, default=str))}
+        served[name] = {"checkpoint": str(checkpoint), "checkpoint_id": ident, "sha256": sha,
+                        "kind": "peft adapter" if adapter_over else "hf model", "base": adapter_over,
+                        "export": json.loads(json.dumps(summary, default=str))}
         atomic_write_json(record, served)
         return str(folder), sha
 

@@ -41,6 +41,8 @@ class State:
         self.bodies: list[dict[str, Any]] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.loras: list[str] = []  # adapters loaded (vLLM's /v1/load_lora_adapter)
+        self.calls: list[tuple[str, dict[str, Any]]] = []  # the load/unload POSTs, in order
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -66,14 +68,25 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             self.answer(200, {})
         elif self.path == "/v1/models":
-            self.answer(200, {"object": "list", "data": [{"id": state.model, "object": "model"}]
-                              if state.list_models else []})
+            self.answer(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in
+                                                         [state.model, *state.loras]] if state.list_models else []})
         else:
             self.answer(404, {"error": {"message": f"no route {self.path}"}})
 
     def do_POST(self) -> None:
         state = self.server.state
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        if self.path in ("/load_model", "/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+            with state.lock:  # transformers serve's load, vLLM's runtime LoRA
+                state.calls.append((self.path, body))
+                if self.path == "/load_model":
+                    state.model = body["model"]
+                elif self.path == "/v1/load_lora_adapter":
+                    state.loras.append(body["lora_name"])
+                elif body["lora_name"] in state.loras:
+                    state.loras.remove(body["lora_name"])
+            self.answer(200, {"status": "ok"})
+            return
         if self.path != "/v1/completions":
             self.answer(404, {"detail": "Not Found"})
             return
@@ -100,8 +113,9 @@ class Handler(BaseHTTPRequestHandler):
         n = body.get("n", 1) if state.supports_n else 1
         choices = [{"index": i, "text": f"{body['prompt']}#{body.get('seed')}#{i}", "finish_reason": "stop"}
                    for i in range(n)]
+        served = body.get("model") if body.get("model") in state.loras else state.model
         self.answer(200, {"id": "cmpl-fake", "object": "text_completion",
-                          "model": action[1] if kind == "model" else state.model, "choices": choices})
+                          "model": action[1] if kind == "model" else served, "choices": choices})
 
 
 class Server(ThreadingHTTPServer):

@@ -288,7 +288,7 @@ def _json_file(path: Path, obj: Any) -> None:
         os.fsync(f.fileno())
 
 
-def _rename_noreplace(tmp: Path, dest: Path) -> None:
+def rename_noreplace(tmp: Path, dest: Path) -> None:
     """``rename(tmp, dest)`` that fails when ``dest`` appeared meanwhile (Linux ``RENAME_NOREPLACE``)."""
     try:
         renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
@@ -384,7 +384,7 @@ def export_hf(checkpoint: str | os.PathLike, dest: str | os.PathLike, *, dtype: 
             f.flush()
             os.fsync(f.fileno())
         fsync_dir(tmp)
-        _rename_noreplace(tmp, dest)
+        rename_noreplace(tmp, dest)
         fsync_dir(dest.parent)  # the rename itself survives a power cut
         created = []
     finally:

@@ -19,8 +19,6 @@ before anything is written, and nothing is left behind on failure.
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import json
 import os
 import shutil
@@ -38,6 +36,7 @@ from ..checkpoint.safeio import make_parents, np_dtype, remove_created
 from ..model.config import architecture, config_from_dict
 from ..model.lora import TARGETS, LoraSpec, module_paths
 from . import hf_llama
+from .hf_export import rename_noreplace
 from .hf_import import hf_name as gptj_hf_name
 
 CONFIG_FILE = "adapter_config.json"
@@ -67,6 +66,14 @@ def adapter_config(spec: LoraSpec, target_modules: list[str], base_name: str) ->
             "rank_pattern": {}, "alpha_pattern": {}}
 
 
+def lora_base(checkpoint: str | os.PathLike) -> str | None:
+    """The base checkpoint a LoRA checkpoint's adapters are over (its manifest's ``base_path``,
+    resolved); None for a whole model's checkpoint."""
+    src = Path(checkpoint)
+    extra = read_manifest(src)["extra"]
+    return str((src / extra["base_path"]).resolve()) if extra.get("kind") == "lora" else None
+
+
 def _lora_source(src: Path) -> tuple[dict, str, LoraSpec]:
     """The LoRA checkpoint's manifest (checked against its spec), architecture and spec; a one-line
     UserError for anything that is not a LoRA checkpoint."""
@@ -94,26 +101,6 @@ def _header(entries: list[tuple[str, tuple[int, ...]]], st_dtype: str, itemsize:
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as safetensors writes it
     return struct.pack("<Q", len(raw)) + raw
-
-
-def _rename_noreplace(tmp: Path, dest: Path) -> None:
-    """``rename(tmp, dest)`` that fails when ``dest`` appeared meanwhile (Linux ``RENAME_NOREPLACE``;
-    elsewhere a check just before the rename)."""
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        renameat2 = None
-    if renameat2 is not None:
-        if renameat2(-100, os.fsencode(tmp), -100, os.fsencode(dest), 1) == 0:  # AT_FDCWD, RENAME_NOREPLACE
-            return
-        err = ctypes.get_errno()
-        if err == errno.EEXIST:
-            raise UserError(f"{dest}: appeared while exporting; refusing to overwrite it")
-        if err not in (errno.EINVAL, errno.ENOSYS):  # else: no renameat2 on this filesystem
-            raise OSError(err, os.strerror(err), str(dest))
-    if dest.exists() or dest.is_symlink():
-        raise UserError(f"{dest}: appeared while exporting; refusing to overwrite it")
-    os.rename(tmp, dest)
 
 
 def _write_file(path: Path, chunks: Any) -> None:
@@ -168,7 +155,7 @@ def export_peft(checkpoint: str | os.PathLike, dest: str | os.PathLike, *, base_
         _write_file(tmp / WEIGHTS_FILE, tensors())
         _write_file(tmp / CONFIG_FILE, [(json.dumps(config_json, indent=2, ensure_ascii=False) + "\n").encode()])
         fsync_dir(tmp)
-        _rename_noreplace(tmp, dest)
+        rename_noreplace(tmp, dest)
         fsync_dir(dest.parent)  # the rename itself survives a power cut
         created = []
     finally:
