@@ -364,3 +364,41 @@ def register_backends(register):
     register("scripted", ScriptedBackend)
     register("scripted_ctx", ScriptedContextBackend)
     register("scripted_verifier", ScriptedVerifierBackend)
+
+
+class ScriptedEngine:
+    """A generation engine (``[generation] engine``) over the run's own backend: its texts are the
+    backend's; ``provenance`` names the checkpoint's id; ``start``, ``generate`` and ``close`` are
+    logged to ``RUN_DIR/engine.log``; the environment's ``SCRIPTED_ENGINE_FAIL_AT`` (1-based)
+    makes that ``generate`` call of the process fail, as a server that stops answering."""
+
+    def __init__(self, tag: str = "scripted-engine"):
+        self.fail_at, self.tag = int(os.environ.get("SCRIPTED_ENGINE_FAIL_AT", "0")), tag
+        self.calls, self.log, self.backend, self.last = 0, None, None, ("", "")
+
+    def _note(self, line: str) -> None:
+        with open(self.log, "a") as f:
+            f.write(line + "\n")
+
+    def start(self, run_dir, backend):
+        self.log, self.backend = Path(run_dir) / "engine.log", backend
+        self._note("start")
+
+    def generate(self, checkpoint, requests, spec, progress=None):
+        self.calls += 1
+        self._note(f"generate {len(requests)}")
+        if self.calls == self.fail_at:
+            raise UserError(f"server {self.tag}: HTTP 503: overloaded")
+        self.last = (f"v-{self.backend.checkpoint_id(checkpoint)[:12]}", self.tag)
+        return self.backend.generate(checkpoint, requests, spec, progress)
+
+    def provenance(self):
+        return self.last
+
+    def close(self):
+        self._note("close")
+
+
+@hookimpl
+def register_engines(register):
+    register("scripted_engine", ScriptedEngine)

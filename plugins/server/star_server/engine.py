@@ -44,7 +44,7 @@ from star_engine import (GenRequest, GenSpec, NonNegInt, PosInt, Progress, Secti
 from star_engine.helpers import atomic_write_json
 
 from .client import CompletionRequest, CompletionsClient
-from .process import ServerProcess, check_command
+from .process import ServerProcess, check_command, log_tail
 
 __all__ = ["ServerEngine", "ServerOptions", "cut_at_stop", "folder_sha256"]
 
@@ -174,11 +174,24 @@ class ServerEngine:
             else:
                 groups.append(CompletionRequest(p, 1, r.seed, spec.temperature, spec.top_p, spec.max_new_tokens,
                                                 tuple(spec.stop)))
-        texts = [cut_at_stop(t, spec.stop) for texts in self.client.complete(groups) for t in texts]
+        try:
+            answers = self.client.complete(groups)
+        except UserError as e:
+            raise UserError(f"{e}{self._exited()}") from None
+        texts = [cut_at_stop(t, spec.stop) for texts in answers for t in texts]
         if progress is not None:
             progress(len(requests))
         self.last = (sha, f"{self.client.url} {self.client.model}")
         return texts
+
+    def _exited(self) -> str:
+        """What a failure adds when the engine's server process has ended: its exit code and log."""
+        proc = self.process.proc if self.process is not None else None
+        if proc is None or proc.poll() is None:
+            return ""
+        assert self.process is not None
+        return (f"; the server process exited with code {proc.returncode}, its log {self.process.log_path} ends: "
+                f"{log_tail(self.process.log_path)}")
 
     # -- the weights served ---------------------------------------------------------------
     def serve(self, checkpoint: str) -> tuple[str, str]:

@@ -34,7 +34,7 @@ from types import TracebackType
 
 from star_engine import UserError
 
-__all__ = ["ServerProcess", "check_command", "free_port", "group_alive"]
+__all__ = ["ServerProcess", "check_command", "free_port", "group_alive", "log_tail"]
 
 PLACEHOLDERS = ("{model}", "{port}")
 LOG_TAIL_LINES = 5
