@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,9 +142,25 @@ class ServerEngine:
         if not callable(getattr(backend, "export_hf", None)):
             raise UserError(f"generation.engine: the backend ({type(backend).__name__}) has no export_hf: it cannot "
                             "write the Hugging Face folder a server loads", key="generation.engine")
+        if self.options.url:
+            self.reachable()
         if self.adapters and not all(callable(getattr(backend, m, None)) for m in ("adapter_base", "export_adapter")):
             raise UserError(f"{KEY}.load: \"load_lora_adapter\": the backend ({type(backend).__name__}) does not export "
                             "adapters (adapter_base, export_adapter)", key=f"{KEY}.load")
+
+    def reachable(self) -> list[str]:
+        """The models a ``url`` server lists, polled until ``startup_timeout_seconds``: a server
+        that does not answer is refused before the run writes anything."""
+        deadline, last = time.monotonic() + self.options.startup_timeout_seconds, ""
+        while True:
+            try:
+                return self.client.models()
+            except UserError as e:
+                last = str(e)
+            if time.monotonic() >= deadline:
+                raise UserError(f"{KEY}.url: {self.client.url} did not answer GET /v1/models within "
+                                f"{self.options.startup_timeout_seconds:g} s: {last}", key=f"{KEY}.url")
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
     def start(self, run_dir: Path, backend: Any) -> None:
         self.run_dir, self.backend = Path(run_dir), backend

@@ -184,3 +184,12 @@ def test_lora_checkpoints_are_served_as_adapters_over_the_served_base(tmp_path):
                                                     "/v1/unload_lora_adapter"]
         assert fake.state.loras == [fake.state.calls[1][1]["lora_name"]]
         assert backend.exports.count(("hf", base)) == 1  # the base exported once
+
+
+def test_a_url_that_does_not_answer_is_refused_before_the_run(tmp_path):
+    e = ServerEngine(ServerOptions(url="http://127.0.0.1:9", retries=0, timeout_seconds=0.5,
+                                   startup_timeout_seconds=0.2))
+    with pytest.raises(UserError, match=r"generation.server.url: http://127.0.0.1:9 did not answer GET /v1/models "
+                                        r"within 0.2 s") as err:
+        e.validate(ExportingBackend())
+    assert err.value.key == "generation.server.url" and "\n" not in str(err.value)
