@@ -31,10 +31,10 @@ hookimpl = pluggy.HookimplMarker("star_engine")
 # name -> the private module that defines it
 _SURFACE: dict[str, str] = {
     # records and protocols: what the core hands a plugin and expects back
+    **dict.fromkeys(("Example", "DataFile", "TrainExample", "Candidate", "Verdict", "CheckContext"), "data"),
     **dict.fromkeys((
-        "Example", "DataFile", "TrainExample", "Candidate", "Verdict", "Progress", "Task", "Checker",
-        "HintFormatter", "RationaleFilter", "StepSchedule", "QuestionSampler", "Backend", "MultiProcess",
-        "CheckContext", "ProbeSample", "Probe", "ReferenceProbe", "TuningChoice", "SamplingTuner",
+        "Progress", "Task", "Checker", "HintFormatter", "RationaleFilter", "StepSchedule", "QuestionSampler",
+        "Backend", "MultiProcess", "ProbeSample", "Probe", "ReferenceProbe", "TuningChoice", "SamplingTuner",
         "GenerationEngine"), "api"),
     # the jobs a backend is given, and what it returns
     **dict.fromkeys(("GenSpec", "GenRequest", "TrainSpec", "TrainResult", "Packing", "Loss", "PACKINGS", "LOSSES",
@@ -92,10 +92,10 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what the names are, for type checkers and editors
-    from .api import (Backend, Candidate, CheckContext, Checker, DataFile, Example, GenerationEngine, HintFormatter,
-                      MultiProcess,
-                      Probe, ProbeSample, Progress, QuestionSampler, RationaleFilter, ReferenceProbe,
-                      SamplingTuner, StepSchedule, Task, TrainExample, TuningChoice, Verdict)
+    from .data import Candidate, CheckContext, DataFile, Example, TrainExample, Verdict
+    from .api import (Backend, Checker, GenerationEngine, HintFormatter, MultiProcess, Probe, ProbeSample, Progress,
+                      QuestionSampler, RationaleFilter, ReferenceProbe, SamplingTuner, StepSchedule, Task,
+                      TuningChoice)
     from .jobs import (LOSSES, PACKINGS, GenRequest, GenSpec, Loss, Packing, PreferencePair, PreferenceSpec,
                        TrainResult, TrainSpec)
     from .config.datafiles import PROMPT_KINDS

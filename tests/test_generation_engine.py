@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from star_engine import hookimpl
+from star_engine.config.registry import Registry
 from star_testkit import TOY_TOML, cli, scripted_env
 
 ENGINE = '\nengine = "scripted_engine"\n'
@@ -82,3 +84,22 @@ def test_an_engine_option_it_does_not_declare_names_the_key(tmp_path):
     res = cli("run", str(toml(tmp_path, "run", ENGINE + "server = { fail_after = 3 }\n")))  # tag is its one option
     assert res.returncode == 2 and "generation.server.fail_after" in res.stderr, res.stderr
     assert not (tmp_path / "run").exists()
+
+
+class EchoEngine:
+    def __init__(self, prefix: str = ""):
+        self.prefix = prefix
+
+
+class EnginePlugin:
+    @hookimpl
+    def register_engines(self, register):
+        register("echo", EchoEngine)
+
+
+def test_a_plugin_registers_an_engine_through_register_engines(monkeypatch):
+    monkeypatch.setenv("STAR_ENGINE_DISABLE_AUTOLOAD", "1")
+    reg = Registry(autoload=False)
+    reg.add(EnginePlugin())
+    engine = reg.create("engine", "echo", {"prefix": ">"}, "generation.engine", "generation.server")
+    assert isinstance(engine, EchoEngine) and engine.prefix == ">"
