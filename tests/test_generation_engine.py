@@ -47,6 +47,8 @@ def test_an_engine_samples_every_stage_and_each_row_names_it(tmp_path):
     assert rows and all(r["sampled_by"] == "scripted-engine" and r["model_version"].startswith("v-") for r in rows)
     plain_rows = pq.read_table(tmp_path / "plain" / "iterations" / "001" / "generated.parquet").to_pylist()
     assert all(r["sampled_by"] == "" and r["model_version"] == "" for r in plain_rows)  # the backend's sampler
+    evals = pq.read_table(tmp_path / "engine" / "iterations" / "001" / "eval_dev.parquet").to_pylist()
+    assert evals and all(r["sampled_by"] == "scripted-engine" for r in evals)
 
 
 def test_a_failing_engine_is_closed_and_the_rerun_resumes_from_the_stored_chunks(tmp_path):

@@ -22,20 +22,21 @@ accuracies = pa.list_(pa.struct([("checker", s), ("accuracy", f64), ("n", i64), 
 # The columns of every table a run writes, as the files have them: changing one is a change of
 # the file format (files written before must still read).
 FORMAT = {
-    "chunk": (schema(Chunk), [("index", i64), ("text", s)]),
+    "chunk": (schema(Chunk), [("index", i64), ("text", s), ("model_version", s), ("sampled_by", s)]),
     "rationales": (schema(Rationale), [
         ("question_id", s), ("class", s), ("iteration", i32), ("sample", i32), ("prompt", s), ("rationale", s),
         ("predicted", s), ("gold", s), ("correct", b), ("was_hinted", b), ("kept", b), ("rejected_by", s),
         ("checker", s), ("model_checkpoint", s), ("prompt_hash", s), ("seed", i64), ("leak_strings", pa.list_(s)),
-        ("prompt_truncated", b)]),
+        ("prompt_truncated", b), ("model_version", s), ("sampled_by", s)]),
     "eval": (schema(Evaluation, GREEDY), [
         ("question_id", s), ("class", s), ("iteration", i32), ("split", s), ("generation", s), ("predicted", s),
         ("gold", s), ("correct", b), ("checker", s), ("model_checkpoint", s), ("prompt_hash", s),
-        ("verdicts", verdicts), ("prompt_truncated", b), ("question", s)]),
+        ("verdicts", verdicts), ("prompt_truncated", b), ("question", s), ("model_version", s), ("sampled_by", s)]),
     "eval_samples": (schema(Evaluation), [
         ("question_id", s), ("class", s), ("iteration", i32), ("sample", i32), ("split", s), ("generation", s),
         ("predicted", s), ("gold", s), ("correct", b), ("checker", s), ("model_checkpoint", s),
-        ("prompt_hash", s), ("verdicts", verdicts), ("prompt_truncated", b), ("question", s)]),
+        ("prompt_hash", s), ("verdicts", verdicts), ("prompt_truncated", b), ("question", s), ("model_version", s),
+        ("sampled_by", s)]),
     "questions": (schema(Question), [
         ("iteration", i32), ("question_id", s), ("class", s), ("samples", i32), ("correct", i32),
         ("hinted_samples", i32), ("hinted_correct", i32), ("solved", b), ("solved_with_hint", b), ("kept", i32),

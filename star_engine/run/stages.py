@@ -287,18 +287,19 @@ class Stages(StageBase):
                  derive_seed(self.seed, n, ex.id, split, "evaluate") for ex, s in items]
         what = f"evaluate {split}{' (sampled)' if k else ''}"
         cut = self.truncation.flags(prompts, spec, what, n)
-        texts = self.generate_texts(f"{it_dir(n)}/{name}", prompts, seeds, spec, model, f"iter {n}: {what}")
+        chunks = self.generate_chunks(f"{it_dir(n)}/{name}", prompts, seeds, spec, model, f"iter {n}: {what}")
         mid = self.checkpoint_id(model)
         rows = []
         stage = "evaluate_sampled" if k else "evaluate"
-        judged = self.judge_all(items, texts, stage, n, split)
-        for (ex, s), (text, extracted, v), full, c, q in zip(items, judged, prompts, cut, contexts):
+        judged = self.judge_all(items, [ch.text for ch in chunks], stage, n, split)
+        for (ex, s), (text, extracted, v), full, c, q, ch in zip(items, judged, prompts, cut, contexts, chunks):
             where = self.where(n, ex, s, stage, split)
             rows.append(Evaluation(question_id=ex.id, cls=ex.cls, iteration=n, sample=s if k else None, split=split,
                                    generation=text, predicted=v.predicted, gold=ex.answer, correct=bool(v.correct),
                                    checker=self.exp.checker_name, model_checkpoint=mid, prompt_hash=prompt_hash(full),
                                    verdicts=self.judge.others(split, ex, text, extracted, v, where),
-                                   prompt_truncated=c, question=q))
+                                   prompt_truncated=c, question=q, model_version=ch.model_version,
+                                   sampled_by=ch.sampled_by))
         self.judge.flush("evaluate_sampled" if k else "evaluate", n, split)
         self.timed("evaluate", t0)
         return self._finish(rel, rows, Evaluation, f"{it_dir(n)}/{name}", () if k else GREEDY)

@@ -202,6 +202,8 @@ class Evaluation:
     # The question as the task puts it to the model (Task.context: without the few-shot prompt);
     # null in files written before it was recorded.
     question: str | None = None
+    model_version: str = ""  # as Rationale.model_version: the weights a generation engine served
+    sampled_by: str = ""  # as Rationale.sampled_by
 
 
 GREEDY = ("sample",)

@@ -109,7 +109,8 @@ class ServerEngine:
                 check_command(options.command)
             except UserError as e:
                 raise UserError(f"{KEY}.command: {e}", key=f"{KEY}.command") from None
-        auto = "restart" if options.command else "none"
+        # auto: the run's own server restarted; a url: transformers serve loads by /load_model, others as they are
+        auto = "restart" if options.command else ("load_model" if options.kind == "transformers" else "none")
         load = options.load if options.load != "auto" else auto
         self.adapters = load == "load_lora_adapter"
         if self.adapters:  # whole models (the base, a run without adapters) as auto
@@ -142,11 +143,11 @@ class ServerEngine:
         if not callable(getattr(backend, "export_hf", None)):
             raise UserError(f"generation.engine: the backend ({type(backend).__name__}) has no export_hf: it cannot "
                             "write the Hugging Face folder a server loads", key="generation.engine")
-        if self.options.url:
-            self.reachable()
         if self.adapters and not all(callable(getattr(backend, m, None)) for m in ("adapter_base", "export_adapter")):
             raise UserError(f"{KEY}.load: \"load_lora_adapter\": the backend ({type(backend).__name__}) does not export "
                             "adapters (adapter_base, export_adapter)", key=f"{KEY}.load")
+        if self.options.url:
+            self.reachable()
 
     def reachable(self) -> list[str]:
         """The models a ``url`` server lists, polled until ``startup_timeout_seconds``: a server

@@ -86,7 +86,7 @@ def test_a_backend_without_an_export_is_refused_before_the_run():
     with pytest.raises(UserError, match="no export_hf") as err:
         e.validate(object())
     assert err.value.key == "generation.engine"
-    adapters = ServerEngine(ServerOptions(url="http://localhost:8000", load="load_lora_adapter"))
+    adapters = ServerEngine(ServerOptions(command="serve {model} --port {port}", load="load_lora_adapter"))
 
     class WholeOnly:
         def export_hf(self, checkpoint, dest):
