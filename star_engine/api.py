@@ -306,6 +306,10 @@ class Backend(Protocol):
         tokenizer; a parameter-efficient checkpoint merged into its base), atomically; returns
         a JSON-serialisable summary (``model_type``, ``files``, ...)."""
 
+    def check_export_hf(self) -> None:
+        """Optional (with ``export_hf``). Raise ``UserError`` naming ``generation.engine`` when this
+        model cannot be exported (its architecture, its tokenizer): asked before the run writes."""
+
     def adapter_base(self, checkpoint: str) -> str | None:
         """Optional (with ``export_adapter``). The base checkpoint whose weights
         ``checkpoint``'s adapters (a parameter-efficient stage's) are applied to; None when

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from collections.abc import Mapping, Sequence
 
-from star_engine import (GenRequest, GenSpec, PreferencePair, PreferenceSpec, Progress, TrainExample, TrainResult,
-                         TrainSpec, hookimpl)
+from star_engine import (GenRequest, GenSpec, IntegrityError, PreferencePair, PreferenceSpec, Progress, TrainExample,
+                         TrainResult, TrainSpec, UserError, hookimpl)
 
 from .checkpoint.format import manifest_sha256
 from .convert.commands import ConvertCommand, PlanCommand
@@ -175,6 +175,22 @@ class HaikuXmapBackend:
         from .convert.hf_export import export_hf
 
         return export_hf(checkpoint, dest)
+
+    def check_export_hf(self) -> None:
+        """Whether ``export_hf`` can write this model for a server (``Backend.check_export_hf``):
+        its architecture has a Hugging Face export and its tokenizer a ``tokenizer.json``."""
+        from .convert.hf_export import KNOWN, tokenizer_files
+        from .model.config import architecture
+
+        arch = architecture(self.config)
+        if arch not in KNOWN:
+            raise UserError(f"generation.engine: the model's architecture {arch!r} has no Hugging Face export for a "
+                            f"server to load (known: {', '.join(KNOWN)})", key="generation.engine")
+        try:
+            tokenizer_files(self.tokenizer.to_dict(), self.config, "model.tokenizer")
+        except (UserError, IntegrityError) as e:
+            raise UserError(f"generation.engine: the model's tokenizer cannot be exported for a server: {e}",
+                            key="generation.engine") from None
 
     def adapter_base(self, checkpoint: str) -> str | None:
         """The base a LoRA checkpoint's adapters are over (``Backend.adapter_base``); None for a

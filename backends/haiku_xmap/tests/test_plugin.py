@@ -220,3 +220,18 @@ def test_configured_checkpoint_is_the_base(trained, tmp_path):
     d = b.describe()
     json.dumps(d)
     assert d["backend"] == "haiku_xmap" and d["model"]["n_layer"] == 1 and d["mesh"]["mp"] == 1
+
+
+def test_check_export_hf_names_the_engine_key_for_a_model_it_cannot_export(monkeypatch):
+    """What a server engine asks before a run: the tiny byte model exports; a model whose
+    architecture has no Hugging Face export is refused in one line naming generation.engine."""
+    from star_engine import UserError
+    from star_haiku_xmap.convert import hf_export
+    from star_haiku_xmap.plugin import HaikuXmapBackend
+
+    backend = HaikuXmapBackend.from_table(preset="tiny", tokenizer="byte")
+    backend.check_export_hf()
+    monkeypatch.setattr(hf_export, "KNOWN", ("llama",))
+    with pytest.raises(UserError, match="architecture 'gptj' has no Hugging Face export") as e:
+        backend.check_export_hf()
+    assert e.value.key == "generation.engine"

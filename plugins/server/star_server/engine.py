@@ -143,6 +143,9 @@ class ServerEngine:
         if not callable(getattr(backend, "export_hf", None)):
             raise UserError(f"generation.engine: the backend ({type(backend).__name__}) has no export_hf: it cannot "
                             "write the Hugging Face folder a server loads", key="generation.engine")
+        check = getattr(backend, "check_export_hf", None)
+        if callable(check):  # the model's architecture and tokenizer exported, before the run
+            check()
         if self.adapters and not all(callable(getattr(backend, m, None)) for m in ("adapter_base", "export_adapter")):
             raise UserError(f"{KEY}.load: \"load_lora_adapter\": the backend ({type(backend).__name__}) does not export "
                             "adapters (adapter_base, export_adapter)", key=f"{KEY}.load")
@@ -164,8 +167,8 @@ class ServerEngine:
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
     def start(self, run_dir: Path, backend: Any) -> None:
+        """The run's directory and backend (``validate`` checked the backend before the run began)."""
         self.run_dir, self.backend = Path(run_dir), backend
-        self.validate(backend)
 
     def close(self) -> None:
         if self.process is not None:

@@ -225,3 +225,16 @@ def test_ctrl_c_stops_the_server_the_run_started(tmp_path):
     assert code == 130, Path(f"{out}.stderr").read_text()[-3000:]
     assert "rerun" in last_line(Path(f"{out}.stderr").read_text())
     assert no_server_left(out / "served")
+
+
+def test_the_server_generation_benchmark_prints_its_figures():
+    """benchmarks/server_generation.py at tiny shapes: one JSON line, every row of the server side
+    run to its budget, a ratio for the engine against the server, the versions named."""
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "server_generation.py"), "--rounds", "1",
+                          "--addition-requests", "12", "--layers", "1"],
+                         capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["server_exact_budgets"] is True and out["useful_tokens"] == out["server_useful_tokens"] > 0
+    assert out["engine_over_server"] > 0 and out["engine_tokens_per_s"] > 0 and out["server_tokens_per_s"] > 0
+    assert out["transformers"] and out["torch"] and out["cpu"]
