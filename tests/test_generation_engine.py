@@ -5,6 +5,7 @@ ends, a failed run resumed from its stored chunks; bad tables refused in one lin
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -47,6 +48,9 @@ def test_an_engine_samples_every_stage_and_each_row_names_it(tmp_path):
     assert rows and all(r["sampled_by"] == "scripted-engine" and r["model_version"].startswith("v-") for r in rows)
     plain_rows = pq.read_table(tmp_path / "plain" / "iterations" / "001" / "generated.parquet").to_pylist()
     assert all(r["sampled_by"] == "" and r["model_version"] == "" for r in plain_rows)  # the backend's sampler
+    manifest = json.loads((tmp_path / "engine" / "manifest.json").read_text())
+    assert {r["model_version"] for r in rows} <= set(manifest["served_models"])
+    assert all(v["sampled_by"] == "scripted-engine" and v["checkpoint"] for v in manifest["served_models"].values())
     evals = pq.read_table(tmp_path / "engine" / "iterations" / "001" / "eval_dev.parquet").to_pylist()
     assert evals and all(r["sampled_by"] == "scripted-engine" for r in evals)
 

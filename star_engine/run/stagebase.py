@@ -160,6 +160,9 @@ class StageBase:
         self.exp.registry.returned(
             origin, "generate", out, hasattr(out, "__len__") and len(out) == len(reqs) and all(
                 isinstance(t, str) for t in out), f"one text per request ({len(reqs)})")
+        served = self.store.manifest.get("served_models", {})
+        if version and version not in served:  # the manifest names every version an engine served
+            self.store.set_header(served_models={**served, str(version): {"checkpoint": model, "sampled_by": by}})
         return list(out), str(version), str(by)
 
     def _finish(self, rel: str, rows: list, kind: type, chunk_dir: str | None, omit: tuple[str, ...] = ()) -> list:
