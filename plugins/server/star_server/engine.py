@@ -130,6 +130,7 @@ class ServerEngine:
         self.current: tuple[str, str] | None = None  # (model name, sha256) the requests name now
         self.whole: str | None = None  # the whole model's folder the server serves (a LoRA run: the base)
         self.folders: dict[str, str] = {}  # an adapter's name -> its folder
+        self.exported: dict[tuple[str, str | None], tuple[str, str]] = {}  # (checkpoint, base) -> (folder, hash)
         self.last: tuple[str, str] = ("", "")
 
     def _client_options(self) -> dict[str, Any]:
@@ -277,6 +278,9 @@ class ServerEngine:
         the served base's folder) its adapters alone as a peft folder; written once, its recorded
         hash checked whenever it is reused (written again when it differs). (folder, hash)."""
         assert self.run_dir is not None, "start() first"
+        key = (checkpoint, adapter_over)
+        if key in self.exported and Path(self.exported[key][0]).exists():  # hashed once per run process
+            return self.exported[key]
         ident = str(self.backend.checkpoint_id(checkpoint))
         root = self.run_dir / "served"
         name = ident[:16] + ("-adapter" if adapter_over else "")
@@ -284,7 +288,8 @@ class ServerEngine:
         served = json.loads(record.read_text()) if record.exists() else {}
         want = served.get(name, {}).get("sha256")
         if folder.exists() and want and folder_sha256(folder) == want:
-            return str(folder), want
+            self.exported[key] = (str(folder), want)
+            return self.exported[key]
         shutil.rmtree(folder, ignore_errors=True)  # unrecorded (a kill mid-export) or changed since
         root.mkdir(parents=True, exist_ok=True)
         if adapter_over:
@@ -296,7 +301,8 @@ class ServerEngine:
                         "kind": "peft adapter" if adapter_over else "hf model", "base": adapter_over,
                         "export": json.loads(json.dumps(summary, default=str))}
         atomic_write_json(record, served)
-        return str(folder), sha
+        self.exported[key] = (str(folder), sha)
+        return self.exported[key]
 
     @staticmethod
     def generation_config(folder: str, spec: GenSpec) -> str:

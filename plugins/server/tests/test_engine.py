@@ -120,8 +120,8 @@ def test_each_checkpoint_is_exported_hashed_loaded_and_named_in_every_request(tm
         assert gen["do_sample"] is False and gen["top_k"] == 0 and gen["suppress_tokens"] == [257]
         assert e.provenance() == (rec1["sha256"], f"{fake.url} {folder1}")
         assert fake.state.calls == [("/load_model", {"model": folder1})]
-        e.generate(ck1, [GenRequest("p3", 13)], SPEC)  # the same version: not loaded again
-        assert len(fake.state.calls) == 1
+        e.generate(ck1, [GenRequest("p3", 13)], SPEC)  # the same version: not loaded, exported or hashed again
+        assert len(fake.state.calls) == 1 and len(backend.exports) == 1
         e.generate(ck2, [GenRequest("p4", 14)], SPEC)
         folder2 = fake.state.calls[-1][1]["model"]
         assert folder2 != folder1 and fake.state.bodies[-1]["model"] == folder2
