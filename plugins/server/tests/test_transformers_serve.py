@@ -214,8 +214,12 @@ def test_ctrl_c_stops_the_server_the_run_started(tmp_path):
     out = tmp_path / "run"
     proc = start(out, *served_sets())
     try:
-        wait_for(lambda: list(out.glob("iterations/*/*/chunk-*.parquet")), proc)  # sampling under way
-        assert (out / "served" / "server.log").exists() and server_pids(out / "served")
+        # The server is up from the first chunk (iteration 0's evaluation) to the run's end: the
+        # signal lands with the fine-tuning and two sampling stages still to come. (Waiting for a
+        # chunk file instead raced the run's end: a fast stage's chunks go when its file is written.)
+        wait_for(lambda: server_pids(out / "served"), proc)
+        time.sleep(2)
+        assert (out / "served" / "server.log").exists() and proc.poll() is None
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=30)
     finally:
