@@ -65,9 +65,13 @@ def run(out: Path, *sets: str) -> subprocess.CompletedProcess[str]:
 
 
 def start(out: Path, *sets: str) -> subprocess.Popen[bytes]:
+    """The run in the background, with Ctrl-C's default action as in a terminal (a test suite run
+    as a shell's background job inherits SIGINT ignored, and Python then never raises
+    KeyboardInterrupt)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{out}.stdout", "wb") as so, open(f"{out}.stderr", "wb") as se:
-        return subprocess.Popen(run_argv(out, *sets), cwd=ROOT, stdout=so, stderr=se)
+        return subprocess.Popen(run_argv(out, *sets), cwd=ROOT, stdout=so, stderr=se,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def server_pids(served: Path) -> list[int]:
