@@ -47,6 +47,18 @@ def timed(fn) -> tuple[float, float]:
     return time.perf_counter() - t, time.process_time() - c
 
 
+def logged(what: str, fn):
+    """``fn`` (returning ``timed``'s pair) that also reports its times on stderr (a long run shows
+    progress)."""
+    def call():
+        t = fn()
+        print(f"{what}: {t[0]:.2f} s wall, {t[1]:.2f} s CPU, load {os.getloadavg()[0]:.1f}", file=sys.stderr,
+              flush=True)
+        return t
+
+    return call
+
+
 def first_call(fn) -> float:
     return timed(fn)[0]
 

@@ -51,7 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench_common import cpu_name, paired_ratio, rotate, summarise, threads, timed
+from bench_common import cpu_name, logged, paired_ratio, rotate, summarise, threads, timed
 from star_workload import addition_mix
 
 TRANSFORMERS = Path(sys.executable).parent / "transformers"  # the venv's console script, not PATH's
@@ -81,19 +81,11 @@ def version(dist: str) -> str:
 
 def group_cpu(pgid: int) -> float:
     """CPU seconds (user + system) of process group ``pgid``'s live processes and of the
-    children they reaped, from /proc."""
-    tick, total = os.sysconf("SC_CLK_TCK"), 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()  # state ppid pgrp ... utime(11) stime cutime cstime
-        if len(fields) > 14 and fields[2] == str(pgid):
-            total += sum(int(x) for x in fields[11:15])
-    return total / tick
+    children they reaped, from /proc (``group_members``: utime stime cutime cstime)."""
+    from star_server.process import group_members
+
+    return sum(int(x) for fields in group_members(pgid) if len(fields) > 14
+               for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def native_weights(mix: dict, workdir: Path) -> tuple[Any, str]:
@@ -154,17 +146,6 @@ class ServerCall:
         return time.perf_counter() - t, group_cpu(self.pgid) - c
 
 
-def _logged(what: str, fn):
-    """``fn`` that also reports its times on stderr (a long run shows progress)."""
-    def call():
-        t = fn()
-        print(f"{what}: {t[0]:.2f} s wall, {t[1]:.2f} s CPU, load {os.getloadavg()[0]:.1f}", file=sys.stderr,
-              flush=True)
-        return t
-
-    return call
-
-
 def main(argv=None) -> None:
     a = parse_args(argv)
     mix = addition_mix(a)
@@ -191,8 +172,8 @@ def main(argv=None) -> None:
             result["server_first_call_s"] = round(timed(lambda: served.run(warm))[0], 2)  # noqa: B023
             stats: dict = {}
             cont = engine_call(a, mix, backend, checkpoint, stats)
-            result["engine_first_call_s"] = round(_logged("engine (first call)", lambda: timed(cont))()[0], 2)
-            calls = [_logged("engine", lambda: timed(cont)), _logged("server", served)]
+            result["engine_first_call_s"] = round(logged("engine (first call)", lambda: timed(cont))()[0], 2)
+            calls = [logged("engine", lambda: timed(cont)), logged("server", served)]
             times = dict(zip(SIDES, rotate(calls, a.rounds)))
     result["engine_stats"] = stats
     produced = [min(n, got) for n, (_, got) in zip(budgets, served.usage[-1])]

@@ -49,8 +49,8 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-from bench_common import (MALLOC_HELP, MALLOC_MODES, Peer, apply_malloc, choose_peers, cpu_name, paired_ratio, rotate,
-                    summarise, thp_mode, threads, timed)
+from bench_common import (MALLOC_HELP, MALLOC_MODES, Peer, apply_malloc, choose_peers, cpu_name, logged, paired_ratio,
+                          rotate, summarise, thp_mode, threads, timed)
 
 ROOT = Path(__file__).resolve().parents[1]
 ADDITION_TOML = ROOT / "experiments" / "addition.toml"
@@ -224,23 +224,12 @@ def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
                 jax.block_until_ready(losses)
 
             fns[name, side] = steps
-    compile_s = {f"{m}_{s}_first_call_s": round(_logged(f"{m} {s} (first call)", lambda fn=fn: timed(fn))()[0], 2)
+    compile_s = {f"{m}_{s}_first_call_s": round(logged(f"{m} {s} (first call)", lambda fn=fn: timed(fn))()[0], 2)
                  for (m, s), fn in fns.items()}
     return fns, {**info, **compile_s}
 
 
 # ----------------------------------------------------------------------------- main
-
-
-def _logged(what: str, fn):
-    """``fn`` that also reports its times on stderr (a long run shows progress)."""
-    def call():
-        t = fn()
-        print(f"{what}: {t[0]:.2f} s wall, {t[1]:.2f} s CPU, load {os.getloadavg()[0]:.1f}", file=sys.stderr,
-              flush=True)
-        return t
-
-    return call
 
 
 def main(argv=None) -> None:
@@ -283,7 +272,7 @@ def main(argv=None) -> None:
                 for s in sides:
                     if s.startswith("hf_") and (s != "hf_continuous" or result[f"hf_{name}_continuous_supported"]):
                         calls[s] = lambda cmd=f"{s[3:]}:{name}": tuple(peers.ask(cmd)[k] for k in ("s", "cpu"))
-            times = dict(zip(calls, rotate([_logged(f"{name} {s}", fn) for s, fn in calls.items()], a.rounds)))
+            times = dict(zip(calls, rotate([logged(f"{name} {s}", fn) for s, fn in calls.items()], a.rounds)))
             result[f"{name}_{kind}_useful_tokens"] = tokens[sides[0]]
             for s, t in times.items():
                 result[f"{name}_{kind}_{s}_tokens_per_s"] = summarise("x", t, tokens[s])["x_tokens_per_s"]

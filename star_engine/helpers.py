@@ -11,7 +11,8 @@ costs nothing. docs/plugins.md describes each group.
 - writing files atomically: ``atomic_write_json``, ``temporary_sibling``, ``fsync_dir``;
 - seeds and draws: ``derive_seed``, ``uniform_subset``; a run's records: ``latest`` (the ledger's
   last row per question), ``natural`` (a natural sort key);
-- a plugin's own command, with the core's exit codes and one-line errors: ``run_command``.
+- a plugin's own command, with the core's exit codes and one-line errors: ``run_command``;
+- a completion cut before its first stop string, as every sampler cuts it: ``cut_at_stop``.
 
 Until release 0.2 each name is also reachable as ``star_engine.<name>``, with a
 ``DeprecationWarning`` naming this module (docs/plugins.md, "Moved names").
@@ -35,10 +36,11 @@ HELPERS: dict[str, str] = {
     "latest": "rundir.ledger",
     "natural": "rundir.metrics",
     "run_command": "boundary",
+    "cut_at_stop": "jobs",
 }
 
 __all__ = [  # every name of HELPERS
-    "DATA_MAX", "atomic_write_json", "check_option_path", "check_table", "close_matches", "derive_seed",
+    "DATA_MAX", "atomic_write_json", "check_option_path", "check_table", "close_matches", "cut_at_stop", "derive_seed",
     "few_shot_prompts", "fsync_dir", "get", "is_int", "is_number", "latest", "load_experiment", "natural",
     "prompt_files", "read_blocks", "read_capped", "read_jsonl", "run_command", "temporary_sibling", "uniform_subset",
 ]
@@ -63,3 +65,4 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from .run.questions import uniform_subset
     from .config.schema import close_matches, is_int, is_number
     from .seeds import derive_seed
+    from .jobs import cut_at_stop

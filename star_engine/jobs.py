@@ -6,6 +6,7 @@ how to train a verifier (``PreferencePair``, ``PreferenceSpec``). Part of the pl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Literal, get_args
 
 
@@ -18,6 +19,18 @@ class GenSpec:
     top_p: float
     stop: tuple[str, ...]
     batch_size: int
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> str:
+    """``text`` before the earliest occurrence of any stop string (``GenSpec.stop``; "" is none):
+    how a completion is cut, by the backend's sampler and by a generation engine alike."""
+    cut = len(text)
+    for s in stops:
+        if s:
+            i = text.find(s)
+            if 0 <= i < cut:
+                cut = i
+    return text[:cut]
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from star_engine import (GenRequest, GenSpec, NonNegInt, PosInt, Progress, Section, UserError, above, at_least)
-from star_engine.helpers import atomic_write_json
+from star_engine.helpers import atomic_write_json, cut_at_stop
 
 from .client import CompletionRequest, CompletionsClient
 from .process import ServerProcess, check_command, log_tail
@@ -70,17 +70,6 @@ class ServerOptions(Section):
     backoff_seconds: Annotated[float, at_least(0)] = 1.0
     extra_body: dict = field(default_factory=dict)  # added to every request (e.g. vLLM's top_k)
     keep_exports: bool = False  # keep every iteration's exported folder (default: the one served)
-
-
-def cut_at_stop(text: str, stops: Sequence[str]) -> str:
-    """``text`` before the earliest occurrence of any stop string (as the backend's sampler cuts)."""
-    cut = len(text)
-    for s in stops:
-        if s:
-            i = text.find(s)
-            if 0 <= i < cut:
-                cut = i
-    return text[:cut]
 
 
 def folder_sha256(folder: Path) -> str:

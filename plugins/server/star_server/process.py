@@ -34,7 +34,7 @@ from types import TracebackType
 
 from star_engine import UserError
 
-__all__ = ["ServerProcess", "check_command", "free_port", "group_alive", "log_tail"]
+__all__ = ["ServerProcess", "check_command", "free_port", "group_alive", "group_members", "log_tail"]
 
 PLACEHOLDERS = ("{model}", "{port}")
 LOG_TAIL_LINES = 5
@@ -64,6 +64,25 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def group_members(pgid: int) -> list[list[str]]:
+    """The ``/proc/<pid>/stat`` fields after ``"pid (comm) "`` (state, ppid, pgrp, ...) of every
+    process in group ``pgid``, zombies included; ``[]`` where there is no ``/proc``."""
+    proc, out = Path("/proc"), list[list[str]]()
+    if not proc.is_dir():
+        return out
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 2 and fields[2] == str(pgid):
+            out.append(fields)
+    return out
+
+
 def group_alive(pgid: int) -> bool:
     """Whether process group ``pgid`` still has a running member (a zombie waiting for its
     parent to reap it is not running: on Linux ``/proc`` tells them apart)."""
@@ -73,20 +92,9 @@ def group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
-    proc = Path("/proc")
-    if not proc.is_dir():
+    if not Path("/proc").is_dir():
         return True
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            return True
-    return False
+    return any(fields[0] not in ("Z", "X") for fields in group_members(pgid))
 
 
 def log_tail(path: Path) -> str:

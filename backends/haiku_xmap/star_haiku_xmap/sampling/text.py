@@ -9,19 +9,9 @@ from typing import Any
 from collections.abc import Callable, Sequence
 
 from star_engine import GenRequest, GenSpec, Progress
+from star_engine.helpers import cut_at_stop
 
 from . import continuous as cont, static
-
-
-def cut_at_stop(text: str, stops: Sequence[str]) -> str:
-    """``text`` before the earliest occurrence of any stop string."""
-    cut = len(text)
-    for s in stops:
-        if s:
-            i = text.find(s)
-            if 0 <= i < cut:
-                cut = i
-    return text[:cut]
 
 
 def generate_text(params: Any, requests: Sequence[GenRequest], spec: GenSpec, *, tokenizer: Any, config: Any,
