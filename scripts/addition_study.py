@@ -144,7 +144,7 @@ def measure(args: argparse.Namespace) -> None:
     if not isinstance(backend, HaikuXmapBackend):  # its tokenizer, mesh and trainer are the haiku_xmap backend's
         raise SystemExit(f"addition_study: needs model.backend = \"haiku_xmap\", not {exp.config.model['backend']!r}")
     bt, seed = exp.config.base_training, exp.config.experiment.seed
-    optimizer = dict(bt.optimizer)
+    optimizer = bt.optimizer.as_dict()
     steps = args.steps or bt.steps
     dev = exp.splits["dev"][: args.dev_limit or None]
     seeds = task.seed_examples()

@@ -261,6 +261,13 @@ class Backend(Protocol):
         ``validate_run`` must start nothing. A backend may run its command again here (``exec``,
         same arguments) to change what only a process start sets (``GLIBC_TUNABLES``)."""
 
+    def matmul_gflops(self) -> float:
+        """Optional. The fp32 matmul speed this backend's runtime reaches on this machine, in
+        GFLOP/s, measured now (after ``start``; in well under a second): the figure a run's time
+        scales with on a CPU. The run logs it (``machine_speed``), prints the time it expects
+        when the experiment gives ``experiment.expected_minutes`` at ``expected_gflops``, and
+        names it in its summary's machine line."""
+
     def checkpoint_recorded(self, checkpoint: str) -> None:
         """Optional. The run has recorded the fine-tuning stage that wrote ``checkpoint`` (its
         ``train.json`` is written; a resumed run that finds the stage recorded says so again):

@@ -48,6 +48,11 @@ class Starts(Protocol):  # a Backend's (``Backend.start``): the run starts its r
 
 
 @runtime_checkable
+class MeasuresSpeed(Protocol):  # a Backend's (``Backend.matmul_gflops``): the run's time estimate and machine line
+    def matmul_gflops(self) -> float: ...
+
+
+@runtime_checkable
 class RecordsCheckpoints(Protocol):  # a Backend's (``Backend.checkpoint_recorded``)
     def checkpoint_recorded(self, checkpoint: str) -> None: ...
 

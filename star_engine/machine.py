@@ -43,7 +43,18 @@ def clock(seconds: float) -> str:
     return f"{s // 60} min {s % 60} s" if s >= 60 else f"{s} s"
 
 
-def ran_on(seconds: float) -> str:
-    """The summary's last line: the machine and this command's wall time."""
+def ran_on(seconds: float, gflops: float | None = None) -> str:
+    """The summary's last line: the machine (with its fp32 matmul speed when the backend
+    measured it) and this command's wall time."""
     cpus = usable_cpus()
-    return f"ran on {cpu_model()} ({cpus} CPU{'s' if cpus != 1 else ''}): {clock(seconds)} wall"
+    speed = f", {gflops:,.0f} fp32 GFLOP/s" if gflops else ""
+    return f"ran on {cpu_model()} ({cpus} CPU{'s' if cpus != 1 else ''}{speed}): {clock(seconds)} wall"
+
+
+def expected_time(minutes: float, at_gflops: float, gflops: float) -> str:
+    """The line a run prints at start: ``minutes`` measured at ``at_gflops`` scaled to this
+    machine's ``gflops`` (a run of small matmuls scales with the CPU's matmul speed to first
+    order; load from other processes, not measured here, adds to it)."""
+    estimate = minutes * at_gflops / gflops * 60
+    return (f"expected: ~{clock(estimate)} on this CPU ({cpu_model()}: {gflops:,.0f} fp32 GFLOP/s; "
+            f"{clock(minutes * 60)} at {at_gflops:,.0f}, experiment.expected_minutes), if nothing else runs")

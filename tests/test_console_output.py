@@ -258,3 +258,36 @@ def test_the_machine_a_run_ran_on_is_named_with_its_wall_time(tmp_path):
     assert cpu_model(info) == "Raspberry Pi 4 Model B Rev 1.4"
     assert cpu_model(tmp_path / "absent")  # platform's words, never empty
     assert (clock(41.2), clock(820.4), clock(7530)) == ("41 s", "13 min 40 s", "2 h 05 min")
+
+
+def test_the_run_prints_its_expected_time_from_the_measured_speed_and_names_the_speed(tmp_path):
+    """experiment.expected_minutes at expected_gflops, scaled by the speed the backend measured at
+    start (Backend.matmul_gflops), printed before training; the summary's machine line names the
+    speed; run_finished records it; without a measured speed neither is printed."""
+    import json
+
+    path = toy(tmp_path)
+    text = path.read_text().replace("[experiment]\n", "[experiment]\nexpected_minutes = 9\nexpected_gflops = 350\n", 1)
+    path.write_text(text)
+    r = cli("run", str(path), env=scripted_env(SCRIPTED_GFLOPS="175"))
+    assert r.returncode == 0, r.stderr
+    out = " ".join(r.stdout.split())
+    assert "expected: ~18 min 0 s on this CPU" in out and "175 fp32 GFLOP/s; 9 min 0 s at 350" in out
+    assert out.index("expected: ~18 min") < out.index("STaR run summary")
+    assert re.search(r"ran on .+ \(\d+ CPUs?, 175 fp32 GFLOP/s\): \d+ s wall", out)
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert [e["gflops"] for e in events if e["event"] == "run_finished"] == [175.0]
+    assert [e["gflops"] for e in events if e["event"] == "machine_speed"] == [175.0]
+
+    (tmp_path / "again").mkdir()
+    r = cli("run", str(toy(tmp_path / "again")), env=scripted_env())  # the speed is not measured: no estimate
+    assert r.returncode == 0, r.stderr
+    assert "expected:" not in r.stdout and "GFLOP/s" not in r.stdout
+
+
+@pytest.mark.parametrize("key", ["expected_minutes", "expected_gflops"])
+def test_an_expected_time_needs_both_figures(tmp_path, key):
+    path = toy(tmp_path)
+    r = cli("run", str(path), "--set", f"experiment.{key}=9")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and f"experiment.{key}: needs" in r.stderr
+    assert not (tmp_path / "run").exists()

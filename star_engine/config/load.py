@@ -294,6 +294,10 @@ def _resolve_components(cfg: dict[str, Any], base: Path) -> None:
 
 def _resolve_output(experiment: dict[str, Any], base: Path) -> None:
     """The run's folder: ``output_dir`` (relative to the file) or ``runs/<name>`` beside it."""
+    for key, other in (("expected_minutes", "expected_gflops"), ("expected_gflops", "expected_minutes")):
+        if experiment[key] and not experiment[other]:
+            raise UserError(f"experiment.{key}: needs experiment.{other} (the time was measured on a CPU of that "
+                            f"many fp32 GFLOP/s; the estimate scales it to this one)", key=f"experiment.{key}")
     name = experiment["name"]
     if not experiment["output_dir"] and ".." in Path(name).parts:
         raise UserError(f"experiment.name: {name!r} names the run's folder runs/{name} (experiment.output_dir is "

@@ -112,6 +112,10 @@ class ExperimentSection(Section):
     stop_when_nothing_kept: bool = False  # an iteration that keeps nothing (a nothing_kept warning) ends the run
     limit: NonNegInt = 0
     smoke: bool = False  # --smoke: the tiny model, a few questions, every stage (config.smoke)
+    # the whole run's wall time measured on a CPU whose fp32 matmuls reach expected_gflops: the run measures
+    # this machine's figure at start (Backend.matmul_gflops) and prints its estimate; 0 = none (both or neither)
+    expected_minutes: NonNegFloat = 0.0
+    expected_gflops: NonNegFloat = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)

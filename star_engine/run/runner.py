@@ -17,10 +17,10 @@ from pathlib import Path
 import structlog
 
 from .. import ui
-from ..machine import cpu_model, ran_on, usable_cpus
+from ..machine import cpu_model, expected_time, ran_on, usable_cpus
 from ..version import __version__
 from ..rundir import layout as rundir, runlock
-from ..capabilities import NeedsReferences, Starts, ValidatesEngine, ValidatesRun
+from ..capabilities import MeasuresSpeed, NeedsReferences, Starts, ValidatesEngine, ValidatesRun
 from ..api import MultiProcess
 from ..errors import UserError
 from .experiment import Experiment, config_hash
@@ -155,6 +155,21 @@ def prepare_run_dir(exp: Experiment, toml_path: Path) -> RunStore:
     return open_run_dir(exp, state, toml_path)
 
 
+def measure_speed(exp: Experiment) -> float | None:
+    """This machine's fp32 matmul GFLOP/s, when the backend measures it (``Backend.matmul_gflops``),
+    and the time the run expects here when the experiment says what it took at a given speed
+    (``experiment.expected_minutes`` at ``expected_gflops``; not for ``--smoke``, which changes
+    the work): printed before any training begins."""
+    if not isinstance(exp.backend, MeasuresSpeed):
+        return None
+    with exp.calling(exp.backend, "matmul_gflops"):
+        gflops = round(float(exp.backend.matmul_gflops()), 1)
+    e = exp.config.experiment
+    if gflops > 0 and e.expected_minutes and not e.smoke and not ui.is_quiet() and exp.processes.primary:
+        ui.print_text(expected_time(e.expected_minutes, e.expected_gflops, gflops))
+    return gflops if gflops > 0 else None
+
+
 def run(exp: Experiment, toml_path: Path) -> list[dict]:
     with exp.processes.stopping_others_on_failure():  # the others stop at once, not at a timeout
         return _run(exp, toml_path)
@@ -166,7 +181,10 @@ def _run(exp: Experiment, toml_path: Path) -> list[dict]:
     if isinstance(exp.backend, Starts):  # the optional Backend.start: never in validate
         with exp.calling(exp.backend, "start"):
             exp.backend.start()
+    gflops = measure_speed(exp)
     store = prepare_run_dir(exp, toml_path)
+    if gflops:  # in the run's event log, which opens with its directory
+        log.info("machine_speed", cpu=cpu_model(), cpus=usable_cpus(), gflops=gflops)
     log_skipped(exp.panel)  # gold answers the checkers skipped when the data was loaded
     exp.notify("on_run_start", run_dir=store.root, config=exp.config.as_dict())
     t0 = time.perf_counter()
@@ -181,13 +199,13 @@ def _run(exp: Experiment, toml_path: Path) -> list[dict]:
                 exp.engine.close()
     store.set_header(finished=True)
     log.info("run_finished", run_dir=str(store.root), seconds=round(time.perf_counter() - t0, 1),
-             cpu=cpu_model(), cpus=usable_cpus())
+             cpu=cpu_model(), cpus=usable_cpus(), gflops=gflops)
     from ..report.report import write_report  # matplotlib is imported only when a report is made
 
     exp.processes.primary_does("write report", lambda: write_report(store.root))
     exp.notify("on_run_end", run_dir=store.root, metrics=rows)
     if not ui.is_quiet():
         notes = [n for n in (collapse_note(exp.config, rows), nothing_kept_note(rows)) if n]
-        notes.append(ran_on(time.perf_counter() - started))  # timings differ from one CPU to another
+        notes.append(ran_on(time.perf_counter() - started, gflops))  # timings differ from one CPU to another
         ui.print_summary(rows, "\n".join(notes))  # the collapse guard's stop; iterations that kept nothing
     return rows

@@ -176,6 +176,10 @@ class ScriptedBackend:
     def start(self) -> None:
         LIFECYCLE.append(("start", ""))
 
+    def matmul_gflops(self) -> float:
+        """SCRIPTED_GFLOPS: the speed this machine is said to have (unset: 0, not measured)."""
+        return float(os.environ.get("SCRIPTED_GFLOPS", "0"))
+
     def checkpoint_recorded(self, checkpoint: str) -> None:
         """Refuses a call before the stage's record exists (the contract the real backend's
         training snapshots rely on)."""

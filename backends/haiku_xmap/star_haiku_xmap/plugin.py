@@ -74,6 +74,14 @@ class HaikuXmapBackend:
             with_hugepages()
         self.runtime()
 
+    def matmul_gflops(self) -> float:
+        """fp32 matmul GFLOP/s through XLA here, now (``Backend.matmul_gflops``; ``runtime/speed.py``),
+        the runtime started first so that the measurement runs on the run's devices and threads."""
+        self.runtime()
+        from .runtime.speed import matmul_gflops  # jax: on first need
+
+        return matmul_gflops()
+
     @property
     def started(self) -> bool:
         return self._engine is not None and self._engine.started
