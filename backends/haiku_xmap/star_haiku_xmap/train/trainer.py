@@ -152,12 +152,15 @@ def token_logp(params, batch: Mapping[str, jax.Array], config: ModelConfig, rema
         logp_N = chunked_ce.chunked_logp(out_BTX.reshape(B * T, D), w, b, batch["targets"].reshape(B * T),
                                          w_layout=layout, chunk=chunk, weight_grad=adapter is None)
         return logp_N.reshape(B, T)
-    logits_BTV = out_BTX
-    # log p(target) = (x - max)[target] - log sum exp(x - max), as log_softmax
-    # computes it; the one-hot product picks the target exactly, and its gradient
-    # stays elementwise (take_along_axis's would be a scatter).
+    return logits_logp(out_BTX, batch["targets"])
+
+
+def logits_logp(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
+    """The plain path's log p(target) (B, T) from fp32 logits (B, T, V): (x - max)[target] -
+    log sum exp(x - max), as log_softmax computes it; the one-hot product picks the target
+    exactly, and its gradient stays elementwise (take_along_axis's would be a scatter)."""
     shifted_BTV = logits_BTV - jax.lax.stop_gradient(jnp.max(logits_BTV, axis=-1, keepdims=True))
-    onehot_BTV = jax.nn.one_hot(batch["targets"], logits_BTV.shape[-1], dtype=jnp.float32)
+    onehot_BTV = jax.nn.one_hot(targets_BT, logits_BTV.shape[-1], dtype=jnp.float32)
     return jnp.sum(shifted_BTV * onehot_BTV, axis=-1) - jnp.log(jnp.sum(jnp.exp(shifted_BTV), axis=-1))
 
 
