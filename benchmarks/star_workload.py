@@ -216,7 +216,8 @@ def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
         if a.only == "gen":
             continue
         encoded = [packing.Encoded(np.asarray(p + c + [mix["eos"]], np.int32), len(p)) for p, c in mix["train"]]
-        train_sides = [("engine_packed", "segments", None), ("engine_padded", "none", None)]
+        train_sides: list[tuple[str, str, int | None]] = [("engine_packed", "segments", None),
+                                                          ("engine_padded", "none", None)]
         if a.plain_loss_side:
             train_sides.append(("engine_packed_plain_loss", "segments", 0))
         for side, pack, loss_chunk in train_sides:

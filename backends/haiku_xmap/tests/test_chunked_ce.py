@@ -23,8 +23,9 @@ from star_haiku_xmap.train import chunked_ce, packing, packplan, preference
 from star_haiku_xmap.train import trainer as train
 
 TOK = ByteTokenizer()
-GPTJ = GPTJConfig(n_layer=2, d_model=32, n_head=4, d_head=8, d_ff=64, rotary_dim=4, n_ctx=64, vocab=264)
-TIED = preset("llama-tiny", n_ctx=64, qkv_bias=True, tie_embeddings=True)  # Qwen2-like: the head is wte
+GPTJ = GPTJConfig(n_layer=1, d_model=32, n_head=4, d_head=8, d_ff=64, rotary_dim=4, n_ctx=64, vocab=264)
+TIED = preset("llama-tiny", n_layer=1, d_model=32, n_head=4, n_kv_head=2, d_head=8, d_ff=64, n_ctx=64, qkv_bias=True,
+             tie_embeddings=True)  # Qwen2-like: the head is wte
 CHUNK = 48  # 264 = 5 x 48 + 24: the last chunk is half padding
 
 
@@ -33,8 +34,7 @@ def _plain_logp(h, w, b, t, layout):
     return jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), t[:, None], axis=1)[:, 0]
 
 
-@pytest.mark.parametrize("layout,bias,chunk", [("DV", True, 16), ("VD", False, 16), ("DV", False, 1),
-                                               ("DV", True, 64), ("VD", True, 50)])
+@pytest.mark.parametrize("layout,bias,chunk", [("DV", True, 16), ("VD", False, 16), ("DV", False, 64)])
 def test_chunked_logp_and_its_gradients_equal_log_softmax(layout, bias, chunk):
     N, D, V = 12, 8, 50  # 50 = 3 x 16 + 2
     k = jax.random.split(jax.random.key(0), 4)
