@@ -55,7 +55,7 @@ from bench_common import (MALLOC_HELP, MALLOC_MODES, Peer, apply_malloc, choose_
 ROOT = Path(__file__).resolve().parents[1]
 ADDITION_TOML = ROOT / "experiments" / "addition.toml"
 GEN_SIDES = ("engine", "engine_no_prefix", "engine_static", "hf_static", "hf_continuous")
-TRAIN_SIDES = ("engine_packed", "engine_padded", "hf_padded", "hf_packed")
+TRAIN_SIDES = ("engine_packed", "engine_padded", "hf_padded", "hf_packed", "engine_packed_plain_loss")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -73,6 +73,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--layers", type=int, default=None, help="override both mixes' n_layer (smoke tests)")
     ap.add_argument("--cpu-devices", type=int, default=None, help="model.cpu_devices (default: the backend's)")
     ap.add_argument("--peer", action="store_true", help="also time HF transformers in a child process")
+    ap.add_argument("--only", choices=("all", "gen", "train"), default="all", help="time generation or training only")
+    ap.add_argument("--plain-loss-side", action="store_true",
+                    help="also time the packed step with model.loss_chunk = 0 (full logits: the loss path before "
+                         "chunking) in the same rounds")
     ap.add_argument("--malloc", choices=MALLOC_MODES, default="default", help=MALLOC_HELP)
     ap.add_argument("--hf-omp-wait-policy", choices=("auto", "default", "passive"), default="auto")
     ap.add_argument("--hf-serve", action="store_true", help=argparse.SUPPRESS)
@@ -204,19 +208,26 @@ def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
             out = sample.generate_batches(*args, decode=decode, **common)
             assert [len(t) for t in out] == args[3]
 
-        fns[name, "engine"], fns[name, "engine_static"] = cont, static
-        if continuous.shared_prefix(mix["prompts"]):
-            fns[name, "engine_no_prefix"] = functools.partial(cont, stats={}, share=False)
-        info[f"{name}_engine_stats"] = stats
+        if a.only != "train":
+            fns[name, "engine"], fns[name, "engine_static"] = cont, static
+            if continuous.shared_prefix(mix["prompts"]):
+                fns[name, "engine_no_prefix"] = functools.partial(cont, stats={}, share=False)
+            info[f"{name}_engine_stats"] = stats
+        if a.only == "gen":
+            continue
         encoded = [packing.Encoded(np.asarray(p + c + [mix["eos"]], np.int32), len(p)) for p, c in mix["train"]]
-        for side, pack in (("engine_packed", "segments"), ("engine_padded", "none")):
+        train_sides: list[tuple[str, str, int | None]] = [("engine_packed", "segments", None),
+                                                          ("engine_padded", "none", None)]
+        if a.plain_loss_side:
+            train_sides.append(("engine_packed_plain_loss", "segments", 0))
+        for side, pack, loss_chunk in train_sides:
             batches = list(train.packing_batches(encoded, config=cfg, steps=a.train_steps,
                                                  batch_size=mix["train_batch"], grad_accum=1, seed=0,
                                                  seq_len=cfg.n_ctx, pad_id=mix["pad"], dp=sharding.dp_size(mesh),
                                                  packing=pack))
             tx = AdamW.from_table({"lr": 1e-4, "warmup_steps": 0}).build(10_000)
             box = [train.init_state(jax.tree.map(jnp.copy, params), tx)]
-            update = train.make_update(cfg, tx, mesh, box[0])
+            update = train.make_update(cfg, tx, mesh, box[0], loss_chunk=loss_chunk)
             put = lambda b: jax.device_put(b, sharding.batch_sharding(mesh, batch_axis=1, ndim=3))
 
             def steps(box=box, update=update, batches=batches, put=put):
@@ -266,6 +277,8 @@ def main(argv=None) -> None:
         for kind, sides, tokens in (("gen", GEN_SIDES, {s: sum(mix["budgets"]) for s in GEN_SIDES}),
                                     ("train", TRAIN_SIDES, {s: useful_train_tokens(mix, "segments" if "packed" in s
                                                                                    else "none") for s in TRAIN_SIDES})):
+            if a.only not in ("all", kind):
+                continue
             calls = {s: fns[name, s] for s in sides if (name, s) in fns}
             calls = {s: (lambda fn=fn: timed(fn)) for s, fn in calls.items()}
             if peers is not None:

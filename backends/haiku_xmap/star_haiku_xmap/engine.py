@@ -24,7 +24,7 @@ from .model import network
 from .options import BACKEND, Model, ModelOptions, decode_config, train_config
 from .sampling.static import keys_from_seeds
 from .sampling.text import generate_text
-from .train import lora_stage, preference, resume
+from .train import chunked_ce, lora_stage, preference, resume
 from .train import packing as pk
 from .train import trainer as tr
 from .runtime import coordination
@@ -168,7 +168,8 @@ class Engine:
                 "checkpoint_path": o.checkpoint_path, "seq_len": self.seq_len,
                 "mesh": {"dp": int(mesh.shape["dp"]), "mp": int(mesh.shape["mp"])},
                 "zero": o.zero, "opt_state_dtype": o.opt_state_dtype, "master_dtype": o.master_dtype,
-                "grad_accum_dtype": o.grad_accum_dtype, "remat": o.remat, "generation": o.generation,
+                "grad_accum_dtype": o.grad_accum_dtype, "remat": o.remat,
+                "loss_chunk": chunked_ce.chunk_for(self.config.vocab, o.loss_chunk), "generation": o.generation,
                 "train_checkpoint_steps": o.train_checkpoint_steps,
                 "train_checkpoint_minutes": o.train_checkpoint_minutes,
                 "processes": self.layout()[1],

@@ -48,7 +48,10 @@ class ModelOptions(Section):
     (ZeRO-1), ``opt_state_dtype`` stores it in fp32 or bf16, ``master_dtype`` is the dtype of
     the trained weights (fp32 masters under bf16 compute by default; fine-tuned checkpoints
     store them), ``grad_accum_dtype`` the gradient accumulator's, ``remat`` recomputes each
-    block in the backward pass instead of keeping its activations, ``distributed`` starts
+    block in the backward pass instead of keeping its activations, ``loss_chunk`` computes the
+    output projection and softmax of a training step over vocabulary chunks of that many rows,
+    never holding the step's (tokens x vocabulary) logits (0: the plain path; default: chunks
+    of 4096 for a vocabulary of ``chunked_ce.AUTO_MIN_VOCAB`` or more), ``distributed`` starts
     multi-process JAX (``distributed.py``) and ``cpu_devices`` sets how many XLA:CPU devices
     (cores) the mesh spans (``machine.py``; default: one per core, ``use_every_core``).
     ``generation``: "continuous" (a slot whose row has ended takes the next prompt,
@@ -85,6 +88,7 @@ class ModelOptions(Section):
     master_dtype: Dtype = "float32"
     grad_accum_dtype: Dtype = "float32"
     remat: bool = False
+    loss_chunk: Annotated[int | None, at_least(0)] = None
     distributed: dict | Literal["auto"] | None = None
     cpu_devices: Size = None
     generation: Literal["continuous", "static"] = "continuous"
@@ -158,7 +162,7 @@ class TrainConfig:
     """One fine-tuning job as ``train`` runs it: the ``TrainSpec``'s sizes, seed, optimizer
     table, packing and loss; the backend's training length ``seq_len`` and pad token; the
     ``[model]`` training options (``zero``, ``opt_state_dtype``, ``master_dtype``,
-    ``accum_dtype`` = ``grad_accum_dtype``, ``remat``); and for a LoRA stage its ``adapter``
+    ``accum_dtype`` = ``grad_accum_dtype``, ``remat``, ``loss_chunk``); and for a LoRA stage its ``adapter``
     (``lora.LoraSpec``). Built once by the backend (``HaikuXmapBackend.train_config``; ``train.train``'s)."""
 
     steps: int
@@ -176,6 +180,7 @@ class TrainConfig:
     accum_dtype: str = "float32"
     remat: bool = False
     adapter: Any = None  # lora.LoraSpec
+    loss_chunk: int | None = None  # token_logp's: None picks by vocabulary size
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "optimizer", AdamW.from_table(self.optimizer))
@@ -234,7 +239,7 @@ def train_config(o: ModelOptions, model: Model, spec: Any, adapter: Any = None, 
                        optimizer=optimizer or AdamW.from_table(spec.optimizer), seq_len=model.seq_len,
                        pad_id=model.tokenizer.pad_id, packing=spec.packing, loss=spec.loss, zero=o.zero,
                        opt_state_dtype=o.opt_state_dtype, master_dtype=o.master_dtype,
-                       accum_dtype=o.grad_accum_dtype, remat=o.remat, adapter=adapter)
+                       accum_dtype=o.grad_accum_dtype, remat=o.remat, adapter=adapter, loss_chunk=o.loss_chunk)
 
 
 def check_generation(key: str, n: int, n_ctx: int) -> None:

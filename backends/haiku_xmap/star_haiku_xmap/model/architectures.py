@@ -18,7 +18,8 @@ from .config import GPTJConfig, LlamaConfig, ModelConfig
 class Architecture:
     """One architecture: its registry ``name``, ``config`` class and ``network``
     (config, tokens_BT, positions_BT, key_mask_BS, cache, start, last_only=False,
-    segments_BT=None) -> (logits (B, T, V) fp32, KVCache), run inside ``hk.transform``."""
+    segments_BT=None, head=True) -> (logits (B, T, V) fp32, or with ``head=False`` the final
+    hidden states (B, T, D), KVCache), run inside ``hk.transform``."""
 
     name: str
     config: type[ModelConfig]

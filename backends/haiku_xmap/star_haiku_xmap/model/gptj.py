@@ -120,9 +120,11 @@ class Block(hk.Module):
 
 
 def network(config: GPTJConfig, tokens_BT, positions_BT, key_mask_BS, cache: KVCache | None, start,
-            last_only: bool = False, segments_BT=None):
+            last_only: bool = False, segments_BT=None, head: bool = True):
     """Logits (B, T, V) fp32 (``last_only``: (B, 1, V) of the last slot) and the
-    new per-layer keys/values (run inside ``hk.transform``: ``model``).
+    new per-layer keys/values (run inside ``hk.transform``: ``model``); ``head=False``:
+    the final hidden states (B, T, D) (after ``ln_f``, in the compute dtype) in place of
+    the logits, which the caller projects itself (``network.output_head``).
 
     Without a cache the keys are the T input tokens (S == T) and the second
     result is the (k, v) tuples of those T slots. With a cache the T new tokens
@@ -144,5 +146,7 @@ def network(config: GPTJConfig, tokens_BT, positions_BT, key_mask_BS, cache: KVC
     sh = attention_prologue(B, T, sin, cos, key_mask_BS, cache, start, segments_BT)
     x_ND, kv = layer_loop(x_ND, sh, cache, c.n_layer, lambda i: Block(c, name=f"h_{i}"), last_only)
     x_ND = LayerNorm(c.ln_eps, name="ln_f")(x_ND)
+    if not head:
+        return x_ND.reshape(B, -1, c.d_model), kv
     logits_NV = Linear(c.vocab, bias=True, name="lm_head")(x_ND).astype(jnp.float32)
     return logits_NV.reshape(B, -1, c.vocab), kv

@@ -117,7 +117,7 @@ class Block(hk.Module):
 
 
 def network(config: LlamaConfig, tokens_BT, positions_BT, key_mask_BS, cache: KVCache | None, start,
-            last_only: bool = False, segments_BT=None):
+            last_only: bool = False, segments_BT=None, head: bool = True):
     """``gptj.network``'s contract (same arguments, same results, top-level module
     names) for a Llama-style model."""
     c = config
@@ -131,5 +131,7 @@ def network(config: LlamaConfig, tokens_BT, positions_BT, key_mask_BS, cache: KV
     sh = attention_prologue(B, T, sin, cos, key_mask_BS, cache, start, segments_BT, c.sliding_window)
     x_ND, kv = layer_loop(x_ND, sh, cache, c.n_layer, lambda i: Block(c, name=f"h_{i}"), last_only)
     x_ND = RMSNorm(c.rms_eps, name="ln_f")(x_ND)
+    if not head:
+        return x_ND.reshape(B, -1, c.d_model), kv
     logits_NV = wte.attend(x_ND, dtype) if c.tie_embeddings else Linear(c.vocab, name="lm_head")(x_ND)
     return logits_NV.astype(jnp.float32).reshape(B, -1, c.vocab), kv

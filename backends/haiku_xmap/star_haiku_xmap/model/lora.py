@@ -174,14 +174,14 @@ def _interceptor(adapters: Mapping[str, Mapping[str, jax.Array]], scale: float):
 
 def apply_forward(base: Any, adapters: Any, tokens_BT: jax.Array, config: ModelConfig, spec: LoraSpec,
                   positions_BT: jax.Array | None = None, mask: jax.Array | None = None,
-                  segments: jax.Array | None = None) -> jax.Array:
+                  segments: jax.Array | None = None, head: bool = True) -> jax.Array:
     """``model.apply_forward`` of the adapted model, unmerged: each target's output gains
-    s (x A) B (fp32)."""
+    s (x A) B (fp32). ``head=False``: the final hidden states (the head is never a target)."""
     with hk.intercept_methods(_interceptor(adapters, spec.scale)):
-        return model.apply_forward(base, tokens_BT, config, positions_BT, mask, segments)
+        return model.apply_forward(base, tokens_BT, config, positions_BT, mask, segments, head)
 
 
-forward = jax.jit(apply_forward, static_argnames=("config", "spec"))
+forward = jax.jit(apply_forward, static_argnames=("config", "spec", "head"))
 """``apply_forward`` jit'd (``config`` and ``spec`` static)."""
 
 

@@ -23,7 +23,8 @@ from .config import ModelConfig, architecture
 from .layers import LAYER_INPUT, KVCache, dtype_of
 
 __all__ = ["LAYER_INPUT", "KVCache", "Params", "apply_forward", "decode_rows", "decode_step", "default_positions",
-           "dtype_of", "forward", "init_cache", "init_params", "param_count", "prefill", "prefill_after"]
+           "dtype_of", "forward", "init_cache", "init_params", "output_head", "param_count", "prefill",
+           "prefill_after"]
 
 Params = Any  # haiku's nested dict {module_path: {name: array}}
 
@@ -58,9 +59,11 @@ def default_positions(mask_BT: jax.Array) -> jax.Array:
 
 def apply_forward(params: Params, tokens_BT: jax.Array, config: ModelConfig,
                   positions_BT: jax.Array | None = None, mask: jax.Array | None = None,
-                  segments: jax.Array | None = None) -> jax.Array:
+                  segments: jax.Array | None = None, head: bool = True) -> jax.Array:
     """Causal LM logits (B, T, V) in fp32: ``forward`` before ``jit``, for callers that
     trace it inside their own jit and context (``lora.forward``'s method interceptor).
+    ``head=False``: the final hidden states (B, T, D) in the compute dtype instead (after
+    the final norm; ``output_head`` gives the projection that makes them logits).
 
     ``mask`` (B, T) bool marks real tokens (False = padding, never attended to);
     ``positions_BT`` defaults to the count of real tokens before each one, so
@@ -77,11 +80,22 @@ def apply_forward(params: Params, tokens_BT: jax.Array, config: ModelConfig,
     if positions_BT is None:
         positions_BT = default_positions(mask_BT)
     logits_BTV, _ = _transformed(config).apply(params, tokens_BT, positions_BT, mask_BT, None, 0,
-                                               segments_BT=segments)
+                                               segments_BT=segments, head=head)
     return logits_BTV
 
 
-forward = jax.jit(apply_forward, static_argnames="config")
+def output_head(params: Params, config: ModelConfig) -> tuple[jax.Array, str, jax.Array | None]:
+    """(weight, layout, bias) of the projection from the final hidden states to the logits:
+    ``lm_head``'s w (D, V), "DV", and its b (V,) (GPT-J) or None (Llama); a tied model's
+    embedding table (V, D), "VD", None (``tie_embeddings``). Logits = h @ w (+ b) in "DV",
+    h @ w.T in "VD"."""
+    if getattr(config, "tie_embeddings", False):
+        return params["wte"]["embeddings"], "VD", None
+    head = params["lm_head"]
+    return head["w"], "DV", head.get("b")
+
+
+forward = jax.jit(apply_forward, static_argnames=("config", "head"))
 """``apply_forward`` jit'd (``config`` static): the model's logits."""
 
 

@@ -84,23 +84,26 @@ def row_length(encoded: Sequence[Encoded], max_len: int) -> int:
 
 
 def seq_logp(params: Any, batch: Mapping[str, jax.Array], config: Any, remat: bool = False, adapters: Any = None,
-             adapter: lora.LoraSpec | None = None) -> jax.Array:
+             adapter: lora.LoraSpec | None = None, *, loss_chunk: int | None = None) -> jax.Array:
     """(B,) fp32 sum of log p(target) over each row's weighted targets (``train.token_logp``'s arguments)."""
-    logp_BT = tr.token_logp(params, batch, config, remat, adapters, adapter)
+    logp_BT = tr.token_logp(params, batch, config, remat, adapters, adapter, loss_chunk=loss_chunk)
     return jnp.sum(logp_BT * batch["weights"].astype(jnp.float32), axis=-1)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "dtype"))
-def _scored(params: Any, batch: Mapping[str, jax.Array], config: Any, dtype: str) -> jax.Array:
+@functools.partial(jax.jit, static_argnames=("config", "dtype", "loss_chunk"))
+def _scored(params: Any, batch: Mapping[str, jax.Array], config: Any, dtype: str,
+            loss_chunk: int | None = None) -> jax.Array:
     """``seq_logp`` of ``params`` cast to ``dtype`` (a master copy scored in the compute dtype)."""
-    return seq_logp(jax.tree.map(lambda p: p.astype(jnp.dtype(dtype)), params), batch, config)
+    return seq_logp(jax.tree.map(lambda p: p.astype(jnp.dtype(dtype)), params), batch, config, loss_chunk=loss_chunk)
 
 
 def sequence_logps(params: Any, encoded: Sequence[Encoded], *, rows: int, max_len: int, pad_id: int, config: Any,
-                   mesh: Any = None, dtype: str | None = None, progress: Progress | None = None) -> np.ndarray:
+                   mesh: Any = None, dtype: str | None = None, progress: Progress | None = None,
+                   loss_chunk: int | None = None) -> np.ndarray:
     """fp32 ``seq_logp`` of every sequence of ``encoded``, in its order, under ``params`` (in
     ``dtype``: default ``config.dtype``): ``rows`` sequences a forward pass (rows padded to a
-    multiple of dp), taken by length so each pass pads to the smallest bucket that fits."""
+    multiple of dp), taken by length so each pass pads to the smallest bucket that fits.
+    ``loss_chunk``: ``train.token_logp``'s (the policy's, so both score alike)."""
     dp = 1 if mesh is None else sharding.dp_size(mesh)
     R = -(-rows // dp) * dp
     row_sh = None if mesh is None else sharding.batch_sharding(mesh, batch_axis=0, ndim=2)
@@ -112,7 +115,7 @@ def sequence_logps(params: Any, encoded: Sequence[Encoded], *, rows: int, max_le
         batch = fill_rows(chunk, R, row_length(chunk, max_len), pad_id)
         if row_sh is not None:
             batch = {k: global_array(v, row_sh) for k, v in batch.items()}
-        out_N[idx] = to_host(_scored(params, batch, config, dtype or config.dtype))[:len(idx)]
+        out_N[idx] = to_host(_scored(params, batch, config, dtype or config.dtype, loss_chunk))[:len(idx)]
         if progress is not None:
             progress(len(idx))
     return out_N
@@ -130,11 +133,13 @@ def dpo_loss(logp_B: jax.Array, ref_B: jax.Array, valid_P: jax.Array, beta: floa
 
 
 def dpo_objective(params: Any, mb: Mapping[str, jax.Array], config: Any, remat: bool = False, adapters: Any = None,
-                  adapter: lora.LoraSpec | None = None, *, beta: float) -> tuple[jax.Array, jax.Array]:
+                  adapter: lora.LoraSpec | None = None, *, beta: float,
+                  loss_chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
     """``train.make_update``'s objective for one DPO micro-batch (rows as ``dpo_loss``'s,
     ``ref`` (2R, 1)): a pair is real when its chosen row carries loss (dp padding does not)."""
     valid_P = jnp.any(mb["weights"][0::2], axis=-1).astype(jnp.float32)
-    return dpo_loss(seq_logp(params, mb, config, remat, adapters, adapter), mb["ref"][:, 0], valid_P, beta)
+    logp_B = seq_logp(params, mb, config, remat, adapters, adapter, loss_chunk=loss_chunk)
+    return dpo_loss(logp_B, mb["ref"][:, 0], valid_P, beta)
 
 
 def pair_plan(n_pairs: int, *, steps: int, per_step: int, seed: int) -> list[np.ndarray]:
@@ -206,7 +211,7 @@ def train_preferences(weights: Weights, options: ModelOptions, init: str, out: P
     batches = None
     if spec.steps > 0:
         ref_N = sequence_logps(held[0], seqs, rows=2 * spec.batch_size, max_len=weights.seq_len, pad_id=pad_id,
-                               config=config, mesh=mesh)
+                               config=config, mesh=mesh, loss_chunk=job.loss_chunk)
         plan = pair_plan(len(pairs), steps=spec.steps, per_step=spec.batch_size * spec.grad_accum, seed=spec.seed)
         batches = dpo_batches(seqs, ref_N, plan, batch_size=spec.batch_size, grad_accum=spec.grad_accum,
                               max_len=weights.seq_len, pad_id=pad_id, dp=sharding.dp_size(mesh))
