@@ -28,6 +28,8 @@ AdamW loop on the padded plan's batches (right-padded to each batch's longest)
 and padding-free (the packed plan's batches flattened into one row with
 restarting ``position_ids``, which HF turns into a block-diagonal mask).
 
+``--only gen`` (``train``) times generation (training) alone.
+
 Useful tokens: generated tokens within each request's budget; for training,
 the real (non-padding) tokens of the steps. Every side runs its whole workload
 once per round, the order rotating between rounds; ratios are medians of the
@@ -62,6 +64,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mixes", default="addition,cqa", help="comma-separated: addition, cqa")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", choices=("gen", "train"), default=None,
+                    help="time only generation (gen) or only training (train)")
     ap.add_argument("--train-steps", type=int, default=24, help="optimizer steps per training call")
     ap.add_argument("--addition-requests", type=int, default=0, help="an even sample of N (0: all 1,750)")
     ap.add_argument("--cqa-requests", type=int, default=64)
@@ -204,10 +208,13 @@ def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
             out = sample.generate_batches(*args, decode=decode, **common)
             assert [len(t) for t in out] == args[3]
 
-        fns[name, "engine"], fns[name, "engine_static"] = cont, static
-        if continuous.shared_prefix(mix["prompts"]):
-            fns[name, "engine_no_prefix"] = functools.partial(cont, stats={}, share=False)
-        info[f"{name}_engine_stats"] = stats
+        if a.only != "train":
+            fns[name, "engine"], fns[name, "engine_static"] = cont, static
+            if continuous.shared_prefix(mix["prompts"]):
+                fns[name, "engine_no_prefix"] = functools.partial(cont, stats={}, share=False)
+            info[f"{name}_engine_stats"] = stats
+        if a.only == "gen":
+            continue
         encoded = [packing.Encoded(np.asarray(p + c + [mix["eos"]], np.int32), len(p)) for p, c in mix["train"]]
         for side, pack in (("engine_packed", "segments"), ("engine_padded", "none")):
             batches = list(train.packing_batches(encoded, config=cfg, steps=a.train_steps,
@@ -266,6 +273,8 @@ def main(argv=None) -> None:
         for kind, sides, tokens in (("gen", GEN_SIDES, {s: sum(mix["budgets"]) for s in GEN_SIDES}),
                                     ("train", TRAIN_SIDES, {s: useful_train_tokens(mix, "segments" if "packed" in s
                                                                                    else "none") for s in TRAIN_SIDES})):
+            if a.only not in (None, kind):
+                continue
             calls = {s: fns[name, s] for s in sides if (name, s) in fns}
             calls = {s: (lambda fn=fn: timed(fn)) for s, fn in calls.items()}
             if peers is not None:

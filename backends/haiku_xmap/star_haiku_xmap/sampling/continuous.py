@@ -15,6 +15,9 @@ Device side (compiled, no Python per token):
 - ``slots.decode``: a ``lax.while_loop`` of decode steps over all slots, for up to
   ``chunk`` steps or until enough rows have ended.
 
+- ``slots.compact``: once no prompt waits, the live rows gathered into fewer slots
+  (the tail of a call decodes its last rows without the ended rows' slots).
+
 ``slots.py`` holds the slots' state and these compiled programs; this module schedules
 them (the queue, refills, stop strings).
 
@@ -106,7 +109,7 @@ def generate(params, prompts: Sequence[Sequence[int]], seeds: Sequence[int], bud
     request's tokens so far, ends the request when True (a stop string in its
     text); its tokens then run up to the chunk's end. ``stats`` (a dict) receives
     counters: chunks, decode_steps, prefill_calls, prefill_rows, slots,
-    prefix_tokens.
+    prefix_tokens, compactions (times the live rows moved into fewer slots).
 
     ``decode.share_prefix``: the tokens all prompts start with (``shared_prefix``: a
     few-shot prompt) are prefilled once, not once per prompt. A row's logits then
@@ -131,6 +134,7 @@ def generate(params, prompts: Sequence[Sequence[int]], seeds: Sequence[int], bud
         occupied = run.refill()
         tok_BC, step_B, active_B = run.decode_chunk()
         ended = run.harvest(occupied, tok_BC, step_B, active_B, results, stop)
+        run.compact()
         if progress is not None and ended:
             progress(ended)
     if stats is not None:
@@ -147,6 +151,7 @@ class _Batcher:
         self.params, self.prompts, self.budgets, self.config, self.mesh = params, prompts, budgets, config, mesh
         self.decode, self.dp = decode, device.dp_size(mesh)
         self.per = min(-(-max(decode.slots, 1) // self.dp), count_bucket(-(-len(pending) // self.dp), 1))
+        self.min_per = max(1, self.per // 8)  # the fewest slots a shard is compacted to
         B = self.per * self.dp  # slots in all
         self.refill_rows = max(1, self.per // 8) if decode.refill is None else decode.refill
         # Prompts per prefill call: two sizes only (few compiles), room for a typical refill.
@@ -167,7 +172,7 @@ class _Batcher:
         prefix = shared_prefix([prompts[i] for i in pending]) if decode.share_prefix else 0
         self.shared = _prefix_cache(params, prompts[pending[0]][:prefix], config, mesh) if prefix else None
         self.counters = {"chunks": 0, "decode_steps": 0, "prefill_calls": 0, "prefill_rows": 0, "slots": B,
-                         "prefix_tokens": prefix}
+                         "prefix_tokens": prefix, "compactions": 0}
         self.sharded = None if self.dp == 1 else mesh
         self.step = functools.partial(device.decode, config=config, steps=decode.chunk, eos_id=decode.eos_id,
                                       valid_vocab=decode.valid_vocab, mesh=self.sharded)
@@ -227,6 +232,31 @@ class _Batcher:
         self.counters["decode_steps"] += int(
             (step_B - np.where(self.slot_req >= 0, self.slot_step, step_B)).max(initial=0))
         return tok_BC, step_B, active_B
+
+    def compact(self) -> None:
+        """Once no prompt waits, the live rows into fewer slots: per shard, the power of two
+        that holds its fullest shard's rows (at least an eighth of the first count), when that
+        drops a quarter of the slots at least. The tail of a call then decodes its last long rows without
+        the ended rows' slots (a row's tokens do not depend on its slot or the slot count)."""
+        if self.queue or self.state is None:
+            return
+        live = [np.flatnonzero(self.slot_req[s * self.per:(s + 1) * self.per] >= 0) for s in range(self.dp)]
+        most = max(map(len, live))
+        per = max(count_bucket(most, 1), self.min_per)
+        if not most or per > self.per * 3 // 4:
+            return
+        src = np.zeros((self.dp, per), np.int32)
+        ok = np.zeros((self.dp, per), bool)
+        req = np.full((self.dp, per), -1)
+        step = np.zeros((self.dp, per), np.int64)
+        for s, rows in enumerate(live):
+            n = len(rows)
+            src[s, :n], ok[s, :n] = rows, True
+            req[s, :n], step[s, :n] = self.slot_req[s * self.per + rows], self.slot_step[s * self.per + rows]
+        flat = lambda x: device.put(x.ravel(), self.mesh, P("dp"))
+        self.state = device.compact(self.state, flat(src), flat(ok), mesh=self.sharded)
+        self.per, self.slot_req, self.slot_step = per, req.ravel(), step.ravel()
+        self.counters["compactions"] += 1
 
     def harvest(self, occupied: np.ndarray, tok_BC: np.ndarray, step_B: np.ndarray, active_B: np.ndarray,
                 results: list[list[int]], stop: Callable[[int, list[int]], bool] | None) -> int:
