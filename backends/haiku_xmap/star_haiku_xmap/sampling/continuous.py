@@ -234,28 +234,25 @@ class _Batcher:
         return tok_BC, step_B, active_B
 
     def compact(self) -> None:
-        """Once no prompt waits, the live rows into fewer slots: per shard, the power of two
-        that holds its fullest shard's rows (at least an eighth of the first count), when that
-        drops a quarter of the slots at least. The tail of a call then decodes its last long rows without
-        the ended rows' slots (a row's tokens do not depend on its slot or the slot count)."""
-        if self.queue or self.state is None:
-            return
-        live = [np.flatnonzero(self.slot_req[s * self.per:(s + 1) * self.per] >= 0) for s in range(self.dp)]
-        most = max(map(len, live))
-        per = max(count_bucket(most, 1), self.min_per)
-        if not most or per > self.per * 3 // 4:
+        """Once no prompt waits, the live rows into fewer slots, spread evenly over the dp
+        shards: per shard, the power of two that holds its share (at least an eighth of the
+        first count), when that drops a quarter of the slots at least. The tail of a call then
+        decodes its last long rows without the ended rows' slots (a row's tokens do not depend
+        on its slot, its shard or the slot count)."""
+        live = np.flatnonzero(self.slot_req >= 0)
+        share = -(-len(live) // self.dp)
+        per = max(count_bucket(share, 1), self.min_per)
+        if self.queue or self.state is None or not len(live) or per > self.per * 3 // 4:
             return
         src = np.zeros((self.dp, per), np.int32)
         ok = np.zeros((self.dp, per), bool)
-        req = np.full((self.dp, per), -1)
-        step = np.zeros((self.dp, per), np.int64)
-        for s, rows in enumerate(live):
-            n = len(rows)
-            src[s, :n], ok[s, :n] = rows, True
-            req[s, :n], step[s, :n] = self.slot_req[s * self.per + rows], self.slot_step[s * self.per + rows]
-        flat = lambda x: device.put(x.ravel(), self.mesh, P("dp"))
-        self.state = device.compact(self.state, flat(src), flat(ok), mesh=self.sharded)
-        self.per, self.slot_req, self.slot_step = per, req.ravel(), step.ravel()
+        for s in range(self.dp):
+            rows = live[s * share:(s + 1) * share]
+            src[s, :len(rows)], ok[s, :len(rows)] = rows, True
+        src, ok = src.ravel(), ok.ravel()
+        self.state = device.compact(self.state, device.put(src, self.mesh, P()), device.put(ok, self.mesh, P()),
+                                    mesh=self.sharded)
+        self.per, self.slot_req, self.slot_step = per, np.where(ok, self.slot_req[src], -1), self.slot_step[src]
         self.counters["compactions"] += 1
 
     def harvest(self, occupied: np.ndarray, tok_BC: np.ndarray, step_B: np.ndarray, active_B: np.ndarray,

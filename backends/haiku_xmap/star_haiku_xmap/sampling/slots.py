@@ -93,12 +93,17 @@ def _gather_rows(slots: Slots, src_N, live_N) -> Slots:
     return out._replace(active_B=out.active_B & live_N)
 
 
-@functools.partial(jax.jit, static_argnames="mesh")
 def compact(slots: Slots, src_N, live_N, *, mesh: Mesh | None = None) -> Slots:
-    """Fewer slots: slot n of each dp shard's result is its slot src_N[n] (indices local to
-    the shard; ``live_N`` False: an unused slot, inactive). Rows keep their cache, length,
-    step, budget and key, so they decode on exactly as before."""
-    return per_shard(_gather_rows, mesh, (P("dp"), P("dp"), P("dp")), P("dp"))(slots, src_N, live_N)
+    """Fewer slots: slot n of the result is slot src_N[n] (global indices: a row may move to
+    another dp shard; ``live_N`` False: an unused slot, inactive), split over dp again.
+    Rows keep their cache, length, step, budget and key, so they decode on as before."""
+    return _compact_program(mesh)(slots, src_N, live_N)
+
+
+@functools.cache
+def _compact_program(mesh: Mesh | None):
+    out = None if mesh is None else NamedSharding(mesh, P("dp"))
+    return jax.jit(_gather_rows, out_shardings=out)
 
 
 def _insert_rows(slots: Slots, kv: model.KVCache, logits_PV, lens_P, src_N, slot_N, budget_N, key_data_NK, *,
