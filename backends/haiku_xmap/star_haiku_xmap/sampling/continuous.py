@@ -244,12 +244,12 @@ class _Batcher:
         per = max(count_bucket(share, 1), self.min_per)
         if self.queue or self.state is None or not len(live) or per > self.per * 3 // 4:
             return
-        src = np.zeros((self.dp, per), np.int32)
-        ok = np.zeros((self.dp, per), bool)
+        src_DN = np.zeros((self.dp, per), np.int32)
+        ok_DN = np.zeros((self.dp, per), bool)
         for s in range(self.dp):
             rows = live[s * share:(s + 1) * share]
-            src[s, :len(rows)], ok[s, :len(rows)] = rows, True
-        src, ok = src.ravel(), ok.ravel()
+            src_DN[s, :len(rows)], ok_DN[s, :len(rows)] = rows, True
+        src, ok = src_DN.ravel(), ok_DN.ravel()
         self.state = device.compact(self.state, device.put(src, self.mesh, P()), device.put(ok, self.mesh, P()),
                                     mesh=self.sharded)
         self.per, self.slot_req, self.slot_step = per, np.where(ok, self.slot_req[src], -1), self.slot_step[src]
