@@ -197,6 +197,21 @@ def test_buckets():
     assert continuous.count_bucket(3, 3) == 6
 
 
+@pytest.mark.parametrize("temperature, top_p", [(0.0, 1.0), (1.0, 0.8)])
+def test_the_tail_is_compacted_into_fewer_slots_and_no_token_changes(params, temperature, top_p):
+    """Once no prompt waits, the live rows move into fewer slots (8 -> 4 -> 2 -> 1): the
+    tokens are those of the static path, and a row that ends exactly at its budget in
+    the chunk before a compaction keeps all its tokens."""
+    prompts, seeds, budgets = _requests()
+    budgets = [28, 4, 8, 20, 1, 12, 16, 24, 28, 4, 8, 12, 16, 20]  # multiples of the chunk: rows end at its end
+    stats = {}
+    cont = _run(continuous.generate, params, temperature, top_p, slots=8, chunk=4,
+                requests=(prompts, seeds, budgets), stats=stats)
+    assert cont == _run(sample.generate_batches, params, temperature, top_p, requests=(prompts, seeds, budgets))
+    assert stats["compactions"] >= 2 and stats["slots"] == 8, stats
+    assert sum(len(t) == b for t, b in zip(cont, budgets)) >= 3
+
+
 _SHARDED = r"""
 import json, sys
 import jax, numpy as np

@@ -21,7 +21,7 @@ SUBPACKAGES = {"checkpoint": {"format", "write", "safeio"}, "plan": {"command", 
                "sampling": {"static", "continuous", "slots", "text"},
                "model": {"config", "gptj", "llama", "layers", "architectures", "network", "lora", "lora_options"},
                "train": {"trainer", "chunked_ce", "packing", "packplan", "resume", "lora_stage", "preference"},
-               "runtime": {"hugepages", "layout", "coordination", "sharding", "envvars"},
+               "runtime": {"hugepages", "layout", "coordination", "sharding", "envvars", "speed"},
                "session": {"machine", "distributed", "weights"}}
 # the door and the modules between the floors; the rest is by concern
 TOP = {"__init__", "plugin", "engine", "options", "tokenizer", "preflight", "inference"}

@@ -15,6 +15,9 @@ Device side (compiled, no Python per token):
 - ``slots.decode``: a ``lax.while_loop`` of decode steps over all slots, for up to
   ``chunk`` steps or until enough rows have ended.
 
+- ``slots.compact``: once no prompt waits, the live rows gathered into fewer slots
+  (the tail of a call decodes its last rows without the ended rows' slots).
+
 ``slots.py`` holds the slots' state and these compiled programs; this module schedules
 them (the queue, refills, stop strings).
 
@@ -106,7 +109,7 @@ def generate(params, prompts: Sequence[Sequence[int]], seeds: Sequence[int], bud
     request's tokens so far, ends the request when True (a stop string in its
     text); its tokens then run up to the chunk's end. ``stats`` (a dict) receives
     counters: chunks, decode_steps, prefill_calls, prefill_rows, slots,
-    prefix_tokens.
+    prefix_tokens, compactions (times the live rows moved into fewer slots).
 
     ``decode.share_prefix``: the tokens all prompts start with (``shared_prefix``: a
     few-shot prompt) are prefilled once, not once per prompt. A row's logits then
@@ -131,6 +134,7 @@ def generate(params, prompts: Sequence[Sequence[int]], seeds: Sequence[int], bud
         occupied = run.refill()
         tok_BC, step_B, active_B = run.decode_chunk()
         ended = run.harvest(occupied, tok_BC, step_B, active_B, results, stop)
+        run.compact()
         if progress is not None and ended:
             progress(ended)
     if stats is not None:
@@ -147,6 +151,7 @@ class _Batcher:
         self.params, self.prompts, self.budgets, self.config, self.mesh = params, prompts, budgets, config, mesh
         self.decode, self.dp = decode, device.dp_size(mesh)
         self.per = min(-(-max(decode.slots, 1) // self.dp), count_bucket(-(-len(pending) // self.dp), 1))
+        self.min_per = max(1, self.per // 8)  # the fewest slots a shard is compacted to
         B = self.per * self.dp  # slots in all
         self.refill_rows = max(1, self.per // 8) if decode.refill is None else decode.refill
         # Prompts per prefill call: two sizes only (few compiles), room for a typical refill.
@@ -167,7 +172,7 @@ class _Batcher:
         prefix = shared_prefix([prompts[i] for i in pending]) if decode.share_prefix else 0
         self.shared = _prefix_cache(params, prompts[pending[0]][:prefix], config, mesh) if prefix else None
         self.counters = {"chunks": 0, "decode_steps": 0, "prefill_calls": 0, "prefill_rows": 0, "slots": B,
-                         "prefix_tokens": prefix}
+                         "prefix_tokens": prefix, "compactions": 0}
         self.sharded = None if self.dp == 1 else mesh
         self.step = functools.partial(device.decode, config=config, steps=decode.chunk, eos_id=decode.eos_id,
                                       valid_vocab=decode.valid_vocab, mesh=self.sharded)
@@ -227,6 +232,28 @@ class _Batcher:
         self.counters["decode_steps"] += int(
             (step_B - np.where(self.slot_req >= 0, self.slot_step, step_B)).max(initial=0))
         return tok_BC, step_B, active_B
+
+    def compact(self) -> None:
+        """Once no prompt waits, the live rows into fewer slots, spread evenly over the dp
+        shards: per shard, the power of two that holds its share (at least an eighth of the
+        first count), when that drops a quarter of the slots at least. The tail of a call then
+        decodes its last long rows without the ended rows' slots (a row's tokens do not depend
+        on its slot, its shard or the slot count)."""
+        live = np.flatnonzero(self.slot_req >= 0)
+        share = -(-len(live) // self.dp)
+        per = max(count_bucket(share, 1), self.min_per)
+        if self.queue or self.state is None or not len(live) or per > self.per * 3 // 4:
+            return
+        src_DN = np.zeros((self.dp, per), np.int32)
+        ok_DN = np.zeros((self.dp, per), bool)
+        for s in range(self.dp):
+            rows = live[s * share:(s + 1) * share]
+            src_DN[s, :len(rows)], ok_DN[s, :len(rows)] = rows, True
+        src, ok = src_DN.ravel(), ok_DN.ravel()
+        self.state = device.compact(self.state, device.put(src, self.mesh, P()), device.put(ok, self.mesh, P()),
+                                    mesh=self.sharded)
+        self.per, self.slot_req, self.slot_step = per, np.where(ok, self.slot_req[src], -1), self.slot_step[src]
+        self.counters["compactions"] += 1
 
     def harvest(self, occupied: np.ndarray, tok_BC: np.ndarray, step_B: np.ndarray, active_B: np.ndarray,
                 results: list[list[int]], stop: Callable[[int, list[int]], bool] | None) -> int:

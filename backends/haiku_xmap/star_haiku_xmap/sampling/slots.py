@@ -3,6 +3,9 @@ state and the compiled programs that change it, no Python per token.
 
 - ``empty``: slots with an empty cache; ``resize``: the same slots with a longer or shorter
   cache (rows start at cache slot 0, so cutting keeps every row that fits).
+- ``compact``: the live rows gathered into fewer slots (once no prompt waits, the last
+  rows decode without the ended ones' slots: a row's tokens do not depend on its slot
+  or on how many slots there are).
 - ``insert``: prefilled keys/values moved into freed slots, each row shifted to start at
   cache slot 0, with its own length, budget, RNG key and first-token logits. One prefill
   row may fill several slots (k samples of the same prompt share one prefill).
@@ -82,6 +85,25 @@ def resize(slots: Slots, length: int) -> Slots:
     fit = (lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, length - have), (0, 0)))) if length > have else \
         (lambda x: x[:, :, :length])
     return slots._replace(cache=jax.tree.map(fit, slots.cache))
+
+
+def _gather_rows(slots: Slots, src_N, live_N) -> Slots:
+    """Slot n of the result is slot src_N[n] of ``slots``, active only where ``live_N``."""
+    out = jax.tree.map(lambda x: x[src_N], slots)
+    return out._replace(active_B=out.active_B & live_N)
+
+
+def compact(slots: Slots, src_N, live_N, *, mesh: Mesh | None = None) -> Slots:
+    """Fewer slots: slot n of the result is slot src_N[n] (global indices: a row may move to
+    another dp shard; ``live_N`` False: an unused slot, inactive), split over dp again.
+    Rows keep their cache, length, step, budget and key, so they decode on as before."""
+    return _compact_program(mesh)(slots, src_N, live_N)
+
+
+@functools.cache
+def _compact_program(mesh: Mesh | None):
+    out = None if mesh is None else NamedSharding(mesh, P("dp"))
+    return jax.jit(_gather_rows, out_shardings=out)
 
 
 def _insert_rows(slots: Slots, kv: model.KVCache, logits_PV, lens_P, src_N, slot_N, budget_N, key_data_NK, *,
