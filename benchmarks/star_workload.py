@@ -64,8 +64,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mixes", default="addition,cqa", help="comma-separated: addition, cqa")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--only", choices=("gen", "train"), default=None,
-                    help="time only generation (gen) or only training (train)")
     ap.add_argument("--skip", default="", help="comma-separated sides left out, e.g. hf_continuous,engine_no_prefix")
     ap.add_argument("--train-steps", type=int, default=24, help="optimizer steps per training call")
     ap.add_argument("--addition-requests", type=int, default=0, help="an even sample of N (0: all 1,750)")
@@ -282,16 +280,10 @@ def main(argv=None) -> None:
         for kind, sides, tokens in (("gen", GEN_SIDES, {s: sum(mix["budgets"]) for s in GEN_SIDES}),
                                     ("train", TRAIN_SIDES, {s: useful_train_tokens(mix, "segments" if "packed" in s
                                                                                    else "none") for s in TRAIN_SIDES})):
-<<<<<<< HEAD
             if a.only not in ("all", kind):
-                continue
-            calls = {s: fns[name, s] for s in sides if (name, s) in fns}
-=======
-            if a.only not in (None, kind):
                 continue
             skip = set(a.skip.split(","))
             calls = {s: fns[name, s] for s in sides if (name, s) in fns and s not in skip}
->>>>>>> gen-refill
             calls = {s: (lambda fn=fn: timed(fn)) for s, fn in calls.items()}
             if peers is not None:
                 for s in sides:
