@@ -84,6 +84,21 @@ def test_top_p_keeps_the_nucleus_with_renormalised_probabilities():
     assert set(toks.tolist()) == {1, 3} and np.mean(toks == 1) > 0.85
 
 
+def test_top_p_one_keeps_every_token_without_the_nucleus_sort():
+    """top_p = 1 draws from the whole tempered distribution, as HF (no TopPLogitsWarper then):
+    the same tokens as a categorical draw over every scaled logit with the row's folded key,
+    including the tail that the nucleus's fp32 cumulative sum could round away."""
+    logits_BV = jax.random.normal(jax.random.PRNGKey(0), (64, 5000)) * 4.0
+    keys = sample.keys_from_seeds(range(64))
+    toks = np.asarray(sample.sample_logits(logits_BV, keys, 3, 0.7, 1.0))
+    rows = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, 3)
+    want = np.asarray(jax.vmap(jax.random.categorical)(rows, logits_BV / 0.7))
+    np.testing.assert_array_equal(toks, want)
+    # A top_p just under 1 still takes the nucleus path (a traced value: one program for both).
+    cut = np.asarray(sample.sample_logits(logits_BV, keys, 3, 0.7, 0.5))
+    assert not np.array_equal(cut, toks)
+
+
 def test_end_of_text_fills_the_rest(params):
     p = dict(params)
     p["lm_head"] = {"w": params["lm_head"]["w"], "b": params["lm_head"]["b"].at[EOS].set(0.0)}

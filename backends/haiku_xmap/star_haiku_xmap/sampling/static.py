@@ -62,15 +62,20 @@ def sample_logits(logits_BV: jax.Array, keys_B: jax.Array, step, temperature, to
     def greedy(_):
         return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
 
-    def sampled(_):
-        scaled_BV = logits_BV.astype(jnp.float32) / temperature
+    def nucleus(scaled_BV):
         sorted_BV = jnp.sort(scaled_BV, axis=-1)[:, ::-1]
         probs_BV = jax.nn.softmax(sorted_BV, axis=-1)
         # Keep the smallest prefix whose mass reaches top_p (the top token always stays).
         before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV
         n_keep_B = jnp.maximum(jnp.sum(before_BV < top_p, axis=-1), 1)
         cutoff_B = jnp.take_along_axis(sorted_BV, (n_keep_B - 1)[:, None], axis=-1)
-        masked_BV = jnp.where(scaled_BV >= cutoff_B, scaled_BV, -jnp.inf)
+        return jnp.where(scaled_BV >= cutoff_B, scaled_BV, -jnp.inf)
+
+    def sampled(_):
+        scaled_BV = logits_BV.astype(jnp.float32) / temperature
+        # top_p >= 1 keeps every token (as HF's TopPLogitsWarper, which is not applied then):
+        # no sort over the vocabulary (at 50,400 tokens the sort was most of a sampled step)
+        masked_BV = jax.lax.cond(top_p < 1, nucleus, lambda x: x, scaled_BV)
         row_keys = jax.vmap(jax.random.fold_in, in_axes=(0, 0 if jnp.ndim(step) else None))(keys_B, step)
         return jax.vmap(jax.random.categorical)(row_keys, masked_BV).astype(jnp.int32)
 
