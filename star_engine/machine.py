@@ -54,7 +54,8 @@ def ran_on(seconds: float, gflops: float | None = None) -> str:
 def expected_time(minutes: float, at_gflops: float, gflops: float) -> str:
     """The line a run prints at start: ``minutes`` measured at ``at_gflops`` scaled to this
     machine's ``gflops`` (a run of small matmuls scales with the CPU's matmul speed to first
-    order; load from other processes, not measured here, adds to it)."""
+    order; the speed is measured under whatever else runs now, so the estimate includes that
+    load as it is at start)."""
     estimate = minutes * at_gflops / gflops * 60
-    return (f"expected: ~{clock(estimate)} on this CPU ({cpu_model()}: {gflops:,.0f} fp32 GFLOP/s; "
-            f"{clock(minutes * 60)} at {at_gflops:,.0f}, experiment.expected_minutes), if nothing else runs")
+    return (f"expected: ~{clock(estimate)} on this CPU ({cpu_model()}: {gflops:,.0f} fp32 GFLOP/s measured now; "
+            f"{clock(minutes * 60)} at {at_gflops:,.0f}, experiment.expected_minutes)")
