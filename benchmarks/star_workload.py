@@ -77,6 +77,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--cpu-devices", type=int, default=None, help="model.cpu_devices (default: the backend's)")
     ap.add_argument("--peer", action="store_true", help="also time HF transformers in a child process")
     ap.add_argument("--only", choices=("all", "gen", "train"), default="all", help="time generation or training only")
+    ap.add_argument("--loss-chunk", type=int, default=None,
+                    help="model.loss_chunk of the engine's training sides (default: the backend's, the plain path)")
     ap.add_argument("--plain-loss-side", action="store_true",
                     help="also time the packed step with model.loss_chunk = 0 (full logits: the loss path before "
                          "chunking) in the same rounds")
@@ -219,8 +221,8 @@ def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
         if a.only == "gen":
             continue
         encoded = [packing.Encoded(np.asarray(p + c + [mix["eos"]], np.int32), len(p)) for p, c in mix["train"]]
-        train_sides: list[tuple[str, str, int | None]] = [("engine_packed", "segments", None),
-                                                          ("engine_padded", "none", None)]
+        train_sides: list[tuple[str, str, int | None]] = [("engine_packed", "segments", a.loss_chunk),
+                                                          ("engine_padded", "none", a.loss_chunk)]
         if a.plain_loss_side:
             train_sides.append(("engine_packed_plain_loss", "segments", 0))
         for side, pack, loss_chunk in train_sides:

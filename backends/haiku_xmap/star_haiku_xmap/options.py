@@ -50,8 +50,8 @@ class ModelOptions(Section):
     store them), ``grad_accum_dtype`` the gradient accumulator's, ``remat`` recomputes each
     block in the backward pass instead of keeping its activations, ``loss_chunk`` computes the
     output projection and softmax of a training step over vocabulary chunks of that many rows,
-    never holding the step's (tokens x vocabulary) logits (0: the plain path; default: chunks
-    of 4096 for a vocabulary of ``chunked_ce.AUTO_MIN_VOCAB`` or more), ``distributed`` starts
+    never holding the step's (tokens x vocabulary) logits (0 or unset: the plain path; 4096 is
+    the measured choice on a CPU at vocabulary 50,400), ``distributed`` starts
     multi-process JAX (``distributed.py``) and ``cpu_devices`` sets how many XLA:CPU devices
     (cores) the mesh spans (``machine.py``; default: one per core, ``use_every_core``).
     ``generation``: "continuous" (a slot whose row has ended takes the next prompt,
@@ -180,7 +180,7 @@ class TrainConfig:
     accum_dtype: str = "float32"
     remat: bool = False
     adapter: Any = None  # lora.LoraSpec
-    loss_chunk: int | None = None  # token_logp's: None picks by vocabulary size
+    loss_chunk: int | None = None  # token_logp's: None is the plain path
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "optimizer", AdamW.from_table(self.optimizer))

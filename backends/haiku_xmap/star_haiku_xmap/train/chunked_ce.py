@@ -39,16 +39,17 @@ import functools
 import jax
 import jax.numpy as jnp
 
-DEFAULT_CHUNK = 4096  # vocabulary rows per chunk (measured: docs/performance.md §3.3)
-AUTO_MIN_VOCAB = 16384  # ``loss_chunk`` unset: chunked from this vocabulary size on
+DEFAULT_CHUNK = 4096  # vocabulary rows per chunk when asked for (measured: docs/performance.md §3.3)
 
 
 def chunk_for(vocab: int, loss_chunk: int | None) -> int:
     """The chunk ``token_logp`` uses (0: the plain path, full logits): ``loss_chunk`` as given
-    (0 or a size), or when None ``DEFAULT_CHUNK`` for a vocabulary of ``AUTO_MIN_VOCAB`` rows
-    or more and the plain path below (where the (N, V) logits are small and it is as fast)."""
+    (0 or a size); None (unset) is the plain path. Chunking is opt-in: it is faster on a CPU at
+    GPT-J's vocabulary (docs/performance.md §3.3), but the GPT-J-6B train step under an mp = 8
+    mesh no longer fit a TPU v3 core's 16 GiB with it (``test_plan.py``'s slow check), so it is
+    not chosen for anyone by vocabulary size."""
     if loss_chunk is None:
-        return DEFAULT_CHUNK if vocab >= AUTO_MIN_VOCAB else 0
+        return 0
     if loss_chunk < 0:
         raise ValueError(f"loss_chunk must be >= 0, got {loss_chunk}")
     return loss_chunk
