@@ -47,7 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--vocab", type=int, default=50400)
-    ap.add_argument("--chunk", type=int, default=None, help="loss_chunk of the chunked side (default: the backend's)")
+    ap.add_argument("--chunk", type=int, default=None, help="loss_chunk of the chunked side (default: chunked_ce.DEFAULT_CHUNK, 4096)")
     ap.add_argument("--dot-dtype", default=None, help="chunked_ce's dot_dtype for an extra head side (bfloat16)")
     ap.add_argument("--no-peer", action="store_true", help="engine parts only")
     ap.add_argument("--torch-serve", action="store_true", help=argparse.SUPPRESS)
@@ -80,7 +80,7 @@ def engine_parts(a) -> tuple[dict, dict]:
     from star_haiku_xmap.train import trainer as train
 
     cfg = GPTJConfig(**_shape(a))
-    chunk = chunked_ce.chunk_for(cfg.vocab, a.chunk) or chunked_ce.DEFAULT_CHUNK
+    chunk = chunked_ce.chunk_for(a.chunk) or chunked_ce.DEFAULT_CHUNK
     mesh = sharding.make_mesh({"dp": -1, "mp": 1})
     rows = sharding.batch_sharding(mesh, batch_axis=0, ndim=2)
     params = sharding.shard_tree(model.init_params(cfg, 0), mesh)

@@ -169,7 +169,7 @@ class Engine:
                 "mesh": {"dp": int(mesh.shape["dp"]), "mp": int(mesh.shape["mp"])},
                 "zero": o.zero, "opt_state_dtype": o.opt_state_dtype, "master_dtype": o.master_dtype,
                 "grad_accum_dtype": o.grad_accum_dtype, "remat": o.remat,
-                "loss_chunk": chunked_ce.chunk_for(self.config.vocab, o.loss_chunk), "generation": o.generation,
+                "loss_chunk": chunked_ce.chunk_for(o.loss_chunk), "generation": o.generation,
                 "train_checkpoint_steps": o.train_checkpoint_steps,
                 "train_checkpoint_minutes": o.train_checkpoint_minutes,
                 "processes": self.layout()[1],

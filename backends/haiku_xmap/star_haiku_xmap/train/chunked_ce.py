@@ -42,7 +42,7 @@ import jax.numpy as jnp
 DEFAULT_CHUNK = 4096  # vocabulary rows per chunk when asked for (measured: docs/performance.md §3.3)
 
 
-def chunk_for(vocab: int, loss_chunk: int | None) -> int:
+def chunk_for(loss_chunk: int | None) -> int:
     """The chunk ``token_logp`` uses (0: the plain path, full logits): ``loss_chunk`` as given
     (0 or a size); None (unset) is the plain path. Chunking is opt-in: it is faster on a CPU at
     GPT-J's vocabulary (docs/performance.md §3.3), but the GPT-J-6B train step under an mp = 8

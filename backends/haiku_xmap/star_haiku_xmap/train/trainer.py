@@ -134,8 +134,8 @@ def token_logp(params, batch: Mapping[str, jax.Array], config: ModelConfig, rema
     ``params`` is the frozen base and ``adapters`` its LoRA adapters (``lora.py``).
     ``loss_chunk``: the output projection and softmax over vocabulary chunks of that
     many rows (``chunked_ce.py``), never holding the (B, T, V) logits; 0: the plain
-    path; None: ``chunked_ce.chunk_for``'s choice by vocabulary size."""
-    chunk = chunked_ce.chunk_for(config.vocab, loss_chunk)
+    path, as None (``chunked_ce.chunk_for``: chunking is opt-in)."""
+    chunk = chunked_ce.chunk_for(loss_chunk)
 
     def forward(p, ad, tokens, positions, segments):
         if adapter is None:
