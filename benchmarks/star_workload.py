@@ -4,10 +4,11 @@ against HF transformers in the same rounds. Prints ONE JSON line.
 Mixes:
 
 - ``addition``: experiments/addition.toml's model and task (``star_arithmetic``
-  with its options): 1,000 train questions (generate), 500 of them hinted
+  with its options): one iteration's train questions (``n_train_samples``: 700
+  since 2026-11-29, 1,000 before; generate), every second one hinted
   (rationalize) and the 250 dev questions (evaluate), each with a token budget of
   its gold completion's length; training on 500 of those examples (half hinted)
-  at the file's batch size.
+  at the file's batch size (8 since 2026-11-29, 16 before).
 - ``cqa``: CommonsenseQA-shaped: few-shot prompts of ~600 tokens (a shared
   prefix and a 25-70-token question), rationales of 30-120 tokens; the 4-layer
   d256 model of gptj_throughput.py with GPT-J's vocabulary of 50,400; training

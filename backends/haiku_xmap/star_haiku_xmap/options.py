@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, NamedTuple, get_args
 from star_engine import NonNegInt, Section, UserError, above, at_least, between
 from star_engine.helpers import check_table, is_int
 
-from .checkpoint.format import MANIFEST, read_manifest
+from .checkpoint.format import MANIFEST, manifest_sha256, read_manifest
 from .model.config import MAX_LAYERS, PRESETS, ConfigError, architecture as arch_of, config_from_dict
 from .runtime.layout import mesh_shape
 from .tokenizer import ByteTokenizer, HFTokenizer, tokenizer_from_dict
@@ -63,7 +63,10 @@ class ModelOptions(Section):
     snapshots its whole training state so that a killed run resumes mid-stage (``resume.py``;
     0 = off; default: every 10 minutes, 30 for models of 1B parameters or more).
     ``hub_id``: the Hugging Face hub id (``owner/name[@revision]``) the checkpoint is converted
-    from; a missing checkpoint's message then gives the exact ``convert`` command."""
+    from; a missing checkpoint's message then gives the exact ``convert`` command.
+    ``checkpoint_sha256``: the sha256 of the checkpoint's manifest (its content id: the manifest
+    holds every part's sha256, which every load verifies), pinned by the experiment; a checkpoint
+    at ``checkpoint_path`` with another is refused before anything runs."""
 
     preset: str | None = None
     dtype: Dtype | None = None
@@ -80,6 +83,7 @@ class ModelOptions(Section):
     tokenizer: Literal["byte", "hf"] = "byte"
     tokenizer_file: str = ""
     checkpoint_path: str = ""
+    checkpoint_sha256: str = ""
     hub_id: str = ""
     mesh: dict | None = None
     seq_len: Annotated[int | None, at_least(2)] = None
@@ -269,6 +273,7 @@ def base_config(o: ModelOptions) -> tuple[Any, dict | None]:
         missing = missing_checkpoint(o.checkpoint_path, o.hub_id, o.mesh)
         if missing:
             raise _fail("checkpoint_path", missing)
+        pinned(o)
         manifest = read_manifest(o.checkpoint_path)
         base = config_from_dict(manifest["model_config"])
         if o.architecture is not None and o.architecture != arch_of(base):
@@ -280,6 +285,9 @@ def base_config(o: ModelOptions) -> tuple[Any, dict | None]:
                 raise _fail(key, f"{value} disagrees with the checkpoint's {getattr(base, key)} "
                                  f"({o.checkpoint_path})")
         return base, manifest["tokenizer"]
+    if o.checkpoint_sha256:
+        raise _fail("checkpoint_sha256", "has no effect without model.checkpoint_path; remove it, or set "
+                                         "model.checkpoint_path to the checkpoint it pins")
     preset = o.preset or ("llama-tiny" if o.architecture == "llama" else "tiny")
     if preset not in PRESETS:
         raise _fail("preset", f"unknown preset {preset!r}; known: {sorted(PRESETS)}")
@@ -287,6 +295,20 @@ def base_config(o: ModelOptions) -> tuple[Any, dict | None]:
     if o.architecture is not None and o.architecture != arch_of(base):
         raise _fail("architecture", f"{o.architecture!r} disagrees with preset {preset!r} ({arch_of(base)!r})")
     return base, None
+
+
+def pinned(o: ModelOptions) -> None:
+    """Refuses a checkpoint whose manifest sha256 is not ``model.checkpoint_sha256`` (when set)."""
+    want = o.checkpoint_sha256.lower()
+    if not want:
+        return
+    if len(want) != 64 or any(c not in "0123456789abcdef" for c in want):
+        raise _fail("checkpoint_sha256", f"{o.checkpoint_sha256!r} is not a sha256 (64 hexadecimal digits)")
+    have = manifest_sha256(o.checkpoint_path)
+    if have != want:
+        raise _fail("checkpoint_sha256", f"{o.checkpoint_path} holds checkpoint {have}, not the {want} this "
+                                         f"experiment pins (a different or retrained checkpoint: pin its id, "
+                                         f"or restore the pinned one)")
 
 
 def missing_checkpoint(path: str, hub_id: str = "", mesh: Mapping[str, Any] | None = None) -> str:

@@ -147,8 +147,9 @@ def _workload_module():
 
 
 def test_addition_mix_is_one_iteration_of_the_demo():
-    """The addition mix: 1,000 train questions, 500 of them hinted, the 250 dev
-    questions, each with its gold scratchpad's length as budget."""
+    """The addition mix: the file's train questions of one iteration (``n_train_samples``),
+    every second one hinted, the dev questions, each with its gold scratchpad's length as
+    budget; training on 500 of them at the file's batch size."""
     import tomllib
 
     from star_arithmetic import AdditionTask
@@ -157,10 +158,11 @@ def test_addition_mix_is_one_iteration_of_the_demo():
     toml = tomllib.loads((SCRIPT.parents[1] / "experiments" / "addition.toml").read_text())
     task = AdditionTask(**toml["task"]["options"])
     first = task.load("train", None)[0]
-    assert len(mix["prompts"]) == len(mix["budgets"]) == 1000 + 500 + 250
+    n, n_dev = toml["generation"]["n_train_samples"], toml["task"]["options"]["n_dev"]
+    assert len(mix["prompts"]) == len(mix["budgets"]) == n + (n + 1) // 2 + n_dev
     assert bytes(mix["prompts"][0]).decode() == task.context(first)
     assert mix["budgets"][0] == len(task.gold_completion(first, direct=False).encode())
-    assert sum(b"Hint:" in bytes(p) for p in mix["prompts"]) == 500
+    assert sum(b"Hint:" in bytes(p) for p in mix["prompts"]) == (n + 1) // 2
     assert 40 <= min(mix["budgets"]) and max(mix["budgets"]) <= toml["generation"]["max_new_tokens"]
     assert mix["slots"] == toml["generation"]["batch_size"] and mix["model"]["n_layer"] == toml["model"]["n_layer"]
     assert len(mix["train"]) == 500 and mix["train_batch"] == toml["training"]["batch_size"]

@@ -62,9 +62,10 @@ def experiment(folder: Path, hub_id: str = "acme/Tiny-Qwen2") -> Path:
     ``folder/experiments`` (paths relative to the file: the checkpoint in folder/checkpoints)."""
     text = (ROOT / "experiments" / "addition.toml").read_text()
     head, _, _ = text.partition("[model]")
-    head = (head.replace("iterations = 5", "iterations = 1").replace("n_train = 10000", "n_train = 40")
-            .replace("n_dev = 250", "n_dev = 8").replace("steps = 1200", "steps = 2")
-            .replace("n_train_samples = 1000", "n_train_samples = 8"))
+    for old, new in (("iterations = 5", "iterations = 1"), ("n_train = 10000", "n_train = 40"),
+                     ("n_dev = 250", "n_dev = 8"), ("n_train_samples = 700", "n_train_samples = 8")):
+        assert old in head, old  # the file changed: make the experiment small again
+        head = head.replace(old, new)
     model = (f'[model]\nbackend = "haiku_xmap"\ncheckpoint_path = "../checkpoints/tiny-qwen2"\n'
              f'hub_id = "{hub_id}"\ntokenizer = "hf"\n')
     (folder / "experiments").mkdir(parents=True, exist_ok=True)
@@ -144,14 +145,18 @@ def test_a_hugging_face_folder_as_the_checkpoint_and_a_malformed_hub_id_are_name
     assert "model.hub_id: expected a Hugging Face hub id" in one_line(capsys.readouterr().err)
 
 
-def test_every_shipped_experiment_with_a_checkpoint_names_its_hub_id():
+def test_every_shipped_experiment_with_a_checkpoint_names_its_hub_id_or_ships_it_pinned():
     import tomllib
 
     from star_haiku_xmap.options import HUB_ID
 
     for path in sorted((ROOT / "experiments").glob("*.toml")):
         model = tomllib.loads(path.read_text())["model"]
-        if model.get("checkpoint_path"):
+        if not model.get("checkpoint_path"):
+            continue
+        if (path.parent / model["checkpoint_path"] / "manifest.msgpack").is_file():  # committed with the repository
+            assert model.get("checkpoint_sha256"), f"{path.name}: a committed checkpoint is pinned by its sha256"
+        else:
             assert HUB_ID.fullmatch(model.get("hub_id", "")), path.name
 
 
