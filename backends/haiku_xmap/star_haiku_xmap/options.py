@@ -271,6 +271,11 @@ def base_config(o: ModelOptions) -> tuple[Any, dict | None]:
     checkpoint's stored tokenizer (None without a checkpoint)."""
     if o.checkpoint_path:
         missing = missing_checkpoint(o.checkpoint_path, o.hub_id, o.mesh)
+        if missing and o.checkpoint_sha256 and not o.hub_id:  # a committed checkpoint, not one to convert
+            what = "does not exist" if not Path(o.checkpoint_path).exists() else f"holds no checkpoint (no {MANIFEST})"
+            missing = (f"{o.checkpoint_path} {what}; this experiment pins checkpoint {o.checkpoint_sha256} "
+                       f"(model.checkpoint_sha256): set model.checkpoint_path to the folder that holds it (a copied "
+                       f"experiment file: where the original's checkpoint is), e.g. --set model.checkpoint_path=...")
         if missing:
             raise _fail("checkpoint_path", missing)
         pinned(o)

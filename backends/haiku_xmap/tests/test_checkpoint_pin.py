@@ -78,3 +78,13 @@ def test_validate_and_run_refuse_a_checkpoint_that_is_not_the_pinned_one(tmp_pat
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "model.checkpoint_sha256" in err[0] and sha in err[0] and wrong in err[0]
     assert not (tmp_path / "runs").exists()  # nothing written
+
+
+def test_a_pinned_checkpoint_that_is_missing_says_which_one_to_point_at(tmp_path):
+    """A copied experiment whose relative checkpoint_path no longer reaches the committed base:
+    the message names the pinned id and the key, not a conversion that cannot make it."""
+    with pytest.raises(UserError) as e:
+        base_config(ModelOptions(checkpoint_path=str(tmp_path / "gone"), checkpoint_sha256="a" * 64))
+    msg = str(e.value)
+    assert msg.startswith("model.checkpoint_path: ") and "does not exist" in msg and "a" * 64 in msg
+    assert "convert" not in msg
