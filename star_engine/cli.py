@@ -323,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: argument {shown}: not valid UTF-8", file=sys.stderr)
             return 2
     args = parser.parse_args(argv)
+    from . import ui
+
+    ui.rerun_started()
     if args.command in commands:
         return run_command(lambda: commands[args.command].run(args))
     return run_command(lambda: BUILTIN[args.command](args))

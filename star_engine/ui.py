@@ -35,6 +35,25 @@ from rich.text import Text
 
 from .errors import UserError
 
+RERUN_ENV = "STAR_ENGINE_RERUN"
+"""Set to "1" in the environment by a plugin that runs the command again in its own process
+(``os.execve``: the haiku_xmap backend does, for glibc's huge pages), so that what the command
+said before the exec (the configuration's notes) is not said twice. ``rerun_started`` takes it
+out of the environment when the command starts, so processes the command starts do not inherit it."""
+_rerun = False
+
+
+def rerun_started() -> None:
+    """Called once when a command starts: whether this process is such a second run."""
+    global _rerun
+    _rerun = os.environ.pop(RERUN_ENV, "") == "1"
+
+
+def note(line: str) -> None:
+    """A ``note:`` line on stderr (a setting left unused, and why), said once per command."""
+    if not _rerun:
+        print(f"note: {line}", file=sys.stderr, flush=True)
+
 console = Console()  # stdout (looked up at each write): the narrative
 err_console = Console(stderr=True)  # warnings and errors
 INTERVAL_ENV = "STAR_ENGINE_PROGRESS_INTERVAL"

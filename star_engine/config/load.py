@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import os
 import re
-import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from collections.abc import Callable
 
 from . import dataroot, effects, smoke as _smoke
 from .datafiles import not_utf8, read_capped
+from .. import ui
 from ..errors import PluginError, UserError
 from .registry import Registry, check_options, close_matches
 from .schema import Option, describe_value, validate
@@ -243,7 +243,7 @@ def load_experiment(path: Path, overrides: list[str] | None = None, limit: int |
         _check_evaluation(cfg["evaluation"], cfg["generation"])
         _backend_tables(cfg, registry if registry is not None else Registry())
         for line in effects.refuse(pointless, origins, lambda key: effects.switched(data, key, origins)):
-            print(f"note: {line}", file=sys.stderr)  # an ablation: the settings it makes pointless, left unused
+            ui.note(line)  # an ablation: the settings it makes pointless, left unused
         _check_verifier(cfg)
         return Config.from_dict(cfg)
     except UserError as e:

@@ -4,13 +4,16 @@ already set; building the backend (what ``star-engine validate`` does) starts no
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from star_engine.ui import RERUN_ENV
 from star_haiku_xmap.session import machine
 
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
@@ -19,7 +22,7 @@ GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 @pytest.mark.skipif(not GLIBC, reason="glibc tunables")
 def test_environment_gains_the_tunable_once():
     env = machine.hugepages_environ({"PATH": "/bin"}, accelerator=False)
-    assert env == {"PATH": "/bin", "GLIBC_TUNABLES": machine.HUGETLB}
+    assert env == {"PATH": "/bin", "GLIBC_TUNABLES": machine.HUGETLB, RERUN_ENV: "1"}  # the command says its notes once
     assert machine.hugepages_environ(env) is None  # the second run does not exec again
     kept = machine.hugepages_environ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, accelerator=False)
     assert kept["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:" + machine.HUGETLB
@@ -99,3 +102,20 @@ def test_building_and_validating_start_nothing():
     no ``jax.distributed``, no heartbeat thread (the layout is the configured one)."""
     out = subprocess.run([sys.executable, "-c", _VALIDATE], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "nothing started", out.stderr
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc tunables")
+def test_a_run_that_runs_again_says_its_notes_once(tmp_path):
+    """The run loads its configuration (and says its notes: here the settings an ablation by
+    --set leaves unused), then runs itself again for the huge pages and loads it again: the
+    second load says nothing the first said."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", machine.OPT_OUT, RERUN_ENV)}
+    env["STAR_HAIKU_XMAP_COMPILE_CACHE"] = "0"
+    root = Path(__file__).resolve().parents[3]
+    res = subprocess.run([sys.executable, "-m", "star_engine", "run", str(root / "experiments" / "addition.toml"),
+                          "--smoke", "--quiet", "--limit", "2", "--set", "rationalization.enabled=false",
+                          "--set", f"experiment.output_dir={json.dumps(str(tmp_path / 'run'))}"],
+                         env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    notes = [line for line in res.stderr.splitlines() if line.startswith("note: ")]
+    assert notes and len(notes) == len(set(notes)), res.stderr  # each note once

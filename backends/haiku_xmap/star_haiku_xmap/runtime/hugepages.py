@@ -8,7 +8,8 @@ in page by page; with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` malloc asks for 
 (THP in ``madvise`` mode), which made CPU training and generation faster with bit-identical
 results (docs/performance.md). glibc reads its tunables only at process start, so the
 ``star-engine`` command runs itself again once with the tunable added (``exec``: same pid,
-same arguments) when the run starts the backend, before it writes anything.
+same arguments) when the run starts the backend, before it writes anything; it sets
+``star_engine.ui.RERUN_ENV`` so that the command's notes are not said again.
 ``STAR_ENGINE_HUGEPAGES=0`` leaves malloc as it is; a ``glibc.malloc.hugetlb`` already in
 ``GLIBC_TUNABLES`` is kept as given. On a machine with an accelerator
 (``accelerator_present``) it stays off: the host's malloc is not where such a run spends
@@ -21,6 +22,8 @@ import os
 import platform
 import sys
 from collections.abc import Mapping
+
+from star_engine.ui import RERUN_ENV
 
 HUGETLB = "glibc.malloc.hugetlb=1"
 OPT_OUT = "STAR_ENGINE_HUGEPAGES"
@@ -48,7 +51,7 @@ def hugepages_environ(environ: Mapping[str, str], accelerator: bool | None = Non
     tunables = environ.get("GLIBC_TUNABLES", "")
     if "glibc.malloc.hugetlb=" in tunables:
         return None
-    return {**environ, "GLIBC_TUNABLES": ":".join(x for x in (tunables, HUGETLB) if x)}
+    return {**environ, "GLIBC_TUNABLES": ":".join(x for x in (tunables, HUGETLB) if x), RERUN_ENV: "1"}
 
 
 def is_command() -> bool:
