@@ -12,7 +12,9 @@ costs nothing. docs/plugins.md describes each group.
 - seeds and draws: ``derive_seed``, ``uniform_subset``; a run's records: ``latest`` (the ledger's
   last row per question), ``natural`` (a natural sort key);
 - a plugin's own command, with the core's exit codes and one-line errors: ``run_command``;
-- a completion cut before its first stop string, as every sampler cuts it: ``cut_at_stop``.
+- a completion cut before its first stop string, as every sampler cuts it: ``cut_at_stop``;
+- a plugin that runs the command again in its own process (``os.execve``) sets ``RERUN_ENV`` in
+  the environment it execs with, so that the command's notes are said once.
 
 Until release 0.2 each name is also reachable as ``star_engine.<name>``, with a
 ``DeprecationWarning`` naming this module (docs/plugins.md, "Moved names").
@@ -37,10 +39,11 @@ HELPERS: dict[str, str] = {
     "natural": "rundir.metrics",
     "run_command": "boundary",
     "cut_at_stop": "jobs",
+    "RERUN_ENV": "ui",
 }
 
 __all__ = [  # every name of HELPERS
-    "DATA_MAX", "atomic_write_json", "check_option_path", "check_table", "close_matches", "cut_at_stop", "derive_seed",
+    "DATA_MAX", "RERUN_ENV", "atomic_write_json", "check_option_path", "check_table", "close_matches", "cut_at_stop", "derive_seed",
     "few_shot_prompts", "fsync_dir", "get", "is_int", "is_number", "latest", "load_experiment", "natural",
     "prompt_files", "read_blocks", "read_capped", "read_jsonl", "run_command", "temporary_sibling", "uniform_subset",
 ]
@@ -56,6 +59,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from .boundary import run_command
+    from .ui import RERUN_ENV
     from .config.load import check_table, load_experiment
     from .config.datafiles import (DATA_MAX, check_option_path, few_shot_prompts, get, prompt_files, read_blocks,
                                    read_capped, read_jsonl)

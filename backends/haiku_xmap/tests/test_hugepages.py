@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from star_engine.ui import RERUN_ENV
+from star_engine.helpers import RERUN_ENV
 from star_haiku_xmap.session import machine
 
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"

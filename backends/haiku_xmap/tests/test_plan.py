@@ -58,8 +58,8 @@ def test_plan_command_is_registered(capsys):
 
 
 def test_plan_an_experiment_plans_what_it_will_run(tmp_path, star):
-    """``star-engine plan experiments/addition.toml``: its 6-layer tiny model, its [training] step
-    (16 x 1 x 512) and its [generation] batch (100 rows of the longest prompt the backend keeps,
+    """``star-engine plan experiments/addition.toml``: its 6-layer model (the committed checkpoint), its
+    [training] step (8 x 1 x 512) and its [generation] batch (100 rows of the longest prompt the backend keeps,
     512 - 230, and 230 new tokens), compiled; ``--set`` changes the experiment as run --set does."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env.pop("XLA_FLAGS", None)
@@ -73,7 +73,8 @@ def test_plan_an_experiment_plans_what_it_will_run(tmp_path, star):
     assert all(r["layers"] == 6 and r["mesh"] == "1x1" and r["dtype"] == "float32" and r["fits"] for r in rows)
     text = subprocess.run([sys.executable, "-m", "star_engine", "plan", addition, "--what", "sample"], env=env,
                           capture_output=True, text=True, timeout=300)
-    assert text.returncode == 0 and text.stdout.startswith(f"# {addition}: preset 'tiny', 6 layers")
+    base = (ROOT / "experiments" / "bases" / "addition").resolve()  # the committed base the file starts from
+    assert text.returncode == 0 and text.stdout.startswith(f"# {addition}: the checkpoint {base}, 6 layers"), text.stdout
     for args, says in ((["--mesh", "1x8"], "--mesh: not with an experiment file"),
                        (["--set", "training.batch_size=0"], "training.batch_size: must be >= 1")):
         code, err = star("plan", addition, *args)

@@ -9,7 +9,7 @@ in page by page; with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` malloc asks for 
 results (docs/performance.md). glibc reads its tunables only at process start, so the
 ``star-engine`` command runs itself again once with the tunable added (``exec``: same pid,
 same arguments) when the run starts the backend, before it writes anything; it sets
-``star_engine.ui.RERUN_ENV`` so that the command's notes are not said again.
+``star_engine.helpers.RERUN_ENV`` so that the command's notes are not said again.
 ``STAR_ENGINE_HUGEPAGES=0`` leaves malloc as it is; a ``glibc.malloc.hugetlb`` already in
 ``GLIBC_TUNABLES`` is kept as given. On a machine with an accelerator
 (``accelerator_present``) it stays off: the host's malloc is not where such a run spends
@@ -23,7 +23,7 @@ import platform
 import sys
 from collections.abc import Mapping
 
-from star_engine.ui import RERUN_ENV
+from star_engine.helpers import RERUN_ENV
 
 HUGETLB = "glibc.malloc.hugetlb=1"
 OPT_OUT = "STAR_ENGINE_HUGEPAGES"
