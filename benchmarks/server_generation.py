@@ -2,8 +2,9 @@
 engine's sampler and through an inference server serving the same weights, in the
 same rounds. Prints ONE JSON line.
 
-The mix: experiments/addition.toml's 1,000 train questions (generate), 500 of them
-hinted (rationalize) and the 250 dev questions (evaluate), each with a token budget of
+The mix: experiments/addition.toml's train questions of one iteration (``n_train_samples``:
+700 since 2026-11-29, 1,000 before; generate), every second one hinted (rationalize) and the
+250 dev questions (evaluate), each with a token budget of
 its gold completion's length; byte tokenizer (end-of-text 256); the file's model and
 generation batch size (``slots``). The weights are one random init, written as a
 native checkpoint and exported as a Hugging Face folder (``export_hf``): both sides

@@ -21,7 +21,7 @@ seconds so far (evaluation excluded), the mean loss since the last line, and the
 accuracies. ``plot`` draws several such files against steps, loss tokens or CPU
 seconds; ``table`` prints one Markdown row per file (docs/addition.md)::
 
-    python scripts/addition_study.py run experiments/addition.toml --steps 1500 --eval-every 250 \\
+    python scripts/addition_study.py run experiments/addition_from_scratch.toml --steps 1500 --eval-every 250 \\
         --set base_training.optimizer.lr=2e-3 --label lr2e-3 --out /tmp/study/lr2e-3.jsonl
     python scripts/addition_study.py plot /tmp/study/*.jsonl --x cpu --out /tmp/study/curves.png
     python scripts/addition_study.py table /tmp/study/*.jsonl
