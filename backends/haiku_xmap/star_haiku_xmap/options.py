@@ -270,12 +270,7 @@ def base_config(o: ModelOptions) -> tuple[Any, dict | None]:
     """The config the overrides apply to (the checkpoint's, else the preset's) and the
     checkpoint's stored tokenizer (None without a checkpoint)."""
     if o.checkpoint_path:
-        missing = missing_checkpoint(o.checkpoint_path, o.hub_id, o.mesh)
-        if missing and o.checkpoint_sha256 and not o.hub_id:  # a committed checkpoint, not one to convert
-            what = "does not exist" if not Path(o.checkpoint_path).exists() else f"holds no checkpoint (no {MANIFEST})"
-            missing = (f"{o.checkpoint_path} {what}; this experiment pins checkpoint {o.checkpoint_sha256} "
-                       f"(model.checkpoint_sha256): set model.checkpoint_path to the folder that holds it (a copied "
-                       f"experiment file: where the original's checkpoint is), e.g. --set model.checkpoint_path=...")
+        missing = missing_checkpoint(o.checkpoint_path, o.hub_id, o.mesh, o.checkpoint_sha256)
         if missing:
             raise _fail("checkpoint_path", missing)
         pinned(o)
@@ -316,10 +311,12 @@ def pinned(o: ModelOptions) -> None:
                                          f"or restore the pinned one)")
 
 
-def missing_checkpoint(path: str, hub_id: str = "", mesh: Mapping[str, Any] | None = None) -> str:
+def missing_checkpoint(path: str, hub_id: str = "", mesh: Mapping[str, Any] | None = None, sha256: str = "") -> str:
     """"" when ``path`` (``model.checkpoint_path``) holds a checkpoint (a manifest); else what is
     there and the exact command that makes it: ``convert --from hf`` of ``hub_id``
-    (``model.hub_id``; a placeholder without it) into that path, ``--mp`` of the ``mesh``.
+    (``model.hub_id``; a placeholder without it) into that path, ``--mp`` of the ``mesh``; for a
+    checkpoint pinned by ``sha256`` (``model.checkpoint_sha256``) and named by no hub id (one
+    committed with the experiment, which no conversion makes), the pinned id and the key to set.
     ``validate``/``run`` (``base_config``) and ``plan`` (``plan/experiment.py``) say it."""
     root = Path(path)
     if (root / MANIFEST).is_file():
@@ -331,6 +328,10 @@ def missing_checkpoint(path: str, hub_id: str = "", mesh: Mapping[str, Any] | No
                 f"folder and set model.checkpoint_path to that: "
                 f"star-engine convert --from hf {shlex.quote(str(root))} {shlex.quote(str(root) + '-native')}{split}")
     what = "does not exist" if not root.exists() else f"holds no checkpoint (no {MANIFEST})"
+    if sha256 and not hub_id:
+        return (f"{root} {what}; this experiment pins checkpoint {sha256} (model.checkpoint_sha256): set "
+                f"model.checkpoint_path to the folder that holds it (a copied experiment file: where the "
+                f"original's checkpoint is), e.g. --set model.checkpoint_path=...")
     source = shlex.quote(hub_id) if hub_id else "<a Hugging Face folder or hub id>"
     return (f"{root} {what}; make it with: star-engine convert --from hf {source} {shlex.quote(str(root))}{split}"
             f" (docs/models.md{'' if hub_id else '; model.hub_id names the source in this message'})")

@@ -55,7 +55,8 @@ def model_config(model: dict[str, Any]) -> tuple[Any, str]:
         where = f"the checkpoint {path}"
     else:
         if path and not name:
-            missing = missing_checkpoint(path, model.get("hub_id") or "", model.get("mesh"))
+            missing = missing_checkpoint(path, model.get("hub_id") or "", model.get("mesh"),
+                                         model.get("checkpoint_sha256") or "")
             raise UserError(f"model.checkpoint_path: {missing}; model.preset does not say which model it will be "
                             f"either: --set model.preset=... plans a preset instead", key="model.checkpoint_path")
         name = name or ("llama-tiny" if model.get("architecture") == "llama" else "tiny")
