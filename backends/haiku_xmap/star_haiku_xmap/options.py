@@ -149,14 +149,16 @@ class AdamW(Section):
         return optax.join_schedules([optax.linear_schedule(0.0, self.lr, self.warmup_steps), after],
                                     [self.warmup_steps])
 
-    def build(self, total_steps: int) -> Any:
+    def build(self, total_steps: int, learning_rate: Any = None) -> Any:
         """The optax transformation (levanter's ``AdamConfig.build``): global-norm clipping, then
         AdamW on ``schedule_fn(total_steps)``; weight decay on matrices only (LayerNorms and
-        biases are not decayed)."""
+        biases are not decayed). ``learning_rate``: another optax schedule in place of
+        ``schedule_fn`` (``trainer.StepLr``: the step's own argument)."""
         import jax
         import optax
 
-        adamw = optax.adamw(self.schedule_fn(total_steps), b1=self.b1, b2=self.b2, eps=1e-8,
+        lr = self.schedule_fn(total_steps) if learning_rate is None else learning_rate
+        adamw = optax.adamw(lr, b1=self.b1, b2=self.b2, eps=1e-8,
                             weight_decay=self.weight_decay, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p))
         return optax.chain(optax.clip_by_global_norm(self.clip_norm), adamw)
 

@@ -160,6 +160,37 @@ def test_training_is_bit_identical_and_leaves_inputs_alone():
     assert not np.array_equal(p1["lm_head"]["w"], params["lm_head"]["w"])
 
 
+@pytest.mark.parametrize("schedule", ["cosine", "linear"])
+def test_the_learning_rate_as_the_steps_argument_trains_the_same_bits_with_one_program(schedule):
+    """``train`` feeds the step its learning rate (``step_lr.py``): the weights equal those of
+    the schedule computed inside the step, bit for bit, and stages of different lengths lower
+    to one program (the schedule's length is no longer in it)."""
+    params = model.init_params(CFG, 3)
+    enc = [train.encode_example(TOK, f"{i}+{i}=", str(2 * i), 32) for i in range(24)]
+    opt = {"lr": 1e-3, "warmup_steps": 3, "schedule": schedule, "end_lr": 1e-4, "weight_decay": 0.1}
+    job = train.TrainConfig(steps=9, batch_size=4, grad_accum=1, seed=1, optimizer=opt, seq_len=32, pad_id=TOK.pad_id)
+    got, losses, _ = train.train(params, CFG, enc, job)
+    tx = job.optimizer.build(job.steps)  # the schedule inside the step, as before
+    state = train.init_state(jax.tree.map(jnp.copy, params), tx)
+    inside = train.make_update(CFG, tx)
+    batches = list(train.packing_batches(enc, steps=9, batch_size=4, grad_accum=1, seed=1, seq_len=32,
+                                         pad_id=TOK.pad_id, config=CFG))
+    state, metrics, _ = train.run_steps(inside, state, batches)
+    assert losses == [float(m) for m in metrics]
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(state.params)))
+
+    def program(steps):
+        lr = train.StepLr(job.optimizer.schedule_fn(steps))
+        tx = job.optimizer.build(steps, learning_rate=lr)
+        update = train.make_update(CFG, tx, step_lr=lr)
+        s = train.init_state(jax.tree.map(jnp.copy, params), tx)
+        return update.lower(s, batches[0], lr.value_at(s.step)).as_text()
+
+    assert program(9) == program(50)
+    assert inside.lower(train.init_state(params, tx), batches[0]).as_text() != \
+        train.make_update(CFG, job.optimizer.build(50)).lower(train.init_state(params, tx), batches[0]).as_text()
+
+
 def test_one_train_takes_the_optimizer_state_options_without_a_mesh():
     """``train`` is the one entry point: bf16 optimizer state works on one device
     too (close to fp32), and ZeRO-1, which splits over a mesh's dp axis, asks for one."""

@@ -17,7 +17,6 @@ compute stores and rounds the weights in bf16 (half the memory, small updates lo
 
 from __future__ import annotations
 
-import functools
 import itertools
 from typing import Any, NamedTuple
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -35,6 +34,7 @@ from ..runtime import sharding
 from ..session.distributed import global_array, place, to_host
 from ..options import OPT_STATE_DTYPES, TrainConfig, check_dtypes
 from ..model.config import ModelConfig
+from .step_lr import StepLr
 from .packing import Encoded, bucket_lengths, encode_example, plan_steps  # noqa: F401  (the backend's API)
 
 
@@ -177,8 +177,11 @@ def make_update(config: ModelConfig, tx: optax.GradientTransformation, mesh=None
                 state_example: TrainState | None = None, state_shardings: Any = None, *,
                 accum_dtype: str = "float32", remat: bool = False,
                 adapter: lora.LoraSpec | None = None, objective: Callable = token_loss,
-                loss_chunk: int | None = None) -> Callable:
+                loss_chunk: int | None = None, step_lr: StepLr | None = None) -> Callable:
     """``update(state, batch) -> (state, metrics)``, jit'd with the state donated.
+    ``step_lr`` (the ``StepLr`` that ``tx`` was built with): ``update(state, batch, lr)``
+    takes the step's learning rate as an argument (``step_lr.value_at(state.step)``), so
+    the program does not depend on the schedule's length (``step_lr.py``).
 
     ``objective(params, micro_batch, config, remat, adapters, adapter, loss_chunk=) -> (loss
     sum, count)``: what the step minimises, ``loss sum / count`` over its micro-batches
@@ -208,7 +211,11 @@ def make_update(config: ModelConfig, tx: optax.GradientTransformation, mesh=None
         grad_fn = jax.value_and_grad(lambda ad, mb, base: objective(base, mb, config, remat, ad, adapter,
                                                                     loss_chunk=loss_chunk), has_aux=True)
 
-    def update(state: TrainState, batch: Mapping[str, jax.Array], base: Any = None):
+    def update(state: TrainState, batch: Mapping[str, jax.Array], *args: Any, base: Any = None):
+        if step_lr is not None:  # the traced lr argument, read by tx's schedule below
+            (step_lr.current,), args = args[:1], args[1:]
+        if args:
+            base, = args
         if adapter is None:
             params_c = jax.tree.map(lambda p: p.astype(compute), state.params)
         else:
@@ -231,6 +238,8 @@ def make_update(config: ModelConfig, tx: optax.GradientTransformation, mesh=None
                                        jax.tree.map(lambda p: p.astype(jnp.float32), state.params))
         params = jax.tree.map(lambda p, u: (p.astype(jnp.float32) + u).astype(p.dtype), state.params, updates)
         metrics = {"loss": loss_sum / denom, "tokens": n, "grad_norm": optax.tree.norm(grads)}
+        if step_lr is not None:
+            step_lr.current = None
         return TrainState(params, opt_state, state.step + 1), metrics
 
     if mesh is None:
@@ -242,7 +251,8 @@ def make_update(config: ModelConfig, tx: optax.GradientTransformation, mesh=None
     batch_sh = sharding.batch_sharding(mesh, batch_axis=1, ndim=3)
     out_sh = (state_sh, sharding.replicated(mesh))
     if adapter is None:
-        return jax.jit(update, in_shardings=(state_sh, batch_sh), out_shardings=out_sh, donate_argnums=0)
+        lr_sh = () if step_lr is None else (sharding.replicated(mesh),)
+        return jax.jit(update, in_shardings=(state_sh, batch_sh, *lr_sh), out_shardings=out_sh, donate_argnums=0)
     # The base's layout is its own arrays' (the rule table's, as loaded).
     return jax.jit(update, out_shardings=out_sh, donate_argnums=0)
 
@@ -290,7 +300,8 @@ def train(params: Any, config: ModelConfig, encoded: Sequence[Encoded], job: Tra
         batches = packing_batches(encoded, steps=job.steps, batch_size=job.batch_size, grad_accum=job.grad_accum,
                                   seed=job.seed, seq_len=job.seq_len, pad_id=job.pad_id, dp=rows,
                                   packing=job.packing, loss=job.loss, config=config)
-    tx = with_state_dtype(job.optimizer.build(job.steps), job.opt_state_dtype)
+    step_lr = StepLr(job.optimizer.schedule_fn(job.steps), None if mesh is None else sharding.replicated(mesh))
+    tx = with_state_dtype(job.optimizer.build(job.steps, learning_rate=step_lr), job.opt_state_dtype)
     compute = model.dtype_of(config)
     base = None
     if adapter is not None:
@@ -302,9 +313,8 @@ def train(params: Any, config: ModelConfig, encoded: Sequence[Encoded], job: Tra
     del params  # the state holds the (master) copy
     put = (lambda batch: batch) if mesh is None else _put_batch(sharding.batch_sharding(mesh, batch_axis=1, ndim=3))
     update = make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=job.accum_dtype, remat=job.remat,
-                         adapter=adapter, objective=objective, loss_chunk=job.loss_chunk)
-    if base is not None:
-        update = functools.partial(update, base=base)
+                         adapter=adapter, objective=objective, loss_chunk=job.loss_chunk, step_lr=step_lr)
+    update = step_lr.feeding(update, base)
     state, metrics, n_tokens = run_steps(update, state, batches, mesh=mesh, put=put, progress=progress,
                                          snapshots=snapshots, restored=restored)
     losses = [float(to_host(x)) for x in metrics]
