@@ -91,7 +91,8 @@ def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch
     results = []
     base = {"mesh": f"{dp}x{mp}", "layers": config.n_layer, "dtype": config.dtype}
     if "train" in what:
-        tx = tr.with_state_dtype(AdamW().build(1000), opt_state_dtype)
+        step_lr = tr.StepLr(AdamW().schedule_fn(1000))  # the step as a run compiles it: its lr an argument
+        tx = tr.with_state_dtype(AdamW().build(1000, learning_rate=step_lr), opt_state_dtype)
         if adapter is None:
             master_abs = jax.eval_shape(lambda p: tr.master_params(p, master_dtype), params_abs)
         else:
@@ -106,7 +107,7 @@ def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch
         elif objective != "tokens":
             raise ValueError(f"objective: 'tokens' or 'dpo', got {objective!r}")
         update = tr.make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=accum_dtype, remat=remat,
-                                adapter=adapter, **extra)
+                                adapter=adapter, step_lr=step_lr, **extra)
         frozen = () if adapter is None else (_abstract(params_abs, params_sh),)
         bsh = sharding.batch_sharding(mesh, batch_axis=1, ndim=3)
         batch_abs = {k: jax.ShapeDtypeStruct((grad_accum, rows, seq_len), jnp.bool_ if k == "weights" else jnp.int32,
@@ -114,7 +115,8 @@ def plan_one(*, config, dp: int, mp: int, zero: int, opt_state_dtype: str, batch
         if objective == "dpo":
             batch_abs["ref"] = jax.ShapeDtypeStruct((grad_accum, rows, 1), jnp.float32, sharding=bsh)
         t0 = time.perf_counter()
-        lowered = cast(Any, update).lower(_abstract(state_abs, state_sh), batch_abs, *frozen)
+        lr_abs = jax.ShapeDtypeStruct((), jnp.float32, sharding=sharding.replicated(mesh))
+        lowered = cast(Any, update).lower(_abstract(state_abs, state_sh), batch_abs, lr_abs, *frozen)
         t1 = time.perf_counter()
         compiled = lowered.compile()
         t2 = time.perf_counter()

@@ -48,7 +48,12 @@ from ..options import DecodeConfig
 from . import slots as device
 from .static import keys_from_seeds, left_pad
 
-CACHE_GRAIN = 32  # cache lengths are multiples of this (each length compiles one decode loop)
+# Cache lengths are multiples of this; each length compiles its own decode loop and insert (~2.7 s
+# for the addition model on 2 cores). 64 rather than 32: the addition demo's first iteration (and
+# the evaluation before it) compiled 10 decode loops instead of 15, and the sampling stages of its
+# first two iterations took 103 s instead of 114 s (two interleaved runs each, empty compilation
+# cache; docs/performance.md §1), with the same texts.
+CACHE_GRAIN = 64
 PREFIX_GRAIN = 32  # a shared prefix is cut to a multiple of this (each length compiles one prefix prefill)
 PREFIX_MIN = 64  # shorter shared prefixes are prefilled with each prompt
 
