@@ -179,9 +179,8 @@ def make_update(config: ModelConfig, tx: optax.GradientTransformation, mesh=None
                 adapter: lora.LoraSpec | None = None, objective: Callable = token_loss,
                 loss_chunk: int | None = None, step_lr: StepLr | None = None) -> Callable:
     """``update(state, batch) -> (state, metrics)``, jit'd with the state donated.
-    ``step_lr`` (the ``StepLr`` that ``tx`` was built with): ``update(state, batch, lr)``
-    takes the step's learning rate as an argument (``step_lr.value_at(state.step)``), so
-    the program does not depend on the schedule's length (``step_lr.py``).
+    ``step_lr`` (the ``StepLr`` ``tx`` was built with): ``update(state, batch, lr)`` takes the
+    step's learning rate as an argument, so the program is the same for any length (``step_lr.py``).
 
     ``objective(params, micro_batch, config, remat, adapters, adapter, loss_chunk=) -> (loss
     sum, count)``: what the step minimises, ``loss sum / count`` over its micro-batches
