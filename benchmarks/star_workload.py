@@ -58,7 +58,8 @@ from bench_common import (MALLOC_HELP, MALLOC_MODES, Peer, apply_malloc, choose_
 ROOT = Path(__file__).resolve().parents[1]
 ADDITION_TOML = ROOT / "experiments" / "addition.toml"
 GEN_SIDES = ("engine", "engine_no_prefix", "engine_static", "hf_static", "hf_continuous")
-TRAIN_SIDES = ("engine_packed", "engine_padded", "hf_padded", "hf_packed", "engine_packed_plain_loss")
+TRAIN_SIDES = ("engine_packed", "engine_padded", "hf_padded", "hf_packed", "engine_packed_plain_loss",
+               "engine_packed_chunked_loss")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -76,13 +77,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--chunk", type=int, default=16, help="model.generation_chunk")
     ap.add_argument("--layers", type=int, default=None, help="override both mixes' n_layer (smoke tests)")
     ap.add_argument("--cpu-devices", type=int, default=None, help="model.cpu_devices (default: the backend's)")
+    ap.add_argument("--train-devices", type=int, default=None,
+                    help="model.train_mesh = {dp = N, mp = 1}: the training sides on the first N devices (default: "
+                         "all of them, as the backend)")
     ap.add_argument("--peer", action="store_true", help="also time HF transformers in a child process")
     ap.add_argument("--only", choices=("all", "gen", "train"), default="all", help="time generation or training only")
     ap.add_argument("--loss-chunk", type=int, default=None,
                     help="model.loss_chunk of the engine's training sides (default: the backend's, the plain path)")
+    ap.add_argument("--loss-tokens", type=int, default=None,
+                    help="model.loss_tokens of the engine's training sides (the output layer over token chunks with "
+                         "its gradients in the forward pass; default: the backend's, off)")
     ap.add_argument("--plain-loss-side", action="store_true",
-                    help="also time the packed step with model.loss_chunk = 0 (full logits: the loss path before "
-                         "chunking) in the same rounds")
+                    help="also time the packed step with model.loss_chunk = 0 and loss_tokens unset (full logits: "
+                         "the plain path) in the same rounds")
+    ap.add_argument("--chunked-loss-side", type=int, default=None, metavar="CHUNK",
+                    help="also time the packed step with model.loss_chunk = CHUNK and loss_tokens unset (vocabulary "
+                         "chunks) in the same rounds")
     ap.add_argument("--malloc", choices=MALLOC_MODES, default="default", help=MALLOC_HELP)
     ap.add_argument("--hf-omp-wait-policy", choices=("auto", "default", "passive"), default="auto")
     ap.add_argument("--hf-serve", action="store_true", help=argparse.SUPPRESS)
@@ -194,7 +204,9 @@ def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
     from star_haiku_xmap.model.config import GPTJConfig
     from star_haiku_xmap.options import AdamW
     mesh = sharding.make_mesh({"dp": -1, "mp": 1})
-    info = {"mesh": dict(mesh.shape), "jax": jax.__version__, "cpu_devices": n}
+    tmesh = mesh if not a.train_devices else sharding.make_mesh({"dp": a.train_devices, "mp": 1},
+                                                                devices=jax.devices()[:a.train_devices])
+    info = {"mesh": dict(mesh.shape), "train_mesh": dict(tmesh.shape), "jax": jax.__version__, "cpu_devices": n}
     fns: dict[tuple[str, str], Callable[[], None]] = {}  # (mix, side) -> one timed call
     for name, mix in mixes.items():
         cfg = GPTJConfig(**mix["model"])
@@ -222,22 +234,28 @@ def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
         if a.only == "gen":
             continue
         encoded = [packing.Encoded(np.asarray(p + c + [mix["eos"]], np.int32), len(p)) for p, c in mix["train"]]
-        train_sides: list[tuple[str, str, int | None]] = [("engine_packed", "segments", a.loss_chunk),
-                                                          ("engine_padded", "none", a.loss_chunk)]
+        train_sides: list[tuple[str, str, int | None, int | None]] = [
+            ("engine_packed", "segments", a.loss_chunk, a.loss_tokens),
+            ("engine_padded", "none", a.loss_chunk, a.loss_tokens)]
         if a.plain_loss_side:
-            train_sides.append(("engine_packed_plain_loss", "segments", 0))
-        for side, pack, loss_chunk in train_sides:
+            train_sides.append(("engine_packed_plain_loss", "segments", 0, None))
+        if a.chunked_loss_side:
+            train_sides.append(("engine_packed_chunked_loss", "segments", a.chunked_loss_side, None))
+        for side, pack, loss_chunk, loss_tokens in train_sides:
+            if side in a.skip.split(","):
+                continue
             batches = list(train.packing_batches(encoded, config=cfg, steps=a.train_steps,
                                                  batch_size=mix["train_batch"], grad_accum=1, seed=0,
-                                                 seq_len=cfg.n_ctx, pad_id=mix["pad"], dp=sharding.dp_size(mesh),
+                                                 seq_len=cfg.n_ctx, pad_id=mix["pad"], dp=sharding.dp_size(tmesh),
                                                  packing=pack))
             tx = AdamW.from_table({"lr": 1e-4, "warmup_steps": 0}).build(10_000)
-            box = [train.init_state(jax.tree.map(jnp.copy, params), tx)]
-            update = train.make_update(cfg, tx, mesh, box[0], loss_chunk=loss_chunk)
-            put = lambda b: jax.device_put(b, sharding.batch_sharding(mesh, batch_axis=1, ndim=3))
+            tparams = params if tmesh is mesh else sharding.shard_tree(model.init_params(cfg, 0), tmesh)
+            box = [train.init_state(jax.tree.map(jnp.copy, tparams), tx)]
+            update = train.make_update(cfg, tx, tmesh, box[0], loss_chunk=loss_chunk, loss_tokens=loss_tokens)
+            put = lambda b: jax.device_put(b, sharding.batch_sharding(tmesh, batch_axis=1, ndim=3))
 
             def steps(box=box, update=update, batches=batches, put=put):
-                box[0], losses, _ = train.run_steps(update, box[0], map(put, batches), mesh=mesh)
+                box[0], losses, _ = train.run_steps(update, box[0], map(put, batches), mesh=tmesh)
                 jax.block_until_ready(losses)
 
             fns[name, side] = steps
@@ -260,7 +278,7 @@ def main(argv=None) -> None:
         return
     from star_haiku_xmap.session.machine import default_cpu_devices
 
-    dp = a.cpu_devices or default_cpu_devices()
+    dp = a.train_devices or a.cpu_devices or default_cpu_devices()  # the training plans' row multiple
     mixes = workload(a, dp)
     result = {"threads": threads(), "cpu": cpu_name(), "malloc": a.malloc, "thp": thp_mode(),
               "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""), "loadavg_start": round(os.getloadavg()[0], 2),

@@ -1,6 +1,7 @@
 """Where the large-vocabulary training step spends its time, part by part, this
-engine's plain (full logits) and chunked (``[model] loss_chunk``) loss paths
-against HF GPT-J (torch, CPU) at the same shape. Prints a table, then ONE JSON line.
+engine's plain (full logits), chunked (``[model] loss_chunk``) and fused (``[model]
+loss_tokens``: token chunks, gradients in the forward pass) loss paths against HF GPT-J
+(torch, CPU) at the same shape. Prints a table, then ONE JSON line.
 
 The shape is star_workload.py's CQA-shaped packed step: 4 layers x d256, GPT-J's
 vocabulary of 50,400, R rows of T tokens (default 4 x 320, the packed plan's rows).
@@ -16,12 +17,16 @@ Each side times the same sub-programs, every one a separate call (jit'd here):
 - ``step``: the whole training step (this engine's ``make_update`` on the
   benchmark's dp mesh; HF's forward with labels, backward, clip, AdamW).
 
-Engine parts come twice, plain and chunked. HF's step also runs once under
-``torch.profiler`` (its top operators by self CPU time are printed). Sides run in
-interleaved rounds (``bench_common.rotate``; HF in a child process); ratios are
-medians of per-round ratios. The table names the CPU and the load average.
+Engine head and step parts come three times, plain, chunked and fused. HF's step also
+runs once under ``torch.profiler`` (its top operators by self CPU time are printed).
+``--ops``: each engine step also runs under XLA's profiler (``xla_ops.py``), and its
+top ops and the time per part of the step (head, forward, backward, collectives,
+optimizer) are printed and kept in the JSON line. Sides run in interleaved rounds
+(``bench_common.rotate``; HF in a child process); ratios are medians of per-round
+ratios. The table names the CPU and the load average. ``--cpu-devices 1``: the engine on
+one XLA:CPU device (what ``[model] train_mesh = {dp = 1, mp = 1}`` trains on).
 
-    python benchmarks/vocab_step_profile.py --rounds 3
+    python benchmarks/vocab_step_profile.py --rounds 3 --ops
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ import json
 import os
 import statistics
 import sys
+import typing
 from types import SimpleNamespace
+from typing import Any
 
 from bench_common import Peer, cpu_name, logged, paired_ratio, rotate, serve, threads, timed, timed_reply
 
@@ -48,6 +55,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--vocab", type=int, default=50400)
     ap.add_argument("--chunk", type=int, default=None, help="loss_chunk of the chunked side (default: chunked_ce.DEFAULT_CHUNK, 4096)")
+    ap.add_argument("--tokens", type=int, default=0, help="loss_tokens of the fused side (default 0: fused_ce's budget)")
+    ap.add_argument("--cpu-devices", type=int, default=None, help="XLA:CPU devices of the engine (default: one per core)")
+    ap.add_argument("--ops", action="store_true", help="XLA's per-op profile of each engine step (xla_ops.py)")
     ap.add_argument("--dot-dtype", default=None, help="chunked_ce's dot_dtype for an extra head side (bfloat16)")
     ap.add_argument("--no-peer", action="store_true", help="engine parts only")
     ap.add_argument("--torch-serve", action="store_true", help=argparse.SUPPRESS)
@@ -66,7 +76,7 @@ def engine_parts(a) -> tuple[dict, dict]:
     """({part: fn}, info): every fn one call of a jit'd sub-program, compiled by a first call."""
     from star_haiku_xmap.session.machine import default_cpu_devices, set_cpu_devices
 
-    set_cpu_devices(default_cpu_devices())
+    set_cpu_devices(a.cpu_devices or default_cpu_devices())
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -76,7 +86,7 @@ def engine_parts(a) -> tuple[dict, dict]:
     from star_haiku_xmap.model.config import GPTJConfig
     from star_haiku_xmap.options import AdamW
     from star_haiku_xmap.runtime import sharding
-    from star_haiku_xmap.train import chunked_ce
+    from star_haiku_xmap.train import chunked_ce, fused_ce
     from star_haiku_xmap.train import trainer as train
 
     cfg = GPTJConfig(**_shape(a))
@@ -96,11 +106,16 @@ def engine_parts(a) -> tuple[dict, dict]:
     ct_BTD = jax.device_put(jnp.asarray(rng.standard_normal(h_BTD.shape), jnp.float32), h_BTD.sharding)
     head = {k: params["lm_head"][k] for k in ("w", "b")}
 
+    fused_tokens = fused_ce.tokens_for(a.tokens, cfg.vocab)
+
     def head_loss(kind, dot_dtype=None):
         def f(hd, h, b):
             if kind == "plain":
                 logits = (h @ hd["w"] + hd["b"]).astype(jnp.float32)
                 return jnp.sum(train.logits_logp(logits, b["targets"]))
+            if kind == "fused":
+                return fused_ce.weighted_logp_sum(h, hd["w"], hd["b"], b["targets"], b["weights"], tokens=fused_tokens,
+                                                  dot_dtype=dot_dtype)
             B, T_, D = h.shape
             return jnp.sum(chunked_ce.chunked_logp(h.reshape(B * T_, D), hd["w"], hd["b"], b["targets"].reshape(-1),
                                                    chunk=chunk, dot_dtype=dot_dtype))
@@ -117,27 +132,30 @@ def engine_parts(a) -> tuple[dict, dict]:
     fns = {"body_fwd": lambda: hidden(params, batch),
            "body_fwd_bwd": lambda: body_vjp(params, batch),
            "optimizer": functools.partial(jax.jit(opt), params, opt_state, params)}
-    kinds = [("plain", None), ("chunked", None)] + ([(f"chunked_{a.dot_dtype}", a.dot_dtype)] if a.dot_dtype else [])
+    kinds = [("plain", None), ("chunked", None), ("fused", None)] + (
+        [(f"chunked_{a.dot_dtype}", a.dot_dtype), (f"fused_{a.dot_dtype}", a.dot_dtype)] if a.dot_dtype else [])
     for kind, dd in kinds:
-        f = head_loss("plain" if kind == "plain" else "chunked", dd)
+        f = head_loss(kind.split("_")[0], dd)
         fwd, fwd_bwd = jax.jit(f), jax.jit(jax.value_and_grad(f, argnums=(0, 1)))
         fns[f"head_fwd_{kind}"] = lambda fwd=fwd: fwd(head, h_BTD, batch)
         fns[f"head_fwd_bwd_{kind}"] = lambda fb=fwd_bwd: fb(head, h_BTD, batch)
     step_batch = {k: v[None] for k, v in batch.items()}  # one micro-batch: (A=1, R, T)
     step_batch = jax.device_put(step_batch, sharding.batch_sharding(mesh, batch_axis=1, ndim=3))
-    for kind, lc in (("plain", 0), ("chunked", chunk)):
+    texts = {}
+    for kind, lc, lt in (("plain", 0, None), ("chunked", chunk, None), ("fused", 0, a.tokens)):
         box = [train.init_state(jax.tree.map(jnp.copy, params), tx)]
-        update = train.make_update(cfg, tx, mesh, box[0], loss_chunk=lc)
+        update = train.make_update(cfg, tx, mesh, box[0], loss_chunk=lc, loss_tokens=lt)
 
         def step(box=box, update=update):
             box[0], m = update(box[0], step_batch)
             return m["loss"]
 
         fns[f"step_{kind}"] = step
+        texts[kind] = typing.cast(Any, update).lower(box[0], step_batch).compile().as_text() if a.ops else ""
     calls = {name: (lambda fn=fn: jax.block_until_ready(fn())) for name, fn in fns.items()}
     for fn in calls.values():
         fn()  # compile
-    info = {"jax": jax.__version__, "mesh": dict(mesh.shape), "chunk": chunk}
+    info = {"jax": jax.__version__, "mesh": dict(mesh.shape), "chunk": chunk, "tokens": fused_tokens, "step_hlo": texts}
     return calls, info
 
 
@@ -227,6 +245,7 @@ def main(argv=None) -> None:
         return
     peer = None if a.no_peer else Peer(__file__, [x for x in argv if x != "--no-peer"], serve_flag="--torch-serve").ready()
     calls, info = engine_parts(a)
+    texts = info.pop("step_hlo")
     result = {"cpu": cpu_name(), "threads": threads(), "loadavg_start": round(os.getloadavg()[0], 2),
               "rounds": a.rounds, "shape": {"rows": a.rows, "seq": a.seq, **_shape(a)}, **info}
     sides = {f"engine_{k}": (lambda fn=fn: timed(fn)) for k, fn in calls.items()}
@@ -237,13 +256,13 @@ def main(argv=None) -> None:
     names = list(sides)
     times = dict(zip(names, rotate([logged(n, sides[n]) for n in names], a.rounds)))
     ms = {n: round(1e3 * _med(t), 1) for n, t in times.items()}
-    for kind in ("plain", "chunked") + ((f"chunked_{a.dot_dtype}",) if a.dot_dtype else ()):
+    for kind in ("plain", "chunked", "fused") + ((f"chunked_{a.dot_dtype}", f"fused_{a.dot_dtype}") if a.dot_dtype else ()):
         ms[f"engine_head_bwd_{kind}"] = round(ms[f"engine_head_fwd_bwd_{kind}"] - ms[f"engine_head_fwd_{kind}"], 1)
     ms["engine_body_bwd"] = round(ms["engine_body_fwd_bwd"] - ms["engine_body_fwd"], 1)
     if peer is not None:
         ms["hf_head_bwd"] = round(ms["hf_head_fwd_bwd"] - ms["hf_head_fwd"], 1)
         ms["hf_body_bwd"] = round(ms["hf_body_fwd_bwd"] - ms["hf_body_fwd"], 1)
-        for kind in ("plain", "chunked"):  # > 1: the engine is faster
+        for kind in ("plain", "chunked", "fused"):  # > 1: the engine is faster
             result[f"step_hf_over_engine_{kind}"] = paired_ratio(times[f"engine_step_{kind}"], times["hf_step"], 0)
             result[f"head_fwd_bwd_hf_over_engine_{kind}"] = paired_ratio(times[f"engine_head_fwd_bwd_{kind}"],
                                                                          times["hf_head_fwd_bwd"], 0)
@@ -252,14 +271,28 @@ def main(argv=None) -> None:
     result["step_plain_over_chunked"] = paired_ratio(times["engine_step_chunked"], times["engine_step_plain"], 0)
     result["head_plain_over_chunked"] = paired_ratio(times["engine_head_fwd_bwd_chunked"],
                                                      times["engine_head_fwd_bwd_plain"], 0)
+    result["step_chunked_over_fused"] = paired_ratio(times["engine_step_fused"], times["engine_step_chunked"], 0)
+    result["head_chunked_over_fused"] = paired_ratio(times["engine_head_fwd_bwd_fused"],
+                                                     times["engine_head_fwd_bwd_chunked"], 0)
+    if a.ops:  # after the timed rounds: the profiler's own cost stays out of them
+        import xla_ops
+
+        result["ops"] = {}
+        for kind, text in texts.items():
+            rows = xla_ops.label(xla_ops.op_profile(calls[f"step_{kind}"]), [text])
+            print(f"XLA's per-op profile, the {kind} step (ms per step):", file=sys.stderr)
+            print(xla_ops.table(rows, 12), file=sys.stderr)
+            result["ops"][kind] = {"parts_ms": xla_ops.parts(rows),
+                                   "top": [[r.name, round(r.ms, 1), xla_ops.part(r), r.shape, r.source[-60:]]
+                                           for r in rows[:12]]}
     result["median_ms"] = ms
     result["loadavg_end"] = round(os.getloadavg()[0], 2)
     print(f"{result['cpu']}, {result['threads']} threads, load {result['loadavg_start']} -> {result['loadavg_end']}; "
           f"median ms of {a.rounds} interleaved rounds")
-    print(f"{'part':16s} {'plain':>9s} {'chunked':>9s} {'HF torch':>9s}   (body, optimizer: one program, both columns)")
+    print(f"{'part':16s} {'plain':>9s} {'chunked':>9s} {'fused':>9s} {'HF torch':>9s}   (body, optimizer: one program)")
     for part in ("body_fwd", "body_bwd", "head_fwd", "head_bwd", "optimizer", "step"):
         split = part.startswith("head") or part == "step"
-        e = [ms.get(f"engine_{part}_{k}" if split else f"engine_{part}") for k in ("plain", "chunked")]
+        e = [ms.get(f"engine_{part}_{k}" if split else f"engine_{part}") for k in ("plain", "chunked", "fused")]
         cells = [f"{x:9.1f}" if x is not None else f"{'':9s}" for x in (*e, ms.get(f"hf_{part}"))]
         print(f"{part:16s} " + " ".join(cells))
     for row in result.get("hf_step_profile_top", []):

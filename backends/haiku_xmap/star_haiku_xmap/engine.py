@@ -24,10 +24,10 @@ from .model import network
 from .options import BACKEND, Model, ModelOptions, decode_config, train_config
 from .sampling.static import keys_from_seeds
 from .sampling.text import generate_text
-from .train import chunked_ce, lora_stage, preference, resume
+from .train import chunked_ce, fused_ce, lora_stage, preference, resume
 from .train import packing as pk
 from .train import trainer as tr
-from .runtime import coordination
+from .runtime import coordination, sharding
 from .session.machine import Runtime, start_runtime
 from .session.weights import Weights
 
@@ -57,6 +57,11 @@ class Engine:
     @property
     def mesh(self) -> Any:
         return self.runtime().mesh
+
+    @property
+    def train_mesh(self) -> Any:
+        """The mesh fine-tuning runs on (``[model] train_mesh``; else ``mesh``)."""
+        return self.runtime().train_mesh
 
     @property
     def weights(self) -> Weights:
@@ -106,10 +111,12 @@ class Engine:
         try:
             # No local reference to the loaded weights: the trainer's master copy replaces them.
             params, losses, tokens = tr.train(weights.load(init, o.master_dtype, keep=False), self.config, encoded,
-                                              train_config(o, self.model, spec), mesh=self.mesh, progress=progress,
-                                              snapshots=snapshots)
+                                              train_config(o, self.model, spec), mesh=self.train_mesh,
+                                              progress=progress, snapshots=snapshots)
         except pk.PackingError as exc:
             raise UserError(f"training.packing: {exc}", key="training.packing") from None
+        if self.train_mesh is not self.mesh:  # back onto the run's mesh, for what follows
+            params = jax.device_put(params, sharding.tree_shardings(params, self.mesh))
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
         stored = str(jax.tree.leaves(params)[0].dtype)
@@ -167,9 +174,11 @@ class Engine:
                 "tokenizer": {k: v for k, v in self.tokenizer.to_dict().items() if k != "json"},
                 "checkpoint_path": o.checkpoint_path, "seq_len": self.seq_len,
                 "mesh": {"dp": int(mesh.shape["dp"]), "mp": int(mesh.shape["mp"])},
+                "train_mesh": {"dp": int(self.train_mesh.shape["dp"]), "mp": int(self.train_mesh.shape["mp"])},
                 "zero": o.zero, "opt_state_dtype": o.opt_state_dtype, "master_dtype": o.master_dtype,
                 "grad_accum_dtype": o.grad_accum_dtype, "remat": o.remat,
-                "loss_chunk": chunked_ce.chunk_for(o.loss_chunk), "generation": o.generation,
+                "loss_chunk": chunked_ce.chunk_for(o.loss_chunk),
+                "loss_tokens": fused_ce.tokens_for(o.loss_tokens, self.config.vocab), "generation": o.generation,
                 "train_checkpoint_steps": o.train_checkpoint_steps,
                 "train_checkpoint_minutes": o.train_checkpoint_minutes,
                 "processes": self.layout()[1],

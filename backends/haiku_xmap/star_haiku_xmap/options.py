@@ -51,7 +51,12 @@ class ModelOptions(Section):
     block in the backward pass instead of keeping its activations, ``loss_chunk`` computes the
     output projection and softmax of a training step over vocabulary chunks of that many rows,
     never holding the step's (tokens x vocabulary) logits (0 or unset: the plain path; 4096 is
-    the measured choice on a CPU at vocabulary 50,400), ``distributed`` starts
+    the measured choice on a CPU at vocabulary 50,400), ``loss_tokens`` runs the fine-tuning loss's
+    output layer over token chunks with its gradients in the forward pass (``fused_ce.py``; 0: 2^25
+    logits a chunk; DPO and scoring keep ``loss_chunk``'s), ``loss_dot_dtype = "bfloat16"`` runs a
+    chunked output layer on bf16 operands, ``train_mesh`` (``{dp, mp}``, both given) trains on the
+    first dp x mp devices of the mesh (one process; a CPU's ``{dp = 1, mp = 1}``: one device, every
+    core), ``distributed`` starts
     multi-process JAX (``distributed.py``) and ``cpu_devices`` sets how many XLA:CPU devices
     (cores) the mesh spans (``machine.py``; default: one per core, ``use_every_core``).
     ``generation``: "continuous" (a slot whose row has ended takes the next prompt,
@@ -86,6 +91,7 @@ class ModelOptions(Section):
     checkpoint_sha256: str = ""
     hub_id: str = ""
     mesh: dict | None = None
+    train_mesh: dict | None = None
     seq_len: Annotated[int | None, at_least(2)] = None
     zero: Literal[0, 1] = 0
     opt_state_dtype: OptStateDtype = "float32"
@@ -93,6 +99,8 @@ class ModelOptions(Section):
     grad_accum_dtype: Dtype = "float32"
     remat: bool = False
     loss_chunk: Annotated[int | None, at_least(0)] = None
+    loss_tokens: Annotated[int | None, at_least(0)] = None
+    loss_dot_dtype: Literal["bfloat16"] | None = None
     distributed: dict | Literal["auto"] | None = None
     cpu_devices: Size = None
     generation: Literal["continuous", "static"] = "continuous"
@@ -168,7 +176,8 @@ class TrainConfig:
     """One fine-tuning job as ``train`` runs it: the ``TrainSpec``'s sizes, seed, optimizer
     table, packing and loss; the backend's training length ``seq_len`` and pad token; the
     ``[model]`` training options (``zero``, ``opt_state_dtype``, ``master_dtype``,
-    ``accum_dtype`` = ``grad_accum_dtype``, ``remat``, ``loss_chunk``); and for a LoRA stage its ``adapter``
+    ``accum_dtype`` = ``grad_accum_dtype``, ``remat``, ``loss_chunk``, ``loss_tokens``); and for a LoRA stage its
+    ``adapter``
     (``lora.LoraSpec``). Built once by the backend (``HaikuXmapBackend.train_config``; ``train.train``'s)."""
 
     steps: int
@@ -187,6 +196,8 @@ class TrainConfig:
     remat: bool = False
     adapter: Any = None  # lora.LoraSpec
     loss_chunk: int | None = None  # token_logp's: None is the plain path
+    loss_tokens: int | None = None  # token_loss's fused output layer (fused_ce.py): None is off
+    loss_dot_dtype: str | None = None  # the chunked output layers' matmul operands (None: the weights' dtype)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "optimizer", AdamW.from_table(self.optimizer))
@@ -245,7 +256,8 @@ def train_config(o: ModelOptions, model: Model, spec: Any, adapter: Any = None, 
                        optimizer=optimizer or AdamW.from_table(spec.optimizer), seq_len=model.seq_len,
                        pad_id=model.tokenizer.pad_id, packing=spec.packing, loss=spec.loss, zero=o.zero,
                        opt_state_dtype=o.opt_state_dtype, master_dtype=o.master_dtype,
-                       accum_dtype=o.grad_accum_dtype, remat=o.remat, adapter=adapter, loss_chunk=o.loss_chunk)
+                       accum_dtype=o.grad_accum_dtype, remat=o.remat, adapter=adapter, loss_chunk=o.loss_chunk,
+                       loss_tokens=o.loss_tokens, loss_dot_dtype=o.loss_dot_dtype)
 
 
 def check_generation(key: str, n: int, n_ctx: int) -> None:
@@ -387,4 +399,14 @@ def resolve(o: ModelOptions) -> Model:
             mesh_shape(o.mesh, math.prod(fixed))
         except ValueError as exc:
             raise _fail("mesh", str(exc)) from None
+    if o.loss_dot_dtype is not None and not (o.loss_tokens is not None or o.loss_chunk):
+        raise _fail("loss_dot_dtype", "applies to a chunked output layer: set model.loss_tokens (or model.loss_chunk)")
+    if o.train_mesh is not None:  # both sizes given: a sub-mesh of the run's (machine.train_mesh)
+        sizes = [o.train_mesh.get(a) for a in ("dp", "mp")]
+        try:
+            if not all(is_int(v) and v > 0 for v in sizes):
+                raise ValueError(f"dp and mp must both be positive ints, got {dict(o.train_mesh)!r}")
+            mesh_shape(o.train_mesh, math.prod(int(v) for v in sizes if v is not None))
+        except ValueError as exc:
+            raise _fail("train_mesh", str(exc)) from None
     return Model(config, tokenizer, seq_len)

@@ -166,3 +166,63 @@ def test_addition_mix_is_one_iteration_of_the_demo():
     assert 40 <= min(mix["budgets"]) and max(mix["budgets"]) <= toml["generation"]["max_new_tokens"]
     assert mix["slots"] == toml["generation"]["batch_size"] and mix["model"]["n_layer"] == toml["model"]["n_layer"]
     assert len(mix["train"]) == 500 and mix["train_batch"] == toml["training"]["batch_size"]
+
+
+def _xla_ops():
+    return load_script(SCRIPT.parent / "xla_ops.py")
+
+
+def test_xla_ops_self_time_excludes_nested_ops():
+    """A loop's own time is what its body's ops leave of it; ops beside each other keep theirs."""
+    ops = _xla_ops()
+    events = [(0, 100, ("m", "while")), (10, 30, ("m", "dot")), (40, 70, ("m", "fusion")), (50, 60, ("m", "inner")),
+              (120, 130, ("m", "dot"))]
+    spans = ops._self_spans(events)
+    assert sorted(spans[("m", "while")]) == [(0, 10), (30, 40), (70, 100)]
+    assert sorted(spans[("m", "dot")]) == [(10, 30), (120, 130)]
+    assert sorted(spans[("m", "fusion")]) == [(40, 50), (60, 70)] and spans[("m", "inner")] == [(50, 60)]
+    assert ops._union([(0, 10), (5, 20), (30, 40)]) == 30
+
+
+def test_xla_ops_profiles_and_labels_a_compiled_step():
+    """XLA's trace of a jit'd call: its matmul is an op of its program, with the opcode, shape and
+    source path of the compiled text, sorted into the step's parts by that path."""
+    import jax
+    import jax.numpy as jnp
+
+    ops = _xla_ops()
+
+    def step(w, x):
+        with jax.named_scope("fused_ce"):
+            y = jnp.tanh(x @ w)
+        return jax.lax.fori_loop(0, 3, lambda i, a: a * 0.5 + jnp.sin(a), y).sum()
+
+    f = jax.jit(step)
+    w, x = jnp.ones((256, 256)), jnp.ones((128, 256))
+    f(w, x).block_until_ready()
+    rows = ops.label(ops.op_profile(lambda: f(w, x).block_until_ready(), calls=2), [f.lower(w, x).compile().as_text()])
+    assert rows and all(r.ms >= 0 and r.module for r in rows)
+    assert sum(r.ms for r in rows) > 0
+    heads = [r for r in rows if ops.part(r) == "head"]
+    assert heads and any("fused_ce" in r.source and "256" in r.shape for r in heads), rows[:8]
+    assert set(ops.parts(rows)) <= {"head", "forward", "backward", "collectives", "loop gaps", "optimizer/other"}
+    assert "per part:" in ops.table(rows, 5)
+
+
+VOCAB_PROFILE = SCRIPT.with_name("vocab_step_profile.py")
+
+
+@pytest.mark.slow  # every engine part and step compiled, then profiled
+def test_vocab_step_profile_prints_the_three_layers_and_their_ops():
+    args = ["--rounds", "1", "--rows", "2", "--seq", "16", "--layers", "1", "--d-model", "32", "--vocab", "300",
+            "--chunk", "64", "--tokens", "8", "--no-peer", "--ops", "--cpu-devices", "1"]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.run([sys.executable, str(VOCAB_PROFILE), *args], capture_output=True, text=True, timeout=600,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["mesh"] == {"dp": 1, "mp": 1} and result["tokens"] == 8
+    for kind in ("plain", "chunked", "fused"):
+        assert result["median_ms"][f"engine_step_{kind}"] > 0
+        assert result["ops"][kind]["top"] and "head" in result["ops"][kind]["parts_ms"], result["ops"][kind]
+    assert result["step_chunked_over_fused"] > 0 and "step_hf_over_engine_fused" not in result

@@ -1,9 +1,14 @@
-"""The output projection + softmax over vocabulary chunks (``train/chunked_ce.py``,
-``[model] loss_chunk``): log p(target) and every gradient equal the plain path's
-(full logits) within fp32 rounding, for a vocabulary that is not a multiple of the
-chunk, through the real step (``make_update``: packed rows, padding weights 0,
-gradient accumulation), remat, tied embeddings, LoRA and the DPO objective; small
-vocabularies keep the plain path by default."""
+"""The output layers that never hold a step's (tokens x vocabulary) logits, against the plain
+path (full logits), within fp32 rounding:
+
+- vocabulary chunks (``train/chunked_ce.py``, ``[model] loss_chunk``): log p(target) and every
+  gradient, for a vocabulary that is not a multiple of the chunk, through the real step
+  (``make_update``: packed rows, padding weights 0, gradient accumulation), remat, tied
+  embeddings, LoRA and the DPO objective; small vocabularies keep the plain path by default;
+- token chunks with the gradients computed in the forward pass (``train/fused_ce.py``,
+  ``[model] loss_tokens``): the weighted sum of log p(target) and every gradient, for chunks
+  that do not divide the rows, through the same step, remat, tied embeddings and LoRA; an
+  undifferentiated call computes no gradient; bf16 operands stay within bf16 rounding."""
 
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from star_haiku_xmap.model import lora
 from star_haiku_xmap.model import network as model
 from star_haiku_xmap.model.config import GPTJConfig, preset
 from star_haiku_xmap.tokenizer import ByteTokenizer
-from star_haiku_xmap.train import chunked_ce, packing, packplan, preference
+from star_haiku_xmap.train import chunked_ce, fused_ce, packing, packplan, preference
 from star_haiku_xmap.train import trainer as train
 
 TOK = ByteTokenizer()
@@ -119,7 +124,8 @@ def test_the_training_step_is_the_plain_one(cfg, remat):
     _assert_close_trees(chunked.params, plain.params)
 
 
-def test_lora_adapters_get_the_plain_gradients():
+@pytest.mark.parametrize("layer", [{"loss_chunk": CHUNK}, {"loss_tokens": 9}], ids=["chunked", "fused"])
+def test_lora_adapters_get_the_plain_gradients(layer):
     cfg = GPTJ
     base = model.init_params(cfg, 0)
     spec = lora.check_table({"kind": "lora", "rank": 4, "alpha": 8}, cfg, "training.adapter")
@@ -127,8 +133,8 @@ def test_lora_adapters_get_the_plain_gradients():
     noise = lambda x: 0.1 * jax.random.normal(jax.random.key(x.size), x.shape)  # noqa: E731
     ad = jax.tree.map(lambda x: x + noise(x), ad)  # B != 0: the adapters act on the loss
     mb = {k: v[0] for k, v in _packed_step(cfg).items()}
-    grads = [jax.jit(jax.value_and_grad(lambda a, c=c: train.token_loss(base, mb, cfg, False, a, spec,
-                                                                         loss_chunk=c)[0]))(ad) for c in (0, CHUNK)]
+    grads = [jax.jit(jax.value_and_grad(lambda a, kw=kw: train.token_loss(base, mb, cfg, False, a, spec, **kw)[0]))(ad)
+             for kw in ({}, layer)]
     assert float(grads[1][0]) == pytest.approx(float(grads[0][0]), rel=1e-6)
     _assert_close_trees(grads[1][1], grads[0][1])
 
@@ -141,3 +147,117 @@ def test_the_dpo_objective_is_the_plain_one():
     out = [jax.jit(jax.value_and_grad(lambda p, c=c: obj(p, mb, GPTJ, loss_chunk=c)[0]))(params) for c in (0, CHUNK)]
     assert float(out[1][0]) == pytest.approx(float(out[0][0]), rel=1e-6)
     _assert_close_trees(out[1][1], out[0][1])
+
+
+# ----------------------------------------------------------------------------- fused_ce
+
+
+def _plain_sum(h_BTD, w, b, t_BT, wt_BT, layout):
+    logits = (h_BTD @ w if layout == "DV" else h_BTD @ w.T) + (0.0 if b is None else b)
+    logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), t_BT[..., None], axis=-1)[..., 0]
+    return jnp.sum(logp * wt_BT)
+
+
+@pytest.mark.parametrize("layout,bias,tokens", [("DV", True, 6), ("VD", False, 6), ("DV", True, 1000),
+                                                ("DV", False, 1)])
+def test_fused_the_weighted_sum_and_its_gradients_equal_log_softmax(layout, bias, tokens):
+    B, T, D, V = 3, 7, 8, 50  # tokens 6 over 3 rows: chunks of 2 positions, the last one half padding
+    k = jax.random.split(jax.random.key(0), 5)
+    h = jax.random.normal(k[0], (B, T, D))
+    w = jax.random.normal(k[1], (D, V) if layout == "DV" else (V, D))
+    b = jax.random.normal(k[2], (V,)) if bias else None
+    t = jax.random.randint(k[3], (B, T), 0, V).at[0, :3].set(jnp.asarray([0, V - 1, 17]))
+    wt = (jax.random.uniform(k[4], (B, T)) > 0.3).astype(jnp.float32) * 1.5
+    fused = lambda h, w, b, wt: fused_ce.weighted_logp_sum(h, w, b, t, wt, tokens=tokens, w_layout=layout)
+    plain = lambda h, w, b, wt: _plain_sum(h, w, b, t, wt, layout)
+    np.testing.assert_allclose(fused(h, w, b, wt), plain(h, w, b, wt), rtol=1e-5)
+    argnums = (0, 1, 2, 3) if bias else (0, 1, 3)
+    scale = 0.7  # a loss cotangent other than 1: the backward pass scales what the forward kept
+    got = jax.grad(lambda *a: scale * fused(*a), argnums)(h, w, b, wt)
+    want = jax.grad(lambda *a: scale * plain(*a), argnums)(h, w, b, wt)
+    for a, e in zip(got, want):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5)
+    # a frozen head: the same hidden-state gradient, nothing for the weights
+    frozen = jax.grad(lambda h, w: fused_ce.weighted_logp_sum(h, w, b, t, wt, tokens=tokens, w_layout=layout,
+                                                              weight_grad=False), (0, 1))(h, w)
+    np.testing.assert_allclose(frozen[0], want[0] / scale, rtol=1e-5, atol=1e-5)
+    assert not np.any(np.asarray(frozen[1]))
+
+
+def test_fused_the_checks_see_a_wrong_chunk():
+    """The comparison above catches a chunking slip: a padding position that kept its weight,
+    or a chunk's rows read from the wrong place, moves the sum far beyond rounding."""
+    B, T, D, V = 2, 5, 8, 30
+    k = jax.random.split(jax.random.key(1), 3)
+    h, w = jax.random.normal(k[0], (B, T, D)), jax.random.normal(k[1], (D, V))
+    t = jax.random.randint(k[2], (B, T), 0, V)
+    wt = jnp.ones((B, T))
+    good = fused_ce.weighted_logp_sum(h, w, None, t, wt, tokens=4)
+    assert float(good) == pytest.approx(float(_plain_sum(h, w, None, t, wt, "DV")), rel=1e-5)
+    shifted = fused_ce.weighted_logp_sum(jnp.roll(h, 1, axis=1), w, None, t, wt, tokens=4)
+    assert abs(float(good - shifted)) > 1e-2
+
+
+def test_fused_an_undifferentiated_call_computes_no_gradient():
+    B, T, D, V = 2, 6, 8, 40
+    args = (jnp.ones((B, T, D)), jnp.ones((D, V)), jnp.zeros((V,)), jnp.zeros((B, T), jnp.int32), jnp.ones((B, T)))
+    text = jax.jit(lambda *a: fused_ce.weighted_logp_sum(*a, tokens=4)).lower(*args).as_text()
+    assert text.count("dot_general") == 1  # the logits alone: no dh, dW or db matmul
+
+
+def test_fused_tokens_for():
+    assert fused_ce.tokens_for(None, 50400) == 0  # off
+    assert fused_ce.tokens_for(128, 50400) == 128
+    assert fused_ce.tokens_for(0, 50400) == fused_ce.LOGITS_BUDGET // 50400
+    assert fused_ce.tokens_for(0, 1 << 30) == 1
+    with pytest.raises(ValueError, match="loss_tokens"):
+        fused_ce.tokens_for(-1, 10)
+
+
+@pytest.mark.parametrize("cfg,remat,tokens", [(GPTJ, False, 0), (GPTJ, False, 7), (TIED, True, 5)],
+                         ids=["gptj-budget", "gptj-7", "tied-remat"])
+def test_fused_the_training_step_is_the_plain_one(cfg, remat, tokens):
+    params = model.init_params(cfg, 0)
+    batch = _packed_step(cfg)
+    plain, m_plain = _sgd_step(cfg, params, batch, 0, remat=remat)
+    fused, m_fused = _sgd_step(cfg, params, batch, 0, remat=remat, loss_tokens=tokens)
+    assert float(m_fused["loss"]) == pytest.approx(float(m_plain["loss"]), rel=1e-6)
+    assert float(m_fused["tokens"]) == float(m_plain["tokens"])
+    assert float(m_fused["grad_norm"]) == pytest.approx(float(m_plain["grad_norm"]), rel=1e-5)
+    _assert_close_trees(fused.params, plain.params)
+
+
+def test_fused_bf16_operands_stay_within_bf16_rounding():
+    B, T, D, V = 2, 8, 32, 300
+    k = jax.random.split(jax.random.key(2), 3)
+    h, w = jax.random.normal(k[0], (B, T, D)), 0.2 * jax.random.normal(k[1], (D, V))
+    t, wt = jax.random.randint(k[2], (B, T), 0, V), jnp.ones((B, T))
+    f = lambda dd: jax.value_and_grad(lambda h, w: fused_ce.weighted_logp_sum(h, w, None, t, wt, tokens=8,
+                                                                                dot_dtype=dd), (0, 1))(h, w)
+    (l32, g32), (l16, g16) = f(None), f("bfloat16")
+    assert float(l16) == pytest.approx(float(l32), rel=2e-2)
+    for a, e in zip(g16, g32):
+        assert float(jnp.max(jnp.abs(a - e))) <= 2e-2 * float(jnp.max(jnp.abs(e)))
+        assert float(jnp.max(jnp.abs(a - e))) > 0  # bf16 operands really were used
+
+
+def test_the_backend_options_reach_the_step(tmp_path):
+    """``[model] loss_tokens`` and ``loss_dot_dtype`` through the backend (options -> TrainConfig ->
+    the step): the plain path's losses within fp32 rounding, and within bf16 rounding (but not
+    equal) on bf16 operands."""
+    from star_engine.api import TrainExample, TrainSpec
+    from star_haiku_xmap import plugin
+
+    small = dict(preset="tiny", n_layer=1, d_model=32, n_head=2, d_head=16, d_ff=64, rotary_dim=8, n_ctx=64,
+                 seq_len=48)
+    examples = [TrainExample(f"Q: {i}\nA:", " " + "ab" * (i % 5 + 1) + "\nQ") for i in range(10)]
+    spec = TrainSpec(steps=3, batch_size=4, grad_accum=1, seed=2, optimizer={"lr": 1e-2, "warmup_steps": 0})
+    losses = {}
+    for name, extra in (("plain", {}), ("fused", {"loss_tokens": 7}),
+                        ("bf16", {"loss_tokens": 7, "loss_dot_dtype": "bfloat16"})):
+        backend = plugin.HaikuXmapBackend.from_table(**small, **extra)
+        base = backend.base(tmp_path / name, seed=0)
+        losses[name] = backend.train(base, tmp_path / name / "m", examples, spec).losses
+    np.testing.assert_allclose(losses["fused"], losses["plain"], rtol=1e-5)
+    np.testing.assert_allclose(losses["bf16"], losses["plain"], rtol=2e-2)
+    assert losses["bf16"] != losses["plain"]

@@ -20,7 +20,8 @@ CONVERT = {"hf_import", "hf_llama", "mtj_layout", "mtj_import", "mtj_export", "h
 SUBPACKAGES = {"checkpoint": {"format", "write", "safeio"}, "plan": {"command", "memory", "models", "experiment", "table"},
                "sampling": {"static", "continuous", "slots", "text"},
                "model": {"config", "gptj", "llama", "layers", "architectures", "network", "lora", "lora_options"},
-               "train": {"trainer", "step_lr", "chunked_ce", "packing", "packplan", "resume", "lora_stage", "preference"},
+               "train": {"trainer", "step_lr", "loss", "chunked_ce", "fused_ce", "packing", "packplan", "resume", "lora_stage",
+                         "preference"},
                "runtime": {"hugepages", "layout", "coordination", "sharding", "envvars", "speed"},
                "session": {"machine", "distributed", "weights"}}
 # the door and the modules between the floors; the rest is by concern

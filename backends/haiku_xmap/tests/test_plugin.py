@@ -60,7 +60,10 @@ def test_bad_options_name_the_option(tmp_path):
              (dict(cpu_devices="2"), "model.cpu_devices"), (dict(generation="dynamic"), "model.generation"),
              (dict(generation_chunk=0), "model.generation_chunk"),
              (dict(generation_chunk=2.5), "model.generation_chunk"),
-             (dict(share_prefix="yes"), "model.share_prefix")]
+             (dict(share_prefix="yes"), "model.share_prefix"), (dict(train_mesh={"dp": -1, "mp": 1}), "model.train_mesh"),
+             (dict(train_mesh={"dp": 1}), "model.train_mesh"), (dict(train_mesh={"dp": 1, "tp": 1}), "model.train_mesh"),
+             (dict(loss_tokens=-1), "model.loss_tokens"), (dict(loss_dot_dtype="bfloat16"), "model.loss_dot_dtype"),
+             (dict(loss_tokens=0, loss_dot_dtype="float16"), "model.loss_dot_dtype")]
     for options, name in cases:
         with pytest.raises(UserError, match=name) as e:
             plugin.HaikuXmapBackend.from_table(**{**SMALL, **options})
@@ -110,6 +113,42 @@ def test_cpu_devices_split_generation_over_cores_with_the_same_text():
     assert [r["mesh"] for r in results] == [{"dp": 1, "mp": 1}, {"dp": 2, "mp": 1}]
     assert results[0]["texts"] == results[1]["texts"]
     assert len(set(results[0]["texts"][1])) > 1  # sampled rows differ: not a degenerate model
+
+
+_TRAIN_MESH_SCRIPT = r"""
+import json, sys, tempfile
+from star_engine.api import GenRequest, GenSpec, TrainExample, TrainSpec
+from star_haiku_xmap import plugin
+options = json.loads(sys.argv[1])
+backend = plugin.HaikuXmapBackend.from_table(**options)
+root = tempfile.mkdtemp()
+examples = [TrainExample(f"Q: {i}\nA:", " " + "xy" * (i % 7 + 1) + "\nQ") for i in range(12)]
+spec = TrainSpec(steps=6, batch_size=4, grad_accum=1, seed=1, optimizer={"lr": 1e-2, "warmup_steps": 0})
+result = backend.train(backend.base(root, seed=0), root + "/m", examples, spec)
+text = backend.generate(result.checkpoint, [GenRequest(prompt="Q: 3\nA:", seed=0)], GenSpec(8, 0.0, 1.0, (), 1))
+d = backend.describe()
+print("RESULT " + json.dumps({"mesh": d["mesh"], "train_mesh": d["train_mesh"], "losses": result.losses,
+                              "text": text}))
+"""
+
+
+def test_train_mesh_trains_as_a_process_of_that_many_devices():
+    """``[model] train_mesh = {dp = 1, mp = 1}`` in a 2-device process trains on one device:
+    the losses of a 1-device process, bit for bit, while generation keeps both devices (the
+    trained weights come back onto the run's mesh); a sub-mesh larger than the mesh is refused."""
+    runs = {name: json.loads(_run_fresh(_TRAIN_MESH_SCRIPT, json.dumps({**SMALL, **extra}), 300))
+            for name, extra in (("one", {"cpu_devices": 1}), ("sub", {"cpu_devices": 2,
+                                                                      "train_mesh": {"dp": 1, "mp": 1}}),
+                                ("two", {"cpu_devices": 2}))}
+    assert runs["sub"]["mesh"] == {"dp": 2, "mp": 1} and runs["sub"]["train_mesh"] == {"dp": 1, "mp": 1}
+    assert runs["two"]["train_mesh"] == {"dp": 2, "mp": 1}
+    assert runs["sub"]["losses"] == runs["one"]["losses"]
+    assert runs["sub"]["losses"] != runs["two"]["losses"]  # the batch split over 2 devices sums otherwise
+    assert runs["sub"]["text"] == runs["one"]["text"]
+    backend = plugin.HaikuXmapBackend.from_table(**SMALL, train_mesh={"dp": 64, "mp": 1})
+    with pytest.raises(UserError, match="model.train_mesh: dp x mp = 64 devices") as e:
+        backend.start()
+    assert e.value.key == "model.train_mesh"
 
 
 _CPU_TRAIN_SCRIPT = r"""

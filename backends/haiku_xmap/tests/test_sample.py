@@ -130,3 +130,26 @@ def test_keys_and_left_pad_helpers():
     np.testing.assert_array_equal(mask, [[0, 0, 1, 1], [0, 0, 0, 1]])
     with pytest.raises(ValueError):
         sample.left_pad([[1, 2, 3]], pad_id=0, length=2)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_first_argmax_is_jnp_argmax(dtype):
+    """Greedy decoding's argmax (two plain reductions) picks what ``jnp.argmax`` picks: the first
+    of tied maxima, the first NaN of a row that has one (before or after an inf), the first of
+    an all -inf or all-equal row."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((40, 300)).astype(np.float32)
+    x[:10] = np.round(x[:10])  # many ties
+    x[10, [5, 7]] = 9
+    x[11, :] = -np.inf
+    x[12, [10, 20]] = np.nan
+    x[13, [3, 100]] = np.inf
+    x[14, :] = 0.0
+    x[15, [50, 60]] = [np.inf, np.nan]
+    x[16, [50, 60]] = [np.nan, np.inf]
+    x[17, -1] = 50
+    arr = jnp.asarray(x, dtype)
+    got = np.asarray(jax.jit(sample.first_argmax)(arr))
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, np.asarray(jnp.argmax(arr, axis=-1)))
+    assert list(got[[10, 12, 15, 16, 17]]) == [5, 10, 60, 50, 299]

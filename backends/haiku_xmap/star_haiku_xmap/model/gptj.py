@@ -120,7 +120,7 @@ class Block(hk.Module):
 
 
 def network(config: GPTJConfig, tokens_BT, positions_BT, key_mask_BS, cache: KVCache | None, start,
-            last_only: bool = False, segments_BT=None, head: bool = True):
+            last_only: bool = False, segments_BT=None, head: bool = True, prefix: KVCache | None = None):
     """Logits (B, T, V) fp32 (``last_only``: (B, 1, V) of the last slot) and the
     new per-layer keys/values (run inside ``hk.transform``: ``model``); ``head=False``:
     the final hidden states (B, T, D) (after ``ln_f``, in the compute dtype) in place of
@@ -133,7 +133,10 @@ def network(config: GPTJConfig, tokens_BT, positions_BT, key_mask_BS, cache: KVC
     False). ``start`` is one slot for every row, or a (B,) array: row b then
     writes (and its queries sit at) slots [start[b], start[b] + T).
     ``segments_BT`` (no cache): packed rows, a token attends only to the
-    tokens of its own segment (block-diagonal causal attention).
+    tokens of its own segment (block-diagonal causal attention). ``prefix`` (with a
+    cache): the keys/values (1, H, P, K) per layer of P tokens every row continues,
+    kept out of the cache and read once for all rows (``layers.prefix_attention``);
+    the cache then holds each row's own tokens, whose positions start at P.
 
     The modules are made here, at the top level, so that their parameters are
     ``wte``, ``h_{i}/...``, ``ln_f``, ``lm_head`` with no enclosing module name.
@@ -143,8 +146,9 @@ def network(config: GPTJConfig, tokens_BT, positions_BT, key_mask_BS, cache: KVC
     x_ND = Embed(c.vocab, c.d_model)(tokens_BT.reshape(B * T), dtype_of(c))
     sin, cos = _rotary_sin_cos(positions_BT, c.rotary_dim)
     sin, cos = sin.transpose(0, 2, 1, 3), cos.transpose(0, 2, 1, 3)  # (B, 1, T, R): broadcast over heads
-    sh = attention_prologue(B, T, sin, cos, key_mask_BS, cache, start, segments_BT)
-    x_ND, kv = layer_loop(x_ND, sh, cache, c.n_layer, lambda i: Block(c, name=f"h_{i}"), last_only)
+    sh = attention_prologue(B, T, sin, cos, key_mask_BS, cache, start, segments_BT,
+                            prefix_len=0 if prefix is None else prefix.k[0].shape[2])
+    x_ND, kv = layer_loop(x_ND, sh, cache, c.n_layer, lambda i: Block(c, name=f"h_{i}"), last_only, prefix)
     x_ND = LayerNorm(c.ln_eps, name="ln_f")(x_ND)
     if not head:
         return x_ND.reshape(B, -1, c.d_model), kv

@@ -66,7 +66,10 @@ class Shared(NamedTuple):
     of ``T`` new tokens, their rotary tables (B, 1, T, rotary dims), which keys
     each query may read (``allowed_BTS``), the cache slot(s) the new keys go to
     (``start``: one slot, or (B,) slots when ``per_row``) and the causal query
-    block (0: none)."""
+    block (0: none). With a shared prefix (``attention_prologue``'s ``prefix_len``):
+    which of its P keys each query may read (``prefix_allowed_BTP``) and, set per layer
+    by ``layer_loop``, that layer's prefix keys and values (``prefix``: (1, G, P, K) each,
+    one copy for every row)."""
 
     B: int
     T: int
@@ -76,6 +79,8 @@ class Shared(NamedTuple):
     start: Any
     per_row: bool
     block: int
+    prefix_allowed_BTP: Any = None
+    prefix: Any = None
 
 
 class Linear(hk.Module):
@@ -233,7 +238,7 @@ def fused_attention(q_BHTK: jax.Array, k_BGSK: jax.Array, v_BGSK: jax.Array, all
 
 def attention_prologue(B: int, T: int, sin: jax.Array, cos: jax.Array, key_mask_BS: jax.Array,
                        cache: KVCache | None, start, segments_BT: jax.Array | None = None,
-                       sliding_window: int | None = None) -> Shared:
+                       sliding_window: int | None = None, prefix_len: int = 0) -> Shared:
     """What every layer's attention reads (``Shared``) for ``B`` rows of ``T`` new tokens.
 
     Without a cache the keys are the T new tokens (S == T). With one, the new tokens sit
@@ -244,7 +249,12 @@ def attention_prologue(B: int, T: int, sin: jax.Array, cos: jax.Array, key_mask_
     the count of real keys before it in its row, which is what positions are everywhere
     in this backend (left padding, a shared prefix, decode slots), so the window is right
     wherever a row's slots have gaps. Long self-attention (training, long prompts) runs
-    in causal query blocks."""
+    in causal query blocks.
+
+    ``prefix_len`` P > 0: every row continues the same P tokens, whose keys are not in the
+    cache but shared (``prefix_attention``): positions [0, P), before every slot. A query
+    may read all of them (they precede it), within the ``sliding_window`` counted from its
+    own position P + (its real keys so far)."""
     per_row = cache is not None and jnp.ndim(start) == 1
     if cache is None:
         q_slot_T, S = jnp.arange(T), T
@@ -255,13 +265,16 @@ def attention_prologue(B: int, T: int, sin: jax.Array, cos: jax.Array, key_mask_
     allowed_BTS = (causal_TS if per_row else causal_TS[None]) & key_mask_BS[:, None, :]
     if segments_BT is not None:
         allowed_BTS = allowed_BTS & (segments_BT[:, :, None] == segments_BT[:, None, :])
+    prefix_BTP = jnp.ones((B, T, prefix_len), bool) if prefix_len else None
     if sliding_window is not None:
         kpos_BS = jnp.cumsum(key_mask_BS.astype(jnp.int32), axis=1)  # real keys up to each slot
         q_slot_BT = jnp.broadcast_to(q_slot_T, (B, T))
         qpos_BT = jnp.take_along_axis(kpos_BS, q_slot_BT, axis=1)
         allowed_BTS = allowed_BTS & (qpos_BT[:, :, None] - kpos_BS[:, None, :] < sliding_window)
+        if prefix_len:  # prefix key p is the (p + 1)-th real key; the query the (P + qpos)-th
+            prefix_BTP = (prefix_len + qpos_BT)[:, :, None] - (jnp.arange(prefix_len) + 1) < sliding_window
     block = CAUSAL_BLOCK if cache is None and T >= 2 * CAUSAL_BLOCK else 0
-    return Shared(B, T, sin, cos, allowed_BTS, start, per_row, block)
+    return Shared(B, T, sin, cos, allowed_BTS, start, per_row, block, prefix_BTP)
 
 
 def gqa_attention(q_xTK, k_BGSK, v_BGSK, allowed_BTS, d_head: int, block: int = 0) -> jax.Array:
@@ -287,6 +300,25 @@ def gqa_attention(q_xTK, k_BGSK, v_BGSK, allowed_BTS, d_head: int, block: int = 
     return jnp.einsum("bgrts,bgsk->bgrtk" if grouped else "bhts,bhsk->bhtk", probs, v_BGSK)
 
 
+def prefix_attention(q_xTK, pk_1GPK, pv_1GPK, k_BGSK, v_BGSK, allowed_BTP, allowed_BTS, d_head: int) -> jax.Array:
+    """``gqa_attention`` over a shared prefix's P keys, then each row's own S keys: one softmax
+    over [prefix | own] (what ``gqa_attention`` computes when the row's cache holds the prefix
+    in front of its own slots), with the prefix's keys and values read once for all the rows
+    ((1, G, P, K): every row continues the same few-shot prompt) instead of once a row."""
+    grouped = q_xTK.ndim == 5
+    scale = np.sqrt(d_head).astype(np.float32)
+    qf = q_xTK.astype(jnp.float32)
+    pre, own = ("bgrtk,gpk->bgrtp", "bgrtk,bgsk->bgrts") if grouped else ("bhtk,hpk->bhtp", "bhtk,bhsk->bhts")
+    scores = jnp.concatenate([jnp.einsum(pre, qf, pk_1GPK[0].astype(jnp.float32)),
+                              jnp.einsum(own, qf, k_BGSK.astype(jnp.float32))], axis=-1)
+    allowed = jnp.concatenate([allowed_BTP, allowed_BTS], axis=-1)
+    allowed = allowed[:, None, None] if grouped else allowed[:, None, :, :]
+    probs = masked_softmax(scores, allowed, scale).astype(v_BGSK.dtype)
+    P = pk_1GPK.shape[2]
+    out_pre = jnp.einsum("bgrtp,gpk->bgrtk" if grouped else "bhtp,hpk->bhtk", probs[..., :P], pv_1GPK[0])
+    return out_pre + jnp.einsum("bgrts,bgsk->bgrtk" if grouped else "bhts,bhsk->bhtk", probs[..., P:], v_BGSK)
+
+
 def attend(q_BHTK: jax.Array, k_BGTK: jax.Array, v_BGTK: jax.Array, sh: Shared,
            kv: tuple[jax.Array, jax.Array] | None, d_model: int, dtype) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The attention of a layer after its q/k/v projections (H query heads, G key/value
@@ -302,10 +334,16 @@ def attend(q_BHTK: jax.Array, k_BGTK: jax.Array, v_BGTK: jax.Array, sh: Shared,
         # Only the T new slots are written; inside a decode loop XLA updates the buffer in place.
         k_BGSK = write_slots(kv[0], k_BGTK, sh.start, sh.per_row)
         v_BGSK = write_slots(kv[1], v_BGTK, sh.start, sh.per_row)
-    kind = attention_kind() if T > 1 else "reference"  # decoding (one query a row) stays on the reference
+    # decoding (one query a row) and a shared prefix stay on the reference
+    kind = attention_kind() if T > 1 and sh.prefix is None else "reference"
     if kind == "reference":
         q_xTK = q_BHTK if G == H else q_BHTK.reshape(B, G, H // G, T, K)
-        ctx_BHTK = gqa_attention(q_xTK, k_BGSK, v_BGSK, sh.allowed_BTS, K, sh.block).reshape(B, H, T, K)
+        if sh.prefix is None:
+            ctx_BHTK = gqa_attention(q_xTK, k_BGSK, v_BGSK, sh.allowed_BTS, K, sh.block).reshape(B, H, T, K)
+        else:
+            pk_1GPK, pv_1GPK = sh.prefix
+            ctx_BHTK = prefix_attention(q_xTK, pk_1GPK, pv_1GPK, k_BGSK, v_BGSK, sh.prefix_allowed_BTP,
+                                        sh.allowed_BTS, K).reshape(B, H, T, K)
     else:
         ctx_BHTK = fused_attention(q_BHTK, k_BGSK, v_BGSK, sh.allowed_BTS, kind)
     ctx_ND = ctx_BHTK.transpose(0, 2, 1, 3).reshape(B * T, H * K).astype(dtype)
@@ -318,16 +356,19 @@ BlockFn = Callable[[jax.Array, Shared, "tuple[jax.Array, jax.Array] | None"], tu
 
 
 def layer_loop(x_ND: jax.Array, sh: Shared, cache: KVCache | None, n_layer: int,
-               make_block: Callable[[int], BlockFn], last_only: bool = False) -> tuple[jax.Array, KVCache]:
+               make_block: Callable[[int], BlockFn], last_only: bool = False,
+               prefix: KVCache | None = None) -> tuple[jax.Array, KVCache]:
     """The residual stream (N, D) through ``n_layer`` blocks (``make_block(i)``: layer i's
-    module, named ``h_{i}``), each reading its layer of ``cache``; each block's input is
-    named ``LAYER_INPUT`` (what per-layer rematerialisation keeps, ``train.py``).
+    module, named ``h_{i}``), each reading its layer of ``cache`` (and of a shared
+    ``prefix``'s keys and values, ``prefix_attention``); each block's input is named
+    ``LAYER_INPUT`` (what per-layer rematerialisation keeps, ``train.py``).
     Returns (the stream, (B, D) of each row's last slot with ``last_only``; the new
     per-layer keys/values)."""
     new_k, new_v = [], []
     for i in range(n_layer):
         x_ND = checkpoint_name(x_ND, LAYER_INPUT)
-        x_ND, k_BGSK, v_BGSK = make_block(i)(x_ND, sh, None if cache is None else (cache.k[i], cache.v[i]))
+        sh_i = sh if prefix is None else sh._replace(prefix=(prefix.k[i], prefix.v[i]))
+        x_ND, k_BGSK, v_BGSK = make_block(i)(x_ND, sh_i, None if cache is None else (cache.k[i], cache.v[i]))
         new_k.append(k_BGSK)
         new_v.append(v_BGSK)
     if last_only:

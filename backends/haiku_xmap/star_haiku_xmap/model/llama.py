@@ -117,7 +117,7 @@ class Block(hk.Module):
 
 
 def network(config: LlamaConfig, tokens_BT, positions_BT, key_mask_BS, cache: KVCache | None, start,
-            last_only: bool = False, segments_BT=None, head: bool = True):
+            last_only: bool = False, segments_BT=None, head: bool = True, prefix: KVCache | None = None):
     """``gptj.network``'s contract (same arguments, same results, top-level module
     names) for a Llama-style model."""
     c = config
@@ -128,8 +128,9 @@ def network(config: LlamaConfig, tokens_BT, positions_BT, key_mask_BS, cache: KV
     angle_BTR = positions_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq(c))
     angle_B1TK = jnp.concatenate([angle_BTR, angle_BTR], axis=-1)[:, None]
     sin, cos = jnp.sin(angle_B1TK), jnp.cos(angle_B1TK)
-    sh = attention_prologue(B, T, sin, cos, key_mask_BS, cache, start, segments_BT, c.sliding_window)
-    x_ND, kv = layer_loop(x_ND, sh, cache, c.n_layer, lambda i: Block(c, name=f"h_{i}"), last_only)
+    sh = attention_prologue(B, T, sin, cos, key_mask_BS, cache, start, segments_BT, c.sliding_window,
+                            prefix_len=0 if prefix is None else prefix.k[0].shape[2])
+    x_ND, kv = layer_loop(x_ND, sh, cache, c.n_layer, lambda i: Block(c, name=f"h_{i}"), last_only, prefix)
     x_ND = RMSNorm(c.rms_eps, name="ln_f")(x_ND)
     if not head:
         return x_ND.reshape(B, -1, c.d_model), kv

@@ -163,16 +163,21 @@ def decode_step(params: Params, token_B: jax.Array, position_B: jax.Array, slot,
 
 
 def decode_rows(params: Params, token_B: jax.Array, length_B: jax.Array, cache: KVCache,
-                config: ModelConfig) -> tuple[jax.Array, KVCache]:
+                config: ModelConfig, prefix: KVCache | None = None) -> tuple[jax.Array, KVCache]:
     """One token per row for caches filled from slot 0 (no padding): row b holds
     ``length_B[b]`` tokens, so its new token sits at position and slot
     ``length_B[b]`` and attends slots [0, length_B[b]]. Each row has its own
-    length (continuous batching). Returns (logits (B, V), cache)."""
+    length (continuous batching). ``prefix``: the keys/values (1, H, P, K) per layer of
+    P tokens every row continues (a shared few-shot prompt), kept out of the cache and
+    read once for all rows: row b's cache then holds its own tokens, at positions
+    P + slot. Returns (logits (B, V), cache)."""
     S = cache.k[0].shape[2]
+    P = 0 if prefix is None else prefix.k[0].shape[2]
     length_B = jnp.minimum(length_B, S - 1)  # a finished row may sit at the end; it is not read back
     key_mask_BS = jnp.arange(S)[None, :] <= length_B[:, None]
-    logits_BTV, cache = _transformed(config).apply(params, token_B[:, None], length_B[:, None], key_mask_BS,
-                                                   cache, length_B)
+    extra = {} if prefix is None else {"prefix": prefix}
+    logits_BTV, cache = _transformed(config).apply(params, token_B[:, None], P + length_B[:, None], key_mask_BS,
+                                                   cache, length_B, **extra)
     return logits_BTV[:, 0], cache
 
 

@@ -11,9 +11,10 @@ Device side (compiled, no Python per token):
   top of it (``model.prefill_after``; ``shared_prefix`` says how long a prefix).
 - ``slots.insert``: the prefilled keys/values moved into the freed slots, each row
   shifted to start at cache slot 0 (one prefill row may fill several slots: k
-  samples of the same prompt share one prefill).
+  samples of the same prompt share one prefill); a shared prefix's stay out of them.
 - ``slots.decode``: a ``lax.while_loop`` of decode steps over all slots, for up to
-  ``chunk`` steps or until enough rows have ended.
+  ``chunk`` steps or until enough rows have ended; the shared prefix's keys and values
+  (one copy) are read once a step for all the rows, and each slot holds its own tokens.
 
 - ``slots.compact``: once no prompt waits, the live rows gathered into fewer slots
   (the tail of a call decodes its last rows without the ended rows' slots).
@@ -168,13 +169,14 @@ class _Batcher:
         self.queue = deque(sorted(groups.values(), key=lambda g: (len(prompts[g[0]]), g[0])))  # shortest first
         self.waiting = len(pending)
         self.buckets = length_buckets(config.n_ctx)
-        self.longest = _round_up(max(len(prompts[i]) + budgets[i] for i in pending), CACHE_GRAIN)
+        prefix = shared_prefix([prompts[i] for i in pending]) if decode.share_prefix else 0
+        self.prefix = prefix  # the slots hold what follows it
+        self.longest = _round_up(max(len(prompts[i]) - prefix + budgets[i] for i in pending), CACHE_GRAIN)
         self.key_data = np.asarray(jax.random.key_data(keys_from_seeds([seeds[i] for i in range(len(prompts))])))
         self.slot_req = np.full(B, -1)  # request in each slot
         self.slot_step = np.zeros(B, np.int64)  # its tokens so far
         self.state: device.Slots | None
         self.L, self.state = 0, None
-        prefix = shared_prefix([prompts[i] for i in pending]) if decode.share_prefix else 0
         self.shared = _prefix_cache(params, prompts[pending[0]][:prefix], config, mesh) if prefix else None
         self.counters = {"chunks": 0, "decode_steps": 0, "prefill_calls": 0, "prefill_rows": 0, "slots": B,
                          "prefix_tokens": prefix, "compactions": 0}
@@ -207,7 +209,7 @@ class _Batcher:
         slot 0). Returns the occupied slots."""
         admitted = self._admit()
         occupied = np.flatnonzero(self.slot_req >= 0)
-        need_len = max(len(self.prompts[self.slot_req[b]])
+        need_len = max(len(self.prompts[self.slot_req[b]]) - self.prefix
                        + min(self.budgets[self.slot_req[b]], int(self.slot_step[b]) + self.decode.chunk)
                        for b in occupied)
         target = min(_round_up(need_len, CACHE_GRAIN), self.longest)
@@ -231,7 +233,7 @@ class _Batcher:
         keep = device.put(self.slot_req >= 0, self.mesh, P("dp"))
         need = self.refill_rows if self.queue else self.per + 1
         self.state, tok_BC = self.step(self.params, self.state, keep, need, self.decode.chunk,
-                                       float(self.decode.temperature), float(self.decode.top_p))
+                                       float(self.decode.temperature), float(self.decode.top_p), self.shared)
         tok_BC, step_B, active_B = (device.host(x) for x in (tok_BC, self.state.step_B, self.state.active_B))
         self.counters["chunks"] += 1
         self.counters["decode_steps"] += int(

@@ -8,10 +8,12 @@ state and the compiled programs that change it, no Python per token.
   or on how many slots there are).
 - ``insert``: prefilled keys/values moved into freed slots, each row shifted to start at
   cache slot 0, with its own length, budget, RNG key and first-token logits. One prefill
-  row may fill several slots (k samples of the same prompt share one prefill).
+  row may fill several slots (k samples of the same prompt share one prefill). The tokens
+  of a prefix every prompt shares stay out of the slots (one copy, ``decode``'s ``prefix``).
 - ``decode``: a ``lax.while_loop`` of decode steps over all slots, each row at its own
   cache index and position (``model.decode_rows``), for up to ``steps`` steps or until
-  ``need`` rows have ended.
+  ``need`` rows have ended; a shared prefix's keys and values are read once a step for all
+  the rows (``layers.prefix_attention``), not once a row.
 - ``put`` / ``host``: host arrays onto the mesh and back.
 
 On a mesh each dp shard owns ``slots / dp`` slots and runs its own loop (``shard_map``
@@ -110,16 +112,16 @@ def _insert_rows(slots: Slots, kv: model.KVCache, logits_PV, lens_P, src_N, slot
                  prefix: int = 0) -> Slots:
     """Assignment n copies prefilled row src_N[n] into slot slot_N[n]; slots out of
     range (padding assignments) are dropped. A row holds ``prefix`` shared tokens,
-    then its own tokens left-padded (lens_P[src] real ones)."""
+    then its own tokens left-padded (lens_P[src] real ones): its own tokens alone go into
+    the slot (the shared ones are read from their one copy, ``decode``'s ``prefix``)."""
     T, L = kv.k[0].shape[2] - prefix, slots.cache.k[0].shape[2]
-    W = min(prefix + T, L)
+    W = min(T, L)
     off_N = T - lens_P[src_N]
 
     def left_aligned(x_PHTK):  # (N, H, W, K): each row's real tokens moved to the front
-        rows = x_PHTK[src_N]
-        own = jnp.pad(rows[:, :, prefix:], ((0, 0), (0, 0), (0, T), (0, 0)))
+        own = jnp.pad(x_PHTK[src_N][:, :, prefix:], ((0, 0), (0, 0), (0, T), (0, 0)))
         own = jax.vmap(lambda r, o: jax.lax.dynamic_slice_in_dim(r, o, T, axis=1))(own, off_N)
-        return jnp.concatenate([rows[:, :, :prefix], own], axis=2)[:, :, :W]
+        return own[:, :, :W]
 
     def put(buf_BHLK, x_PHTK):
         return buf_BHLK.at[slot_N, :, :W].set(left_aligned(x_PHTK).astype(buf_BHLK.dtype), mode="drop")
@@ -127,7 +129,7 @@ def _insert_rows(slots: Slots, kv: model.KVCache, logits_PV, lens_P, src_N, slot
     cache = model.KVCache(tuple(map(put, slots.cache.k, kv.k)), tuple(map(put, slots.cache.v, kv.v)))
     at = lambda x: x.at[slot_N]
     return Slots(cache, at(slots.logits_BV).set(logits_PV[src_N], mode="drop"),
-                 at(slots.length_B).set(prefix + lens_P[src_N], mode="drop"), at(slots.step_B).set(0, mode="drop"),
+                 at(slots.length_B).set(lens_P[src_N], mode="drop"), at(slots.step_B).set(0, mode="drop"),
                  at(slots.budget_B).set(budget_N, mode="drop"), at(slots.active_B).set(True, mode="drop"),
                  at(slots.key_data_BK).set(key_data_NK, mode="drop"))
 
@@ -143,12 +145,14 @@ def insert(slots: Slots, kv, logits_PV, lens_P, src_N, slot_N, budget_N, key_dat
     return fn(slots, kv, logits_PV, lens_P, src_N, slot_N, budget_N, key_data_NK)
 
 
-def _decode_rows(params, slots: Slots, keep_B, need, max_steps, temperature, top_p, *, config: GPTJConfig,
+def _decode_rows(params, slots: Slots, keep_B, need, max_steps, temperature, top_p, prefix, *, config: GPTJConfig,
                  steps: int, eos_id: int, valid_vocab: int | None, mesh: Mesh | None):
     """Up to ``max_steps`` (<= ``steps``) decode steps, stopping early once ``need``
     rows have ended or none is left (in ``sample.lockstep``: once any shard has
-    ``need`` ended rows, or none has rows left). Returns (slots, tokens (B, steps):
-    row b's new tokens are its first (step after - step before) columns)."""
+    ``need`` ended rows, or none has rows left). ``prefix``: the keys/values of the
+    tokens every row continues (None: none; the slots hold only each row's own tokens).
+    Returns (slots, tokens (B, steps): row b's new tokens are its first (step after - step
+    before) columns)."""
     B = slots.length_B.shape[0]
     temperature = jnp.asarray(temperature, jnp.float32)
     top_p = jnp.asarray(top_p, jnp.float32)
@@ -160,7 +164,7 @@ def _decode_rows(params, slots: Slots, keep_B, need, max_steps, temperature, top
         tok_B = jnp.where(sl.active_B, tok_B, eos_id)
         tok_BC = jax.lax.dynamic_update_slice(tok_BC, tok_B[:, None], (0, i))
         end_B = sl.active_B & ((tok_B == eos_id) | (sl.step_B + 1 >= sl.budget_B))
-        logits_BV, cache = model.decode_rows(params, tok_B, sl.length_B, sl.cache, config)
+        logits_BV, cache = model.decode_rows(params, tok_B, sl.length_B, sl.cache, config, prefix)
         grow = sl.active_B.astype(jnp.int32)
         sl = sl._replace(cache=cache, logits_BV=logits_BV, length_B=sl.length_B + grow, step_B=sl.step_B + grow,
                          active_B=sl.active_B & ~end_B)
@@ -177,12 +181,12 @@ def _decode_rows(params, slots: Slots, keep_B, need, max_steps, temperature, top
 
 
 @functools.partial(jax.jit, static_argnames=("config", "steps", "eos_id", "valid_vocab", "mesh"), donate_argnums=1)
-def decode(params, slots: Slots, keep_B, need, max_steps, temperature, top_p, *, config: GPTJConfig, steps: int,
-            eos_id: int, valid_vocab: int | None, mesh: Mesh | None = None):
+def decode(params, slots: Slots, keep_B, need, max_steps, temperature, top_p, prefix=None, *, config: GPTJConfig,
+           steps: int, eos_id: int, valid_vocab: int | None, mesh: Mesh | None = None):
     fn = functools.partial(_decode_rows, config=config, steps=steps, eos_id=eos_id, valid_vocab=valid_vocab,
                            mesh=mesh)
-    fn = per_shard(fn, mesh, (P(), P("dp"), P("dp"), P(), P(), P(), P()), (P("dp"), P("dp")))
-    return fn(params, slots, keep_B, need, max_steps, temperature, top_p)
+    fn = per_shard(fn, mesh, (P(), P("dp"), P("dp"), P(), P(), P(), P(), P()), (P("dp"), P("dp")))
+    return fn(params, slots, keep_B, need, max_steps, temperature, top_p, prefix)
 
 
 def put(x, mesh: Mesh | None, spec: P):

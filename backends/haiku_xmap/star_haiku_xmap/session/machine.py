@@ -30,10 +30,12 @@ from ..runtime.hugepages import (ACCELERATOR_DEVICES, COMMAND, HUGETLB, OPT_OUT,
 
 @dataclass(frozen=True)
 class Runtime:
-    """What start-up made: the mesh, and the ``jax.distributed`` arguments (None: one process)."""
+    """What start-up made: the mesh, the ``jax.distributed`` arguments (None: one process) and
+    the mesh fine-tuning runs on (``[model] train_mesh``: a sub-mesh; else the mesh itself)."""
 
     mesh: Any
     distributed: dict | None
+    train_mesh: Any = None
 
 
 def start_runtime(options: Any) -> Runtime:
@@ -52,7 +54,24 @@ def start_runtime(options: Any) -> Runtime:
         mesh = sharding.make_mesh({"dp": -1, "mp": 1} if options.mesh is None else dict(options.mesh))
     except ValueError as exc:
         raise UserError(f"model.mesh: {exc}", key="model.mesh") from None
-    return Runtime(mesh, distributed)
+    return Runtime(mesh, distributed, train_mesh(mesh, options.train_mesh))
+
+
+def train_mesh(mesh: Any, shape: Mapping[str, Any] | None) -> Any:
+    """The mesh of ``[model] train_mesh``: ``{dp, mp}`` over the first dp x mp devices of
+    ``mesh`` (one process only: a sub-mesh of a multi-process mesh would leave processes out);
+    None: ``mesh`` itself."""
+    if shape is None:
+        return mesh
+    devices = list(mesh.devices.flat)
+    n = int(shape["dp"]) * int(shape["mp"])
+    if jax.process_count() > 1:
+        raise UserError("model.train_mesh: a sub-mesh for training needs a single process "
+                        f"(this run has {jax.process_count()}); leave it unset", key="model.train_mesh")
+    if n > len(devices):
+        raise UserError(f"model.train_mesh: dp x mp = {n} devices, but the run's mesh has {len(devices)}",
+                        key="model.train_mesh")
+    return sharding.make_mesh(dict(shape), devices=devices[:n])
 
 
 def set_cpu_devices(n: Any) -> None:

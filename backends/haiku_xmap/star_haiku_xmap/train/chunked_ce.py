@@ -101,15 +101,22 @@ def _forward(h_ND, w_KCD, bias_KC, targets_N, dot_dtype):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
 def _chunked(h_ND, w_KCD, bias_KC, targets_N, dot_dtype, weight_grad):
-    return _forward(h_ND, w_KCD, bias_KC, targets_N, dot_dtype)[0]
+    with jax.named_scope("chunked_ce"):  # the ops' source path (benchmarks/xla_ops.py)
+        return _forward(h_ND, w_KCD, bias_KC, targets_N, dot_dtype)[0]
 
 
 def _chunked_fwd(h_ND, w_KCD, bias_KC, targets_N, dot_dtype, weight_grad):
-    logp_N, lse_N = _forward(h_ND, w_KCD, bias_KC, targets_N, dot_dtype)
+    with jax.named_scope("chunked_ce"):
+        logp_N, lse_N = _forward(h_ND, w_KCD, bias_KC, targets_N, dot_dtype)
     return logp_N, (h_ND, w_KCD, bias_KC, targets_N, lse_N)
 
 
 def _chunked_bwd(dot_dtype, weight_grad, res, g_N):
+    with jax.named_scope("chunked_ce"):
+        return _backward(dot_dtype, weight_grad, res, g_N)
+
+
+def _backward(dot_dtype, weight_grad, res, g_N):
     h_ND, w_KCD, bias_KC, targets_N, lse_N = res
     C = w_KCD.shape[1]
     mm = h_ND.dtype if dot_dtype is None else dot_dtype

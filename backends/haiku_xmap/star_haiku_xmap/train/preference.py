@@ -134,9 +134,13 @@ def dpo_loss(logp_B: jax.Array, ref_B: jax.Array, valid_P: jax.Array, beta: floa
 
 def dpo_objective(params: Any, mb: Mapping[str, jax.Array], config: Any, remat: bool = False, adapters: Any = None,
                   adapter: lora.LoraSpec | None = None, *, beta: float,
-                  loss_chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
+                  loss_chunk: int | None = None, loss_tokens: int | None = None,
+                  loss_dot_dtype: str | None = None) -> tuple[jax.Array, jax.Array]:
     """``train.make_update``'s objective for one DPO micro-batch (rows as ``dpo_loss``'s,
-    ``ref`` (2R, 1)): a pair is real when its chosen row carries loss (dp padding does not)."""
+    ``ref`` (2R, 1)): a pair is real when its chosen row carries loss (dp padding does not).
+    ``loss_tokens`` and ``loss_dot_dtype`` are not used: the loss is not linear in each token's
+    log-probability, so its output layer is ``loss_chunk``'s, in the weights' dtype (as the
+    reference scoring's, ``score_sequences``)."""
     valid_P = jnp.any(mb["weights"][0::2], axis=-1).astype(jnp.float32)
     logp_B = seq_logp(params, mb, config, remat, adapters, adapter, loss_chunk=loss_chunk)
     return dpo_loss(logp_B, mb["ref"][:, 0], valid_P, beta)

@@ -29,7 +29,8 @@ import optax
 
 from ..model import lora
 from ..model import network as model
-from . import chunked_ce, packing
+from . import packing
+from .loss import logits_logp, token_logp, token_loss  # noqa: F401  (the backend's API)
 from ..runtime import sharding
 from ..session.distributed import global_array, place, to_host
 from ..options import OPT_STATE_DTYPES, TrainConfig, check_dtypes
@@ -122,70 +123,24 @@ def build_state(params: Any, tx: optax.GradientTransformation, state_sh: Any) ->
     return jax.jit(lambda p: init_state(p, tx), out_shardings=state_sh, donate_argnums=0)(params)
 
 
-# ----------------------------------------------------------------------------- loss / step
-
-
-def token_logp(params, batch: Mapping[str, jax.Array], config: ModelConfig, remat: bool = False,
-               adapters: Any = None, adapter: lora.LoraSpec | None = None, *,
-               loss_chunk: int | None = None) -> jax.Array:
-    """fp32 log p(target) (B, T) of every target of one micro-batch of (B, T) arrays
-    (``packing.KEYS``; unweighted: padding's too). ``remat``: the backward pass keeps
-    only each block's input and recomputes the rest of the block. ``adapter``:
-    ``params`` is the frozen base and ``adapters`` its LoRA adapters (``lora.py``).
-    ``loss_chunk``: the output projection and softmax over vocabulary chunks of that
-    many rows (``chunked_ce.py``), never holding the (B, T, V) logits; 0: the plain
-    path, as None (``chunked_ce.chunk_for``: chunking is opt-in)."""
-    chunk = chunked_ce.chunk_for(loss_chunk)
-
-    def forward(p, ad, tokens, positions, segments):
-        if adapter is None:
-            return model.forward(p, tokens, config, positions_BT=positions, segments=segments, head=not chunk)
-        return lora.forward(p, ad, tokens, config, adapter, positions_BT=positions, segments=segments,
-                            head=not chunk)
-
-    if remat:
-        forward = jax.checkpoint(forward, policy=jax.checkpoint_policies.save_only_these_names(model.LAYER_INPUT))
-    out_BTX = forward(params, adapters, batch["tokens"], batch["positions"], batch["segments"])
-    if chunk:  # out: the final hidden states (B, T, D); the head is frozen under LoRA
-        w, layout, b = model.output_head(params, config)
-        B, T, D = out_BTX.shape
-        logp_N = chunked_ce.chunked_logp(out_BTX.reshape(B * T, D), w, b, batch["targets"].reshape(B * T),
-                                         w_layout=layout, chunk=chunk, weight_grad=adapter is None)
-        return logp_N.reshape(B, T)
-    return logits_logp(out_BTX, batch["targets"])
-
-
-def logits_logp(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
-    """The plain path's log p(target) (B, T) from fp32 logits (B, T, V): (x - max)[target] -
-    log sum exp(x - max), as log_softmax computes it; the one-hot product picks the target
-    exactly, and its gradient stays elementwise (take_along_axis's would be a scatter)."""
-    shifted_BTV = logits_BTV - jax.lax.stop_gradient(jnp.max(logits_BTV, axis=-1, keepdims=True))
-    onehot_BTV = jax.nn.one_hot(targets_BT, logits_BTV.shape[-1], dtype=jnp.float32)
-    return jnp.sum(shifted_BTV * onehot_BTV, axis=-1) - jnp.log(jnp.sum(jnp.exp(shifted_BTV), axis=-1))
-
-
-def token_loss(params, batch: Mapping[str, jax.Array], config: ModelConfig, remat: bool = False,
-               adapters: Any = None, adapter: lora.LoraSpec | None = None, *, loss_chunk: int | None = None):
-    """(sum of fp32 next-token NLL over the weighted targets, number of them) for one
-    micro-batch (``token_logp``'s arguments): ``make_update``'s default objective."""
-    logp_BT = token_logp(params, batch, config, remat, adapters, adapter, loss_chunk=loss_chunk)
-    w_BT = batch["weights"].astype(jnp.float32)
-    return -jnp.sum(logp_BT * w_BT), jnp.sum(w_BT)
+# ----------------------------------------------------------------------------- step
 
 
 def make_update(config: ModelConfig, tx: optax.GradientTransformation, mesh=None,
                 state_example: TrainState | None = None, state_shardings: Any = None, *,
                 accum_dtype: str = "float32", remat: bool = False,
                 adapter: lora.LoraSpec | None = None, objective: Callable = token_loss,
-                loss_chunk: int | None = None, step_lr: StepLr | None = None) -> Callable:
+                loss_chunk: int | None = None, loss_tokens: int | None = None, loss_dot_dtype: str | None = None,
+                step_lr: StepLr | None = None) -> Callable:
     """``update(state, batch) -> (state, metrics)``, jit'd with the state donated.
     ``step_lr`` (the ``StepLr`` ``tx`` was built with): ``update(state, batch, lr)`` takes the
     step's learning rate as an argument, so the program is the same for any length (``step_lr.py``).
 
-    ``objective(params, micro_batch, config, remat, adapters, adapter, loss_chunk=) -> (loss
-    sum, count)``: what the step minimises, ``loss sum / count`` over its micro-batches
+    ``objective(params, micro_batch, config, remat, adapters, adapter, loss_chunk=, loss_tokens=,
+    loss_dot_dtype=) -> (loss sum, count)``: what the step minimises, ``loss sum / count`` over its micro-batches
     (``token_loss``; ``preference.dpo_objective`` counts pairs instead of tokens).
-    ``loss_chunk``: ``token_logp``'s (None: by vocabulary size).
+    ``loss_chunk``, ``loss_tokens``, ``loss_dot_dtype``: which output layer, on which operands
+    (``loss.py``; all None: the plain path).
 
     ``adapter`` (LoRA): the state's params are the fp32 adapters (the only thing
     trained, with their own Adam state) and ``update(state, batch, base)`` takes the
@@ -203,12 +158,12 @@ def make_update(config: ModelConfig, tx: optax.GradientTransformation, mesh=None
     """
     compute = model.dtype_of(config)
     accum = jnp.dtype(accum_dtype)
+    head = {"loss_chunk": loss_chunk, "loss_tokens": loss_tokens, "loss_dot_dtype": loss_dot_dtype}
     if adapter is None:
-        grad_fn = jax.value_and_grad(lambda p, mb, base: objective(p, mb, config, remat, loss_chunk=loss_chunk),
-                                     has_aux=True)
+        grad_fn = jax.value_and_grad(lambda p, mb, base: objective(p, mb, config, remat, **head), has_aux=True)
     else:
-        grad_fn = jax.value_and_grad(lambda ad, mb, base: objective(base, mb, config, remat, ad, adapter,
-                                                                    loss_chunk=loss_chunk), has_aux=True)
+        grad_fn = jax.value_and_grad(lambda ad, mb, base: objective(base, mb, config, remat, ad, adapter, **head),
+                                     has_aux=True)
 
     def update(state: TrainState, batch: Mapping[str, jax.Array], *args: Any, base: Any = None):
         if step_lr is not None:  # the traced lr argument, read by tx's schedule below
@@ -312,7 +267,8 @@ def train(params: Any, config: ModelConfig, encoded: Sequence[Encoded], job: Tra
     del params  # the state holds the (master) copy
     put = (lambda batch: batch) if mesh is None else _put_batch(sharding.batch_sharding(mesh, batch_axis=1, ndim=3))
     update = make_update(config, tx, mesh, state_shardings=state_sh, accum_dtype=job.accum_dtype, remat=job.remat,
-                         adapter=adapter, objective=objective, loss_chunk=job.loss_chunk, step_lr=step_lr)
+                         adapter=adapter, objective=objective, loss_chunk=job.loss_chunk,
+                         loss_tokens=job.loss_tokens, loss_dot_dtype=job.loss_dot_dtype, step_lr=step_lr)
     update = step_lr.feeding(update, base)
     state, metrics, n_tokens = run_steps(update, state, batches, mesh=mesh, put=put, progress=progress,
                                          snapshots=snapshots, restored=restored)
