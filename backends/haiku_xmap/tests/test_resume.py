@@ -122,6 +122,25 @@ def test_snapshot_of_another_stage_or_damaged_is_deleted(reference, tmp_path):
     assert read_manifest(snap)["extra"]["step"] == 6  # this run's own snapshot, kept until the checkpoint is loaded
 
 
+def test_the_output_layer_and_the_training_mesh_are_in_the_key(reference, tmp_path):
+    """A snapshot taken with ``loss_tokens`` or ``train_mesh`` set is not another setting's: a
+    stage killed under one and rerun under another starts over (its steps would differ)."""
+    base, _ = reference
+    out = tmp_path / "model"
+    snap = resume.snapshot_dir(out)
+    fused = plugin.HaikuXmapBackend.from_table(**SMALL, train_checkpoint_steps=3, train_checkpoint_minutes=0,
+                                               loss_tokens=8, train_mesh={"dp": 1, "mp": 1})
+    with pytest.raises(Killed):
+        fused.train(base, out, EXAMPLES, SPEC, progress=killer(4, []))
+    key = read_manifest(snap)["extra"]["key"]
+    assert key["loss_tokens"] == 8 and key["train_mesh"] == [1, 1] and "loss_dot_dtype" not in key
+    plain = plugin.HaikuXmapBackend.from_table(**SMALL, train_checkpoint_steps=3, train_checkpoint_minutes=0)
+    calls: list = []
+    with pytest.raises(Killed):
+        plain.train(base, out, EXAMPLES, SPEC, progress=killer(2, calls))
+    assert calls[:1] == [1]  # from step 0: the fused stage's snapshot was not this one's
+
+
 def test_options_and_triggers(tmp_path):
     for options, key in [({"train_checkpoint_steps": -1}, "model.train_checkpoint_steps"),
                          ({"train_checkpoint_steps": 2.0}, "model.train_checkpoint_steps"),

@@ -113,6 +113,11 @@ def stage_snapshots(weights: Weights, options: ModelOptions, init: str, out: str
            "mesh": mesh, "processes": jax.process_count()}
     if spec.adapter is not None:  # a LoRA stage (lora_stage.py)
         key["adapter"] = _table(spec.adapter)
+    elif o.train_mesh is not None:  # trained on a sub-mesh (machine.train_mesh): its steps are that mesh's
+        key["train_mesh"] = mesh = [int(o.train_mesh["dp"]), int(o.train_mesh["mp"])]
+    for name in ("loss_tokens", "loss_dot_dtype"):  # set only: the keys of stages without them stay as they were
+        if getattr(o, name) is not None:
+            key[name] = getattr(o, name)
     if objective is not None:
         key["objective"] = dict(objective)
     minutes = o.train_checkpoint_minutes
