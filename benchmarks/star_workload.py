@@ -249,7 +249,7 @@ def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
                                                  seq_len=cfg.n_ctx, pad_id=mix["pad"], dp=sharding.dp_size(tmesh),
                                                  packing=pack))
             tx = AdamW.from_table({"lr": 1e-4, "warmup_steps": 0}).build(10_000)
-            tparams = params if tmesh is mesh else sharding.shard_tree(model.init_params(cfg, 0), tmesh)
+            tparams = params if tmesh is mesh else sharding.shard_tree(params, tmesh)
             box = [train.init_state(jax.tree.map(jnp.copy, tparams), tx)]
             update = train.make_update(cfg, tx, tmesh, box[0], loss_chunk=loss_chunk, loss_tokens=loss_tokens)
             put = lambda b: jax.device_put(b, sharding.batch_sharding(tmesh, batch_axis=1, ndim=3))

@@ -37,9 +37,8 @@ import json
 import os
 import statistics
 import sys
-import typing
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 from bench_common import Peer, cpu_name, logged, paired_ratio, rotate, serve, threads, timed, timed_reply
 
@@ -151,7 +150,7 @@ def engine_parts(a) -> tuple[dict, dict]:
             return m["loss"]
 
         fns[f"step_{kind}"] = step
-        texts[kind] = typing.cast(Any, update).lower(box[0], step_batch).compile().as_text() if a.ops else ""
+        texts[kind] = cast(Any, update).lower(box[0], step_batch).compile().as_text() if a.ops else ""
     calls = {name: (lambda fn=fn: jax.block_until_ready(fn())) for name, fn in fns.items()}
     for fn in calls.values():
         fn()  # compile

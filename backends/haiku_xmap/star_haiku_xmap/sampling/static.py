@@ -58,7 +58,7 @@ def first_argmax(x_BV: jax.Array) -> jax.Array:
     """``jnp.argmax`` over the last axis (int32): the first index of the largest value, or of
     the first NaN when there is one. Two plain reductions (the maximum, then the smallest
     index that holds it) instead of XLA's variadic (value, index) reduce, which XLA:CPU runs
-    about 2x slower at a vocabulary of 50,400 (docs/performance.md §3.4)."""
+    about 2x slower at a vocabulary of 50,400 (docs/performance.md §3.6)."""
     m_B1 = jnp.max(x_BV, axis=-1, keepdims=True)  # XLA:CPU's max may skip a NaN: its own test below
     nan_BV = jnp.isnan(x_BV)
     hit_BV = jnp.where(jnp.any(nan_BV, axis=-1, keepdims=True), nan_BV, x_BV == m_B1)

@@ -35,7 +35,7 @@ class Runtime:
 
     mesh: Any
     distributed: dict | None
-    train_mesh: Any = None
+    train_mesh: Any
 
 
 def start_runtime(options: Any) -> Runtime:

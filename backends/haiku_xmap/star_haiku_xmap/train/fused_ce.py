@@ -28,9 +28,9 @@ index, label smoothing, z-loss or softcap: the weights mask the loss).
 The weight keeps its own layout, (D, V) for an ``lm_head`` or (V, D) for a tied embedding
 table, and so does its gradient: no transposed or padded copy of either. The bias
 gradient is a matmul with a ones vector: XLA:CPU reduces a (M, 50,400) array over its
-rows some 60x slower than it multiplies it by a vector (docs/performance.md §3.3).
+rows some 60x slower than it multiplies it by a vector (docs/performance.md §3.5).
 
-Precision follows the plain path (``trainer.logits_logp``): a chunk's logits in the
+Precision follows the plain path (``loss.logits_logp``): a chunk's logits in the
 weights' dtype plus the bias, then fp32; the softmax in fp32; the logits' gradient cast to
 the weights' dtype before the two gradient matmuls (as autodiff of ``.astype(float32)``
 does); the weight and bias gradients accumulated in fp32 over the chunks.
@@ -131,11 +131,9 @@ def _run(h_BTD, w, b_V, t_BT, wt_BT, tokens: int, layout: str, grads: bool, weig
     if not grads:
         return total, logp_BT, None
     dh_BTD = unsplit(out["dh"])
-    if weight_grad:
-        dw_out, db_out = dw.astype(w.dtype), None if b_V is None else db.astype(b_V.dtype)
-    else:  # a frozen head: nothing to give (the caller does not differentiate it)
-        dw_out, db_out = jnp.zeros_like(w), None if b_V is None else jnp.zeros_like(b_V)
-    return total, logp_BT, (dh_BTD, dw_out, db_out)
+    if not weight_grad:  # a frozen head: no cotangent (None is zeros to JAX), no (D, V) residual
+        return total, logp_BT, (dh_BTD, None, None)
+    return total, logp_BT, (dh_BTD, dw.astype(w.dtype), None if b_V is None else db.astype(b_V.dtype))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
@@ -169,7 +167,7 @@ def weighted_logp_sum(h_BTD: jax.Array, w: jax.Array, b_V: jax.Array | None, tar
     (D, V) for ``w_layout = "DV"`` (an ``lm_head``) or (V, D) for ``"VD"`` (a tied table);
     ``b_V``: its bias or None; ``targets_BT``: ids in [0, V); ``weights_BT``: each token's
     weight (0 for padding). ``tokens``: tokens per chunk (``tokens_for``). ``weight_grad=False``:
-    a frozen head (LoRA): zeros for ``w``/``b``, and their matmuls skipped. ``dot_dtype``: None
+    a frozen head (LoRA): zero gradients for ``w``/``b``, and their matmuls skipped. ``dot_dtype``: None
     (the weights' dtype) or "bfloat16" (the three matmuls on bf16 operands, fp32 accumulation)."""
     if w_layout not in ("DV", "VD"):
         raise ValueError(f"w_layout must be 'DV' or 'VD', got {w_layout!r}")
