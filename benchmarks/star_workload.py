@@ -62,6 +62,23 @@ TRAIN_SIDES = ("engine_packed", "engine_padded", "hf_padded", "hf_packed", "engi
                "engine_packed_chunked_loss")
 
 
+def mesh_arg(text: str) -> tuple[int, int]:
+    """``DPxMP`` (``-1`` for dp: the remaining devices) as (dp, mp)."""
+    try:
+        dp, mp = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not DPxMP (e.g. 1x2)") from None
+    if mp < 1 or dp == 0 or dp < -1:
+        raise argparse.ArgumentTypeError(f"{text!r}: dp must be -1 or >= 1 and mp >= 1")
+    return dp, mp
+
+
+def train_dp(a: argparse.Namespace, devices: int) -> int:
+    """The dp size of the training sides' mesh (what a training plan's rows are a multiple of)."""
+    dp, mp = a.train_mesh or a.mesh
+    return dp if dp > 0 else max(devices // mp, 1)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mixes", default="addition,cqa", help="comma-separated: addition, cqa")
@@ -77,9 +94,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--chunk", type=int, default=16, help="model.generation_chunk")
     ap.add_argument("--layers", type=int, default=None, help="override both mixes' n_layer (smoke tests)")
     ap.add_argument("--cpu-devices", type=int, default=None, help="model.cpu_devices (default: the backend's)")
-    ap.add_argument("--train-devices", type=int, default=None,
-                    help="model.train_mesh = {dp = N, mp = 1}: the training sides on the first N devices (default: "
-                         "all of them, as the backend)")
+    ap.add_argument("--mesh", type=mesh_arg, default=(-1, 1), metavar="DPxMP",
+                    help="model.mesh of the engine's sides, e.g. 1x2 (default: -1x1, every device on dp; write --mesh=-1x2)")
+    ap.add_argument("--train-mesh", type=mesh_arg, default=None, metavar="DPxMP",
+                    help="model.train_mesh: the engine's training sides on the first dp x mp devices (default: the "
+                         "run's mesh, as the backend)")
+    ap.add_argument("--train-devices", type=int, default=None, help="--train-mesh Nx1")
     ap.add_argument("--peer", action="store_true", help="also time HF transformers in a child process")
     ap.add_argument("--only", choices=("all", "gen", "train"), default="all", help="time generation or training only")
     ap.add_argument("--loss-chunk", type=int, default=None,
@@ -97,7 +117,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--hf-omp-wait-policy", choices=("auto", "default", "passive"), default="auto")
     ap.add_argument("--hf-serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--workload", default=None, help=argparse.SUPPRESS)
-    return ap.parse_args(argv)
+    a = ap.parse_args(argv)
+    if a.train_devices is not None:
+        if a.train_mesh is not None:
+            ap.error("--train-devices N is --train-mesh Nx1: give one of them")
+        a.train_mesh = (a.train_devices, 1)
+    return a
 
 
 # ----------------------------------------------------------------------------- mixes
@@ -203,9 +228,12 @@ def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
     from star_haiku_xmap.sampling import continuous, static as sample
     from star_haiku_xmap.model.config import GPTJConfig
     from star_haiku_xmap.options import AdamW
-    mesh = sharding.make_mesh({"dp": -1, "mp": 1})
-    tmesh = mesh if not a.train_devices else sharding.make_mesh({"dp": a.train_devices, "mp": 1},
-                                                                devices=jax.devices()[:a.train_devices])
+    mesh = sharding.make_mesh({"dp": a.mesh[0], "mp": a.mesh[1]})
+    if a.train_mesh is None:
+        tmesh = mesh
+    else:
+        tdp, tmp = a.train_mesh
+        tmesh = sharding.make_mesh({"dp": tdp, "mp": tmp}, devices=jax.devices()[:tdp * tmp])
     info = {"mesh": dict(mesh.shape), "train_mesh": dict(tmesh.shape), "jax": jax.__version__, "cpu_devices": n}
     fns: dict[tuple[str, str], Callable[[], None]] = {}  # (mix, side) -> one timed call
     for name, mix in mixes.items():
@@ -278,7 +306,8 @@ def main(argv=None) -> None:
         return
     from star_haiku_xmap.session.machine import default_cpu_devices
 
-    dp = a.train_devices or a.cpu_devices or default_cpu_devices()  # the training plans' row multiple
+    devices = a.cpu_devices or default_cpu_devices()
+    dp = train_dp(a, devices)  # the training plans' row multiple
     mixes = workload(a, dp)
     result = {"threads": threads(), "cpu": cpu_name(), "malloc": a.malloc, "thp": thp_mode(),
               "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""), "loadavg_start": round(os.getloadavg()[0], 2),

@@ -5,8 +5,9 @@ compiled program's text.
 XLA:CPU runs each op of a program as a thunk and records one trace event per thunk, named
 by its program and op. ``op_profile`` times ``calls`` calls under the profiler and gives
 each op its wall time: the union, over every thread and device, of the time its events
-cover and no nested op's event does (a loop's own time excludes its body's ops), up to the
-``end:`` event of an asynchronous thunk. Ops that run at the same time (two devices, or two
+cover and no nested op's event does, up to the ``end:`` event of an asynchronous thunk. A
+loop's (or conditional's) own time is the time no other op runs on any thread: its body's
+ops may run on Eigen's threads or another device's, not nested in its event. Ops that run at the same time (two devices, or two
 independent thunks) each count theirs, so the rows add up to the call's wall time or more. ``label`` reads each op's opcode, shape and source (the JAX
 primitive and transformation path of its ``op_name`` metadata) from
 ``compiled.as_text()``; ``part`` sorts a row into a part of a training step by that path.
@@ -50,8 +51,44 @@ def _union(spans: list[tuple[int, int]]) -> int:
     return total + (end - start if end is not None else 0)
 
 
-def _self_spans(events: list[tuple[int, int, tuple]]) -> dict[tuple, list[tuple[int, int]]]:
-    """Per op, the parts of its events on one thread that no nested event covers."""
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for s, e in sorted(spans):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+def _minus(spans: list[tuple[int, int]], busy: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of ``spans`` outside the merged, sorted intervals ``busy``."""
+    import bisect
+
+    starts = [b[0] for b in busy]
+    out = []
+    for s, e in _merged(spans):
+        i = max(bisect.bisect_right(starts, s) - 1, 0)
+        while s < e and i < len(busy):
+            bs, be = busy[i]
+            if be <= s:
+                i += 1
+                continue
+            if bs >= e:
+                break
+            if bs > s:
+                out.append((s, bs))
+            s = max(s, be)
+            i += 1
+        if s < e:
+            out.append((s, e))
+    return out
+
+
+def _self_spans(events: list[tuple[int, int, tuple]],
+                parents: set | None = None) -> dict[tuple, list[tuple[int, int]]]:
+    """Per op, the parts of its events on one thread that no nested event covers (the ops
+    that enclose another are added to ``parents``)."""
     spans: dict[tuple, list[tuple[int, int]]] = collections.defaultdict(list)
     stack: list[list] = []  # [end, key, cursor]: the open events, innermost last
 
@@ -67,6 +104,8 @@ def _self_spans(events: list[tuple[int, int, tuple]]) -> dict[tuple, list[tuple[
         close_to(s)
         if stack:  # the enclosing event's own time runs up to this child's start
             parent = stack[-1]
+            if parents is not None:
+                parents.add(parent[1])
             if s > parent[2]:
                 spans[parent[1]].append((parent[2], s))
             parent[2] = e
@@ -96,6 +135,7 @@ def op_profile(fn: Callable[[], object], calls: int = 3) -> list[OpTime]:
     runs: collections.Counter[tuple] = collections.Counter()
     planes = [p for p in ProfileData.from_file(path).planes if p.name == "/host:CPU"]
     ends = {}  # flow id -> when an asynchronous thunk finished
+    parents: set[tuple] = set()  # loops and conditionals: ops whose events enclose others
     for plane in planes:
         for line in plane.lines:
             for e in line.events:
@@ -117,8 +157,11 @@ def op_profile(fn: Callable[[], object], calls: int = 3) -> list[OpTime]:
                 done = ends.get(st.get("_p"))
                 if done is not None and done > t:  # the rest of an asynchronous thunk
                     spans[key].append((t, done))
-            for key, sp in _self_spans(events).items():
+            for key, sp in _self_spans(events, parents).items():
                 spans[key] += sp
+    busy = _merged([sp for key, ss in spans.items() if key not in parents for sp in ss])
+    for key in parents:  # a loop's own time: while no op runs anywhere
+        spans[key] = _minus(spans[key], busy)
     rows = [OpTime(op, _union(sp) / 1e6 / calls, runs[(module, op)] / calls, module)
             for (module, op), sp in spans.items()]
     return sorted(rows, key=lambda r: -r.ms)

@@ -146,6 +146,25 @@ def _workload_module():
     return load_script(SCRIPT.parent / "star_workload.py")
 
 
+def test_workload_mesh_arguments():
+    """--mesh and --train-mesh give the engine's meshes as DPxMP (dp -1: the remaining
+    devices); --train-devices N is --train-mesh Nx1; the training plans' row multiple is the
+    training mesh's dp; a malformed mesh is refused by argparse (exit 2, one line)."""
+    sw = _workload_module()
+    a = sw.parse_args([])
+    assert a.mesh == (-1, 1) and a.train_mesh is None and sw.train_dp(a, 2) == 2
+    a = sw.parse_args(["--mesh", "1x2"])
+    assert a.mesh == (1, 2) and sw.train_dp(a, 2) == 1
+    a = sw.parse_args(["--mesh=-1x2", "--train-mesh", "1x1"])
+    assert sw.train_dp(a, 4) == 1 and sw.train_dp(sw.parse_args(["--mesh=-1x2"]), 4) == 2
+    assert sw.parse_args(["--train-devices", "1"]).train_mesh == (1, 1)
+    for bad in (["--mesh", "2"], ["--mesh", "0x1"], ["--mesh", "1x0"], ["--train-mesh", "ax1"],
+                ["--train-devices", "1", "--train-mesh", "1x1"]):
+        with pytest.raises(SystemExit) as exc:
+            sw.parse_args(bad)
+        assert exc.value.code == 2, bad
+
+
 def test_addition_mix_is_one_iteration_of_the_demo():
     """The addition mix: the file's train questions of one iteration (``n_train_samples``),
     every second one hinted, the dev questions, each with its gold scratchpad's length as
@@ -182,6 +201,20 @@ def test_xla_ops_self_time_excludes_nested_ops():
     assert sorted(spans[("m", "dot")]) == [(10, 30), (120, 130)]
     assert sorted(spans[("m", "fusion")]) == [(40, 50), (60, 70)] and spans[("m", "inner")] == [(50, 60)]
     assert ops._union([(0, 10), (5, 20), (30, 40)]) == 30
+
+
+def test_xla_ops_loop_time_is_time_no_op_runs_on_any_thread():
+    """A loop's body ops may run on another thread (Eigen's, another device's): its own time is
+    what is left of its span once every other op's time, on any thread, is taken out."""
+    ops = _xla_ops()
+    parents: set = set()
+    main = ops._self_spans([(0, 100, ("m", "while")), (10, 20, ("m", "fusion"))], parents)
+    assert parents == {("m", "while")} and sorted(main[("m", "while")]) == [(0, 10), (20, 100)]
+    busy = ops._merged([(10, 20), (30, 60), (50, 70), (90, 95)])  # a dot on another thread, two overlapping
+    assert busy == [(10, 20), (30, 70), (90, 95)]
+    assert ops._minus(main[("m", "while")], busy) == [(0, 10), (20, 30), (70, 90), (95, 100)]
+    assert ops._minus([(0, 5)], busy) == [(0, 5)] and ops._minus([(30, 70)], busy) == []
+    assert ops._minus([(15, 35), (0, 12)], busy) == [(0, 10), (20, 30)]
 
 
 def test_xla_ops_profiles_and_labels_a_compiled_step():
