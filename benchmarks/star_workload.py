@@ -62,20 +62,23 @@ TRAIN_SIDES = ("engine_packed", "engine_padded", "hf_padded", "hf_packed", "engi
                "engine_packed_chunked_loss")
 
 
-def mesh_arg(text: str) -> tuple[int, int]:
-    """``DPxMP`` (``-1`` for dp: the remaining devices) as (dp, mp)."""
+def mesh_arg(text: str, remaining: bool = True) -> tuple[int, int]:
+    """``DPxMP`` as (dp, mp); dp ``-1`` (the remaining devices) only where ``remaining``
+    (``model.mesh``: yes; ``model.train_mesh``: both sizes given, as the backend requires)."""
     try:
         dp, mp = (int(x) for x in text.lower().split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not DPxMP (e.g. 1x2)") from None
-    if mp < 1 or dp == 0 or dp < -1:
-        raise argparse.ArgumentTypeError(f"{text!r}: dp must be -1 or >= 1 and mp >= 1")
+    if mp < 1 or dp == 0 or dp < (-1 if remaining else 1):
+        raise argparse.ArgumentTypeError(f"{text!r}: dp must be {'-1 or ' if remaining else ''}>= 1 and mp >= 1")
     return dp, mp
 
 
 def train_dp(a: argparse.Namespace, devices: int) -> int:
     """The dp size of the training sides' mesh (what a training plan's rows are a multiple of)."""
-    dp, mp = a.train_mesh or a.mesh
+    if a.train_mesh is not None:
+        return a.train_mesh[0]
+    dp, mp = a.mesh
     return dp if dp > 0 else max(devices // mp, 1)
 
 
@@ -96,7 +99,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--cpu-devices", type=int, default=None, help="model.cpu_devices (default: the backend's)")
     ap.add_argument("--mesh", type=mesh_arg, default=(-1, 1), metavar="DPxMP",
                     help="model.mesh of the engine's sides, e.g. 1x2 (default: -1x1, every device on dp; write --mesh=-1x2)")
-    ap.add_argument("--train-mesh", type=mesh_arg, default=None, metavar="DPxMP",
+    ap.add_argument("--train-mesh", type=functools.partial(mesh_arg, remaining=False), default=None, metavar="DPxMP",
                     help="model.train_mesh: the engine's training sides on the first dp x mp devices (default: the "
                          "run's mesh, as the backend)")
     ap.add_argument("--train-devices", type=int, default=None, help="--train-mesh Nx1")
@@ -121,6 +124,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if a.train_devices is not None:
         if a.train_mesh is not None:
             ap.error("--train-devices N is --train-mesh Nx1: give one of them")
+        if a.train_devices < 1:
+            ap.error(f"--train-devices: {a.train_devices} is not >= 1")
         a.train_mesh = (a.train_devices, 1)
     return a
 
@@ -228,12 +233,9 @@ def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
     from star_haiku_xmap.sampling import continuous, static as sample
     from star_haiku_xmap.model.config import GPTJConfig
     from star_haiku_xmap.options import AdamW
+    from star_haiku_xmap.session.machine import train_mesh
     mesh = sharding.make_mesh({"dp": a.mesh[0], "mp": a.mesh[1]})
-    if a.train_mesh is None:
-        tmesh = mesh
-    else:
-        tdp, tmp = a.train_mesh
-        tmesh = sharding.make_mesh({"dp": tdp, "mp": tmp}, devices=jax.devices()[:tdp * tmp])
+    tmesh = train_mesh(mesh, None if a.train_mesh is None else dict(zip(("dp", "mp"), a.train_mesh)))
     info = {"mesh": dict(mesh.shape), "train_mesh": dict(tmesh.shape), "jax": jax.__version__, "cpu_devices": n}
     fns: dict[tuple[str, str], Callable[[], None]] = {}  # (mix, side) -> one timed call
     for name, mix in mixes.items():

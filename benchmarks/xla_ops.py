@@ -7,8 +7,9 @@ by its program and op. ``op_profile`` times ``calls`` calls under the profiler a
 each op its wall time: the union, over every thread and device, of the time its events
 cover and no nested op's event does, up to the ``end:`` event of an asynchronous thunk. A
 loop's (or conditional's) own time is the time no other op runs on any thread: its body's
-ops may run on Eigen's threads or another device's, not nested in its event. Ops that run at the same time (two devices, or two
-independent thunks) each count theirs, so the rows add up to the call's wall time or more. ``label`` reads each op's opcode, shape and source (the JAX
+ops may run on Eigen's threads or another device's, not nested in its event. Ops that run at
+the same time (two devices, or two independent thunks) each count theirs, so the rows add up
+to the call's wall time or more. ``label`` reads each op's opcode, shape and source (the JAX
 primitive and transformation path of its ``op_name`` metadata) from
 ``compiled.as_text()``; ``part`` sorts a row into a part of a training step by that path.
 
@@ -17,6 +18,7 @@ primitive and transformation path of its ``op_name`` metadata) from
 
 from __future__ import annotations
 
+import bisect
 import collections
 import glob
 import re
@@ -39,19 +41,8 @@ class OpTime:
     source: str = ""  # its op_name metadata: jit(...)/transformations/primitive
 
 
-def _union(spans: list[tuple[int, int]]) -> int:
-    total, start, end = 0, 0, None
-    for s, e in sorted(spans):
-        if end is None or s > end:
-            if end is not None:
-                total += end - start
-            start, end = s, e
-        else:
-            end = max(end, e)
-    return total + (end - start if end is not None else 0)
-
-
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``spans`` as sorted, disjoint intervals (overlapping ones joined)."""
     out: list[tuple[int, int]] = []
     for s, e in sorted(spans):
         if out and s <= out[-1][1]:
@@ -61,10 +52,12 @@ def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
+def _union(spans: list[tuple[int, int]]) -> int:
+    return sum(e - s for s, e in _merged(spans))
+
+
 def _minus(spans: list[tuple[int, int]], busy: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """The parts of ``spans`` outside the merged, sorted intervals ``busy``."""
-    import bisect
-
     starts = [b[0] for b in busy]
     out = []
     for s, e in _merged(spans):

@@ -149,7 +149,8 @@ def _workload_module():
 def test_workload_mesh_arguments():
     """--mesh and --train-mesh give the engine's meshes as DPxMP (dp -1: the remaining
     devices); --train-devices N is --train-mesh Nx1; the training plans' row multiple is the
-    training mesh's dp; a malformed mesh is refused by argparse (exit 2, one line)."""
+    training mesh's dp; a malformed mesh, or a training mesh without both sizes (as the backend's
+model.train_mesh), is refused by argparse (exit 2, one line)."""
     sw = _workload_module()
     a = sw.parse_args([])
     assert a.mesh == (-1, 1) and a.train_mesh is None and sw.train_dp(a, 2) == 2
@@ -159,7 +160,7 @@ def test_workload_mesh_arguments():
     assert sw.train_dp(a, 4) == 1 and sw.train_dp(sw.parse_args(["--mesh=-1x2"]), 4) == 2
     assert sw.parse_args(["--train-devices", "1"]).train_mesh == (1, 1)
     for bad in (["--mesh", "2"], ["--mesh", "0x1"], ["--mesh", "1x0"], ["--train-mesh", "ax1"],
-                ["--train-devices", "1", "--train-mesh", "1x1"]):
+                ["--train-mesh=-1x1"], ["--train-devices", "0"], ["--train-devices", "1", "--train-mesh", "1x1"]):
         with pytest.raises(SystemExit) as exc:
             sw.parse_args(bad)
         assert exc.value.code == 2, bad
