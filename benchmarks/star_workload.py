@@ -23,7 +23,9 @@ every request prefilled once), the same without prefix sharing
 (``model.share_prefix = false``), its static path (``model.generation = "static"``), HF ``generate`` on length-sorted static
 batches of the same size (each batch runs to its longest budget) and, when the
 installed transformers gives GPT-J the same tokens through continuous batching
-(``generate_batch``), that too. Training sides: this engine's packed step
+(``generate_batch``), that too; with ``--decode-attention ragged`` the engine's continuous sides
+decode with the ragged kernel (``model.decode_attention``) and ``engine_dense`` is the dense one
+in the same rounds. Training sides: this engine's packed step
 (``packing = "segments"``) and its padded path (``"none"``), and a plain torch
 AdamW loop on the padded plan's batches (right-padded to each batch's longest)
 and padding-free (the packed plan's batches flattened into one row with
@@ -57,7 +59,7 @@ from bench_common import (MALLOC_HELP, MALLOC_MODES, Peer, apply_malloc, choose_
 
 ROOT = Path(__file__).resolve().parents[1]
 ADDITION_TOML = ROOT / "experiments" / "addition.toml"
-GEN_SIDES = ("engine", "engine_no_prefix", "engine_static", "hf_static", "hf_continuous")
+GEN_SIDES = ("engine", "engine_no_prefix", "engine_static", "engine_dense", "hf_static", "hf_continuous")
 TRAIN_SIDES = ("engine_packed", "engine_padded", "hf_padded", "hf_packed", "engine_packed_plain_loss",
                "engine_packed_chunked_loss")
 
@@ -95,6 +97,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--cqa-slots", type=int, default=16, help="generation batch size (slots) of the cqa mix")
     ap.add_argument("--cqa-train-batch", type=int, default=8)
     ap.add_argument("--chunk", type=int, default=16, help="model.generation_chunk")
+    ap.add_argument("--decode-attention", choices=("dense", "ragged"), default="dense",
+                    help="model.decode_attention of the engine's continuous sides (ragged: also an engine_dense side)")
     ap.add_argument("--layers", type=int, default=None, help="override both mixes' n_layer (smoke tests)")
     ap.add_argument("--cpu-devices", type=int, default=None, help="model.cpu_devices (default: the backend's)")
     ap.add_argument("--mesh", type=mesh_arg, default=(-1, 1), metavar="DPxMP",
@@ -242,7 +246,7 @@ def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
         cfg = GPTJConfig(**mix["model"])
         params = sharding.shard_tree(model.init_params(cfg, 0), mesh)
         decode = sample.DecodeConfig(temperature=0.0, top_p=1.0, eos_id=-1, pad_id=mix["pad"], slots=mix["slots"],
-                                     chunk=a.chunk)
+                                     chunk=a.chunk, attention=a.decode_attention)
         common = dict(config=cfg, mesh=mesh)
         args = (params, mix["prompts"], list(range(len(mix["prompts"]))), mix["budgets"])
         stats: dict = {}
@@ -260,6 +264,9 @@ def engine_sides(a, mixes: dict) -> tuple[dict, dict]:
             fns[name, "engine"], fns[name, "engine_static"] = cont, static
             if continuous.shared_prefix(mix["prompts"]):
                 fns[name, "engine_no_prefix"] = functools.partial(cont, stats={}, share=False)
+            if a.decode_attention != "dense":  # the same side with the dense decode attention
+                fns[name, "engine_dense"] = functools.partial(cont, decode=dataclasses.replace(decode, attention="dense"),
+                                                              stats={})
             info[f"{name}_engine_stats"] = stats
         if a.only == "gen":
             continue

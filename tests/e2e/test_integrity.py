@@ -276,6 +276,7 @@ def test_disk_full_during_checkpoint_write(shared, run):
     assert km.differences(ref, run) == []
 
 
+@pytest.mark.slow  # kept out of the default run for its time (~15 minutes); CI's slow step runs it
 def test_disk_full_during_parquet_write_keeps_previous_version(shared, run):
     matrix, ref = shared
     forget_iteration_2_training(run)
@@ -318,6 +319,7 @@ def test_kill_in_the_middle_of_a_checkpoint_write(shared, run):
     assert km.differences(ref, run) == []
 
 
+@pytest.mark.slow  # kept out of the default run for its time (~15 minutes); CI's slow step runs it
 def test_disk_full_on_the_event_log(shared, run):
     """The event log is written more often than anything else: a full disk there is one line
     too, the torn event is dropped on the next start, and the run resumes."""

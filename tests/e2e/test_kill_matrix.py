@@ -37,6 +37,7 @@ def test_reference_exercises_every_stage(shared):
     assert not km.temporaries(ref.run_dir)
 
 
+@pytest.mark.slow  # kept out of the default run for its time (~15 minutes); CI's slow step runs it
 def test_short_kill_matrix(shared):
     matrix, ref = shared
     when = {rel: t for t, rel in ref.timeline}

@@ -167,6 +167,10 @@ class Engine:
     def validate_run(self, generation: Mapping[str, GenSpec], training: Mapping[str, TrainSpec]) -> None:
         processes = (self.process_layout or {}).get("num_processes") or 1
         preflight.validate_run(self.config, self.options.checkpoint_path, processes, generation, training)
+        if self.options.decode_attention == "ragged":  # its kernel built now (once; its errors before the run)
+            from .kernels.ragged import library
+
+            library()
 
     def describe(self) -> Mapping[str, Any]:
         o, mesh = self.options, self.mesh
@@ -180,6 +184,7 @@ class Engine:
                 "loss_chunk": chunked_ce.chunk_for(o.loss_chunk),
                 "loss_tokens": fused_ce.tokens_for(o.loss_tokens, self.config.vocab),
                 "loss_dot_dtype": o.loss_dot_dtype, "generation": o.generation,
+                "decode_attention": o.decode_attention,
                 "train_checkpoint_steps": o.train_checkpoint_steps,
                 "train_checkpoint_minutes": o.train_checkpoint_minutes,
                 "processes": self.layout()[1],

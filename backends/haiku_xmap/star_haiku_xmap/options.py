@@ -64,6 +64,9 @@ class ModelOptions(Section):
     ``generation_chunk``: decode steps between the host's stop-string checks and refills;
     ``share_prefix``: the tokens every prompt of a generation call starts with (a few-shot
     prompt) are prefilled once (continuous generation; ``continuous.shared_prefix``).
+    ``decode_attention``: "dense" (every cache slot read, masked) or "ragged" (continuous
+    generation's decode reads each row's cache to its own length: ``kernels.ragged``, a C++
+    kernel built on first use; CPU, float32, mp = 1).
     ``train_checkpoint_steps`` / ``train_checkpoint_minutes``: how often a fine-tuning stage
     snapshots its whole training state so that a killed run resumes mid-stage (``resume.py``;
     0 = off; default: every 10 minutes, 30 for models of 1B parameters or more).
@@ -106,6 +109,7 @@ class ModelOptions(Section):
     generation: Literal["continuous", "static"] = "continuous"
     generation_chunk: Annotated[int, between(1, 4096)] = 16
     share_prefix: bool = True
+    decode_attention: Literal["dense", "ragged"] = "dense"
     train_checkpoint_steps: NonNegInt = 0
     train_checkpoint_minutes: Annotated[float | None, at_least(0)] = None
 
@@ -212,7 +216,8 @@ class DecodeConfig:
     ``slots`` rows decoding together. Continuous batching: ``chunk`` decode steps at most
     between the host's checks and refills, ``refill`` (rows of a shard that, once ended while
     prompts wait, end a chunk early; None: an eighth of a shard's slots), ``share_prefix``
-    (``continuous.shared_prefix``). How many new tokens each row may take is the call's
+    (``continuous.shared_prefix``), ``attention`` (continuous decoding: "dense" or "ragged",
+    ``layers.decode_attention``). How many new tokens each row may take is the call's
     (``budgets``: the ``GenSpec``'s ``max_new_tokens``, its one route)."""
 
     temperature: float
@@ -224,6 +229,7 @@ class DecodeConfig:
     chunk: int = 16
     refill: int | None = None
     share_prefix: bool = True
+    attention: str = "dense"
 
 
 MASTER_DTYPES = ACCUM_DTYPES = get_args(Dtype)
@@ -273,7 +279,7 @@ def decode_config(o: ModelOptions, tokenizer: Any, spec: Any) -> DecodeConfig:
     """The ``DecodeConfig`` of ``spec`` (a ``GenSpec``) under the options ``o`` and ``tokenizer``."""
     return DecodeConfig(temperature=float(spec.temperature), top_p=float(spec.top_p), eos_id=tokenizer.eos_id,
                         pad_id=tokenizer.pad_id, valid_vocab=tokenizer.vocab_size, slots=spec.batch_size,
-                        chunk=o.generation_chunk, share_prefix=o.share_prefix)
+                        chunk=o.generation_chunk, share_prefix=o.share_prefix, attention=o.decode_attention)
 
 
 def _fail(name: str, message: str) -> UserError:
@@ -401,6 +407,11 @@ def resolve(o: ModelOptions) -> Model:
             raise _fail("mesh", str(exc)) from None
     if o.loss_dot_dtype is not None and not (o.loss_tokens is not None or o.loss_chunk):
         raise _fail("loss_dot_dtype", "applies to a chunked output layer: set model.loss_tokens (or model.loss_chunk)")
+    if o.decode_attention == "ragged" and config.dtype != "float32":
+        raise _fail("decode_attention", f"'ragged' reads float32 caches; this model computes in {config.dtype}")
+    if o.decode_attention == "ragged" and o.mesh is not None and o.mesh.get("mp", 1) not in (1, None):
+        raise _fail("decode_attention", f"'ragged' runs each dp shard's rows on one device: it needs mp = 1, "
+                                        f"got model.mesh = {dict(o.mesh)!r}")
     if o.train_mesh is not None:  # both sizes given: a sub-mesh of the run's (machine.train_mesh)
         sizes = [o.train_mesh.get(a) for a in ("dp", "mp")]
         try:

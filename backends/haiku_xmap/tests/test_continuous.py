@@ -195,6 +195,29 @@ def test_buckets():
     assert continuous.length_buckets(100) == [16, 24, 32, 48, 64, 96, 100]
     assert [continuous.count_bucket(n, 2) for n in (1, 2, 3, 5, 8)] == [2, 2, 4, 8, 8]
     assert continuous.count_bucket(3, 3) == 6
+    assert continuous.prefill_sizes(32, 2) == [8, 16, 32]
+    assert continuous.prefill_sizes(48, 4) == [12, 24, 48]
+    assert continuous.prefill_sizes(8, 1) == [2, 4, 8]
+    assert continuous.prefill_sizes(2, 2) == [2]
+    for m, d in ((64, 2), (6, 2), (1, 1), (16, 8)):
+        sizes = continuous.prefill_sizes(m, d)
+        assert sizes[-1] == m and all(r % d == 0 for r in sizes) and sizes == sorted(set(sizes))
+
+
+def test_a_refill_runs_in_the_fewest_prefill_rows_that_hold_it(params):
+    # 40 slots, refills of 4: prefill calls of 2, 4 or 8 rows. The first 40 prompts fill the slots
+    # in 5 calls of 8; the 20 whose rows end after 2 tokens are replaced in calls of 8, 8 and 4 (not
+    # 8, 8, 8), the 4 that end after 5 in one call of 4 (not 8): 64 rows for 64 prompts, and the
+    # tokens are those of static batches.
+    prompts = [[5 + i % 50, 9, 11 + i % 7] for i in range(64)]
+    budgets = [2] * 20 + [5] * 4 + [12] * 40
+    seeds = list(range(64))
+    stats = {}
+    decode = sample.DecodeConfig(temperature=0.0, top_p=1.0, eos_id=-1, pad_id=PAD, slots=40, chunk=2, refill=4)
+    out = continuous.generate(params, prompts, seeds, budgets, config=CFG, decode=decode, stats=stats)
+    assert [len(t) for t in out] == budgets
+    assert out == sample.generate_batches(params, prompts, seeds, budgets, config=CFG, decode=decode)
+    assert stats["prefill_rows"] == 64 and stats["prefill_calls"] == 9, stats
 
 
 @pytest.mark.parametrize("temperature, top_p", [(0.0, 1.0), (1.0, 0.8)])

@@ -397,7 +397,9 @@ def _engine(checkpoint: Path):
     return HaikuXmapBackend.from_table(checkpoint_path=str(checkpoint), mesh={"dp": 1, "mp": 1}, dtype="float32")
 
 
-@pytest.mark.parametrize("family", [*FAMILIES, "finetuned", "gptj_byte"])
+# qwen2, mistral and the byte tokenizer in CI's slow step (the default run's time, ~15 minutes)
+@pytest.mark.parametrize("family", [*(f if f in ("gptj", "llama") else pytest.param(f, marks=pytest.mark.slow)
+                                      for f in FAMILIES), "finetuned", pytest.param("gptj_byte", marks=pytest.mark.slow)])
 def test_transformers_computes_the_engines_logits_and_greedy_text(family, root, imported, finetuned, tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

@@ -104,6 +104,7 @@ def test_building_and_validating_start_nothing():
     assert out.returncode == 0 and out.stdout.strip() == "nothing started", out.stderr
 
 
+@pytest.mark.slow  # kept out of the default run for its time (~15 minutes); CI's slow step runs it
 @pytest.mark.skipif(not GLIBC, reason="glibc tunables")
 def test_a_run_that_runs_again_says_its_notes_once(tmp_path):
     """The run loads its configuration (and says its notes: here the settings an ablation by

@@ -216,6 +216,7 @@ print("RESULT " + json.dumps({"losses": float(np.max(np.abs(np.array(l1) - np.ar
 """
 
 
+@pytest.mark.slow  # kept out of the default run for its time (~15 minutes); CI's slow step runs it
 def test_lora_on_a_2x2_mesh_with_zero1_matches_one_device(tmp_path):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-c", _MESH_SCRIPT], capture_output=True, text=True, timeout=600,

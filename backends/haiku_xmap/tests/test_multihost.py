@@ -67,7 +67,8 @@ def _result(stdout: str) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
-@pytest.mark.parametrize("adapter", [None, pytest.param("lora", marks=pytest.mark.slow)])
+@pytest.mark.slow  # kept out of the default run for its time (~15 minutes); CI's slow step runs it
+@pytest.mark.parametrize("adapter", [None, "lora"])
 def test_two_processes_match_one_process(tmp_path, adapter):
     """The backend on dp 2 x mp 4 with ZeRO-1 (each process holds one data-parallel
     replica, so the gradient all-reduce and the optimizer-state gathers cross

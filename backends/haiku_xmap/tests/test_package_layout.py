@@ -133,7 +133,7 @@ def test_discovery_and_the_cli_import_no_jax():
 
 # The backend's floors, lowest first (docs/house.md draws them): a module imports only from its
 # own floor or below.
-FLOORS = ["__init__", "runtime", "model", "checkpoint", "tokenizer", "options", "session", "preflight", "train",
+FLOORS = ["__init__", "runtime", "kernels", "model", "checkpoint", "tokenizer", "options", "session", "preflight", "train",
           "sampling", "engine", "plan", "convert", "inference", "plugin"]
 
 

@@ -31,6 +31,7 @@ def _plan(*args: str) -> list[dict]:
     return [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
 
 
+@pytest.mark.slow  # kept out of the default run for its time (~15 minutes); CI's slow step runs it
 def test_plan_compiles_abstract_steps_and_zero_shrinks_the_state():
     """A small GPT-J on 8 simulated devices: the train step (dp 8 with and without
     ZeRO-1) and the sampler compile from abstract parameters; XLA's per-device
@@ -83,6 +84,7 @@ def test_plan_an_experiment_plans_what_it_will_run(tmp_path, star):
     assert code == 2 and "--set: only with an experiment file" in err
 
 
+@pytest.mark.slow  # kept out of the default run for its time (~15 minutes); CI's slow step runs it
 def test_plan_an_experiment_plans_its_base_and_verifier_steps(star):
     """``--what base,verifier``: the [base_training] step at its own shape and the verifier's DPO
     step (B pairs: 2B rows with their reference log-probabilities), which needs more than the [training] step of B rows; the default plan names the steps it leaves

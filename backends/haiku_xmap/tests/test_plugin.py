@@ -7,6 +7,7 @@ import hashlib
 import inspect
 import json
 import os
+import shutil
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -229,6 +230,17 @@ def test_continuous_and_static_generation_give_the_same_text(backend, trained):
         assert texts == static.generate(base, reqs, spec)
         assert len(set(texts)) > 5
     assert len({len(t) for t in texts}) > 3  # the stop strings end rows at different lengths
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX") or "c++") is None, reason="no C++ compiler")
+def test_ragged_decode_attention_gives_the_same_text(backend, trained):
+    base, _ = trained
+    ragged = plugin.HaikuXmapBackend.from_table(**SMALL, decode_attention="ragged")
+    ragged.validate_run({}, {})  # builds the kernel
+    assert ragged.describe()["decode_attention"] == "ragged" and backend.describe()["decode_attention"] == "dense"
+    reqs = [GenRequest("x" * (i % 7) + "Q: " + "ab" * i, seed=i) for i in range(11)] + [GenRequest("abc", 5)] * 3
+    for spec in (GenSpec(20, 0.0, 1.0, (), 4), GenSpec(20, 1.0, 0.9, ("a", "\n"), 4)):
+        assert ragged.generate(base, reqs, spec) == backend.generate(base, reqs, spec)
 
 
 def test_retraining_is_bit_identical(backend, trained, tmp_path):

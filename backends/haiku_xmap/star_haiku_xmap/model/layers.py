@@ -17,8 +17,10 @@ H heads, K head dim, V vocabulary.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import haiku as hk
@@ -35,6 +37,21 @@ from ..runtime.envvars import ATTENTION_ENV, ATTENTION_KINDS, attention_choice  
 _NEG = -1e30
 CAUSAL_BLOCK = 128  # query block of causal self-attention (64 and 128 measured alike at T=256)
 LAYER_INPUT = "layer_input"  # checkpoint name of each block's input (the residual stream)
+DECODE_ATTENTION = ("dense", "ragged")  # how a decode step's attention reads the cache (model.decode_attention)
+_decode_attention: contextvars.ContextVar[str] = contextvars.ContextVar("decode_attention", default="dense")
+
+
+@contextlib.contextmanager
+def decode_attention(kind: str) -> Iterator[None]:
+    """Within: a decode step's attention (one query a row) is "dense" (every slot read, masked) or
+    "ragged" (``kernels.ragged``: each row's cache read to its last allowed key); read at trace time."""
+    if kind not in DECODE_ATTENTION:
+        raise ValueError(f"decode attention must be one of {DECODE_ATTENTION}, got {kind!r}")
+    token = _decode_attention.set(kind)
+    try:
+        yield
+    finally:
+        _decode_attention.reset(token)
 
 
 class KVCache(NamedTuple):
@@ -336,7 +353,13 @@ def attend(q_BHTK: jax.Array, k_BGTK: jax.Array, v_BGTK: jax.Array, sh: Shared,
         v_BGSK = write_slots(kv[1], v_BGTK, sh.start, sh.per_row)
     # decoding (one query a row) and a shared prefix stay on the reference
     kind = attention_kind() if T > 1 and sh.prefix is None else "reference"
-    if kind == "reference":
+    if T == 1 and kv is not None and _decode_attention.get() == "ragged":
+        from ..kernels.ragged import ragged_decode_attention
+
+        prefix_allowed = None if sh.prefix is None else sh.prefix_allowed_BTP[:, 0]
+        ctx_BHTK = ragged_decode_attention(q_BHTK[:, :, 0], k_BGSK, v_BGSK, sh.allowed_BTS[:, 0], sh.prefix,
+                                           prefix_allowed)[:, :, None].astype(v_BGSK.dtype)
+    elif kind == "reference":
         q_xTK = q_BHTK if G == H else q_BHTK.reshape(B, G, H // G, T, K)
         if sh.prefix is None:
             ctx_BHTK = gqa_attention(q_xTK, k_BGSK, v_BGSK, sh.allowed_BTS, K, sh.block).reshape(B, H, T, K)

@@ -20,7 +20,7 @@ import numpy as np
 
 from .architectures import architecture_of
 from .config import ModelConfig, architecture
-from .layers import LAYER_INPUT, KVCache, dtype_of
+from .layers import LAYER_INPUT, KVCache, decode_attention, dtype_of
 
 __all__ = ["LAYER_INPUT", "KVCache", "Params", "apply_forward", "decode_rows", "decode_step", "default_positions",
            "dtype_of", "forward", "init_cache", "init_params", "output_head", "param_count", "prefill",
@@ -163,21 +163,28 @@ def decode_step(params: Params, token_B: jax.Array, position_B: jax.Array, slot,
 
 
 def decode_rows(params: Params, token_B: jax.Array, length_B: jax.Array, cache: KVCache,
-                config: ModelConfig, prefix: KVCache | None = None) -> tuple[jax.Array, KVCache]:
+                config: ModelConfig, prefix: KVCache | None = None, attention: str = "dense",
+                live_B: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
     """One token per row for caches filled from slot 0 (no padding): row b holds
     ``length_B[b]`` tokens, so its new token sits at position and slot
     ``length_B[b]`` and attends slots [0, length_B[b]]. Each row has its own
     length (continuous batching). ``prefix``: the keys/values (1, H, P, K) per layer of
     P tokens every row continues (a shared few-shot prompt), kept out of the cache and
     read once for all rows: row b's cache then holds its own tokens, at positions
-    P + slot. Returns (logits (B, V), cache)."""
+    P + slot. ``attention``: "dense" or "ragged" (``layers.decode_attention``). ``live_B``: the
+    rows whose logits are used (None: all); the others read no key (under "ragged" an ended
+    row's cache is then not read at all), and their logits are meaningless. Returns (logits
+    (B, V), cache)."""
     S = cache.k[0].shape[2]
     P = 0 if prefix is None else prefix.k[0].shape[2]
     length_B = jnp.minimum(length_B, S - 1)  # a finished row may sit at the end; it is not read back
     key_mask_BS = jnp.arange(S)[None, :] <= length_B[:, None]
+    if live_B is not None:
+        key_mask_BS = key_mask_BS & live_B[:, None]
     extra = {} if prefix is None else {"prefix": prefix}
-    logits_BTV, cache = _transformed(config).apply(params, token_B[:, None], P + length_B[:, None], key_mask_BS,
-                                                   cache, length_B, **extra)
+    with decode_attention(attention):
+        logits_BTV, cache = _transformed(config).apply(params, token_B[:, None], P + length_B[:, None],
+                                                       key_mask_BS, cache, length_B, **extra)
     return logits_BTV[:, 0], cache
 
 

@@ -95,6 +95,16 @@ def count_bucket(n: int, multiple: int) -> int:
     return -(-b // multiple) * multiple
 
 
+def prefill_sizes(max_rows: int, multiple: int) -> list[int]:
+    """Rows a prefill call compiles for: a quarter of ``max_rows`` (a multiple of ``multiple``),
+    doubling up to ``max_rows``. A call takes the fewest that hold its prompts: its time grows
+    with its rows (the addition demo's refills of ~12 prompts ran in calls of 32 rows before)."""
+    sizes = [_round_up(max(max_rows // 4, 1), multiple)]
+    while sizes[-1] * 2 < max_rows:
+        sizes.append(sizes[-1] * 2)
+    return sizes + [max_rows] if sizes[-1] < max_rows else sizes
+
+
 def _round_up(n: int, grain: int) -> int:
     return -(-n // grain) * grain
 
@@ -160,9 +170,10 @@ class _Batcher:
         self.min_per = max(1, self.per // 8)  # the fewest slots a shard is compacted to
         B = self.per * self.dp  # slots in all
         self.refill_rows = max(1, self.per // 8) if decode.refill is None else decode.refill
-        # Prompts per prefill call: two sizes only (few compiles), room for a typical refill.
-        self.max_rows = min(count_bucket(max(2 * self.refill_rows, 4) * self.dp, self.dp), count_bucket(B, self.dp))
-        self.few_rows = _round_up(max(self.max_rows // 4, 1), self.dp)
+        # Prompts per prefill call: a quarter of max_rows, doubling up to it (three sizes: few compiles,
+        # and a refill of a few rows is not padded to a call of max_rows).
+        max_rows = min(count_bucket(max(2 * self.refill_rows, 4) * self.dp, self.dp), count_bucket(B, self.dp))
+        self.call_rows = prefill_sizes(max_rows, self.dp)
         groups: dict[tuple, list[int]] = {}
         for i in pending:  # identical prompts (k samples of a question) share one prefill
             groups.setdefault(tuple(int(t) for t in prompts[i]), []).append(i)
@@ -182,7 +193,7 @@ class _Batcher:
                          "prefix_tokens": prefix, "compactions": 0}
         self.sharded = None if self.dp == 1 else mesh
         self.step = functools.partial(device.decode, config=config, steps=decode.chunk, eos_id=decode.eos_id,
-                                      valid_vocab=decode.valid_vocab, mesh=self.sharded)
+                                      valid_vocab=decode.valid_vocab, mesh=self.sharded, attention=decode.attention)
 
     def _admit(self) -> list:
         """Free slots (the emptiest shard first) given to waiting prompts: (prompt, [(request,
@@ -219,8 +230,8 @@ class _Batcher:
         elif target > self.L or target <= self.L * 3 // 4:
             self.L = target
             self.state = device.resize(self.state, self.L)
-        while admitted:  # prefill calls of max_rows prompts, or a quarter of that for the last few
-            rows = self.max_rows if len(admitted) > self.few_rows else self.few_rows
+        while admitted:  # prefill calls of the fewest rows that hold the admitted prompts (at most max_rows)
+            rows = next((r for r in self.call_rows if r >= len(admitted)), self.call_rows[-1])
             self.state = _prefill_into(self.params, self.state, admitted[:rows], rows, self.budgets, self.key_data,
                                        config=self.config, buckets=self.buckets, pad_id=self.decode.pad_id,
                                        per=self.per, mesh=self.mesh, counters=self.counters, shared=self.shared)

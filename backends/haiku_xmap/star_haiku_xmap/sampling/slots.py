@@ -13,7 +13,8 @@ state and the compiled programs that change it, no Python per token.
 - ``decode``: a ``lax.while_loop`` of decode steps over all slots, each row at its own
   cache index and position (``model.decode_rows``), for up to ``steps`` steps or until
   ``need`` rows have ended; a shared prefix's keys and values are read once a step for all
-  the rows (``layers.prefix_attention``), not once a row.
+  the rows (``layers.prefix_attention``), not once a row. ``attention = "ragged"``: each row's
+  cache is read to its own length (``kernels.ragged``), not to the cache's.
 - ``put`` / ``host``: host arrays onto the mesh and back.
 
 On a mesh each dp shard owns ``slots / dp`` slots and runs its own loop (``shard_map``
@@ -146,7 +147,7 @@ def insert(slots: Slots, kv, logits_PV, lens_P, src_N, slot_N, budget_N, key_dat
 
 
 def _decode_rows(params, slots: Slots, keep_B, need, max_steps, temperature, top_p, prefix, *, config: GPTJConfig,
-                 steps: int, eos_id: int, valid_vocab: int | None, mesh: Mesh | None):
+                 steps: int, eos_id: int, valid_vocab: int | None, mesh: Mesh | None, attention: str = "dense"):
     """Up to ``max_steps`` (<= ``steps``) decode steps, stopping early once ``need``
     rows have ended or none is left (in ``sample.lockstep``: once any shard has
     ``need`` ended rows, or none has rows left). ``prefix``: the keys/values of the
@@ -164,7 +165,8 @@ def _decode_rows(params, slots: Slots, keep_B, need, max_steps, temperature, top
         tok_B = jnp.where(sl.active_B, tok_B, eos_id)
         tok_BC = jax.lax.dynamic_update_slice(tok_BC, tok_B[:, None], (0, i))
         end_B = sl.active_B & ((tok_B == eos_id) | (sl.step_B + 1 >= sl.budget_B))
-        logits_BV, cache = model.decode_rows(params, tok_B, sl.length_B, sl.cache, config, prefix)
+        live_B = sl.active_B & ~end_B if attention == "ragged" else None  # ended rows read nothing
+        logits_BV, cache = model.decode_rows(params, tok_B, sl.length_B, sl.cache, config, prefix, attention, live_B)
         grow = sl.active_B.astype(jnp.int32)
         sl = sl._replace(cache=cache, logits_BV=logits_BV, length_B=sl.length_B + grow, step_B=sl.step_B + grow,
                          active_B=sl.active_B & ~end_B)
@@ -180,11 +182,12 @@ def _decode_rows(params, slots: Slots, keep_B, need, max_steps, temperature, top
     return slots, tok_BC
 
 
-@functools.partial(jax.jit, static_argnames=("config", "steps", "eos_id", "valid_vocab", "mesh"), donate_argnums=1)
+@functools.partial(jax.jit, static_argnames=("config", "steps", "eos_id", "valid_vocab", "mesh", "attention"),
+                   donate_argnums=1)
 def decode(params, slots: Slots, keep_B, need, max_steps, temperature, top_p, prefix=None, *, config: GPTJConfig,
-           steps: int, eos_id: int, valid_vocab: int | None, mesh: Mesh | None = None):
+           steps: int, eos_id: int, valid_vocab: int | None, mesh: Mesh | None = None, attention: str = "dense"):
     fn = functools.partial(_decode_rows, config=config, steps=steps, eos_id=eos_id, valid_vocab=valid_vocab,
-                           mesh=mesh)
+                           mesh=mesh, attention=attention)
     fn = per_shard(fn, mesh, (P(), P("dp"), P("dp"), P(), P(), P(), P(), P()), (P("dp"), P("dp")))
     return fn(params, slots, keep_B, need, max_steps, temperature, top_p, prefix)
 

@@ -54,6 +54,13 @@ def start_runtime(options: Any) -> Runtime:
         mesh = sharding.make_mesh({"dp": -1, "mp": 1} if options.mesh is None else dict(options.mesh))
     except ValueError as exc:
         raise UserError(f"model.mesh: {exc}", key="model.mesh") from None
+    if getattr(options, "decode_attention", "dense") == "ragged":
+        if int(mesh.shape["mp"]) > 1:
+            raise UserError(f"model.decode_attention: 'ragged' needs mp = 1; this mesh has mp = {mesh.shape['mp']}",
+                            key="model.decode_attention")
+        from ..kernels.ragged import register
+
+        register()
     return Runtime(mesh, distributed, train_mesh(mesh, options.train_mesh))
 
 
