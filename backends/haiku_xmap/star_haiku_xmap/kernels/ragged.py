@@ -40,6 +40,8 @@ import jax.numpy as jnp
 
 from star_engine import UserError
 
+from ..runtime.envvars import star_cache_dir
+
 TARGET = "star_ragged_decode"
 CACHE_ENV = "STAR_HAIKU_XMAP_KERNEL_CACHE"
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-std=c++17", "-shared", "-fPIC")
@@ -70,11 +72,7 @@ def _cpu_id() -> str:
 
 
 def cache_dir() -> Path:
-    folder = os.environ.get(CACHE_ENV, "").strip()
-    if not folder:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        folder = os.path.join(base, "star-engine", "kernels")
-    return Path(folder)
+    return Path(os.environ.get(CACHE_ENV, "").strip() or star_cache_dir("kernels"))
 
 
 @functools.cache

@@ -26,6 +26,13 @@ def env_seconds(name: str, default: float) -> float:
     return seconds
 
 
+def star_cache_dir(name: str) -> str:
+    """The folder ``name`` of star-engine's caches: ``$XDG_CACHE_HOME/star-engine/<name>``, i.e.
+    ``~/.cache/star-engine/<name>`` (the compilation cache's and the kernels' default)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "star-engine", name)
+
+
 ATTENTION_ENV = "STAR_HAIKU_XMAP_ATTENTION"
 ATTENTION_KINDS = ("auto", "reference", "xla", "cudnn")
 

@@ -24,6 +24,7 @@ from ..options import MAX_CPU_DEVICES
 from . import distributed as dist
 from ..runtime import sharding
 from ..runtime.coordination import start_heartbeat
+from ..runtime.envvars import star_cache_dir
 from ..runtime.hugepages import (ACCELERATOR_DEVICES, COMMAND, HUGETLB, OPT_OUT, accelerator_present,  # noqa: F401
                                  default_cpu_devices, hugepages_environ, is_command, with_hugepages)
 
@@ -132,8 +133,7 @@ def use_compile_cache() -> None:
 
     folder = os.environ.get("STAR_HAIKU_XMAP_COMPILE_CACHE")
     if folder is None:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        folder = os.path.join(base, "star-engine", "jax")
+        folder = star_cache_dir("jax")
     if folder in ("", "0") or cast(Any, jax.config).jax_compilation_cache_dir:
         return
     try:
