@@ -43,7 +43,9 @@ inline v16 LoadPart(const float* p, int64_t n) {  // the first n < 16 lanes from
 
 inline v16 Splat(float x) { return v16{} + x; }
 
-// exp(x) for x <= 0 (scores minus their maximum): Cephes expf's range reduction and polynomial.
+// exp(x) for x <= 0 (scores minus their maximum): the range reduction and degree-5 polynomial of
+// Cephes' single-precision expf (S. L. Moshier's Cephes Math Library; the same constants as
+// Eigen's and sse_mathfun's cephes_exp_*), with an explicit floor.
 inline v16 Exp(v16 x) {
   x = x < Splat(-87.3f) ? Splat(-87.3f) : x;  // below: exp underflows to (nearly) 0
   const v16 fx = x * Splat(1.44269504088896341f) + Splat(0.5f);
