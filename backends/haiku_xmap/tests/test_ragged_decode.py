@@ -36,7 +36,8 @@ def _dense(q_BHK, k_BGSK, v_BGSK, allowed_BS, prefix=None, prefix_allowed_BP=Non
     return out.reshape(B, H, K)
 
 
-@pytest.mark.parametrize("H, G, K, P", [(4, 4, 16, 0), (8, 2, 32, 0), (4, 4, 16, 24), (6, 3, 20, 9)])
+@pytest.mark.parametrize("H, G, K, P", [(4, 4, 16, 0), (8, 2, 32, 0), (4, 4, 16, 24), (6, 3, 20, 9), (12, 12, 16, 5),
+                                        (4, 2, 64, 0), (4, 4, 128, 3), (2, 1, 256, 0)])
 def test_the_kernel_is_the_dense_attention_over_any_mask(H, G, K, P):
     rng = np.random.default_rng(H * 100 + K + P)
     B, S = 7, 40
@@ -59,6 +60,22 @@ def test_the_kernel_is_the_dense_attention_over_any_mask(H, G, K, P):
     again = ragged.ragged_decode_attention(q, k + junk, v + junk, jnp.asarray(allowed), prefix,
                                            None if pallow is None else jnp.asarray(pallow))
     np.testing.assert_array_equal(np.asarray(again), np.asarray(got))
+
+
+@pytest.mark.parametrize("H, K, P", [(12, 16, 0), (8, 32, 17), (3, 64, 0)])
+def test_heads_summed_side_by_side_are_each_head_alone_bit_for_bit(H, K, P):
+    rng = np.random.default_rng(H + K)
+    B, S = 5, 70
+    q = jnp.asarray(rng.standard_normal((B, H, K)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((B, H, S, K)), jnp.float32) for _ in range(2))
+    allowed = jnp.asarray(np.arange(S)[None] < np.array([70, 1, 33, 0, 48])[:, None])
+    prefix = tuple(jnp.asarray(rng.standard_normal((1, H, P, K)), jnp.float32) for _ in range(2)) if P else None
+    pallow = jnp.ones((B, P), bool) if P else None
+    every = np.asarray(ragged.ragged_decode_attention(q, k, v, allowed, prefix, pallow))
+    for h in range(H):
+        one = prefix and tuple(x[:, h:h + 1] for x in prefix)
+        alone = ragged.ragged_decode_attention(q[:, h:h + 1], k[:, h:h + 1], v[:, h:h + 1], allowed, one, pallow)
+        np.testing.assert_array_equal(np.asarray(alone)[:, 0], every[:, h])
 
 
 def test_a_row_allowed_no_key_gets_zeros():

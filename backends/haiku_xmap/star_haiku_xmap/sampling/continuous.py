@@ -17,7 +17,8 @@ Device side (compiled, no Python per token):
   (one copy) are read once a step for all the rows, and each slot holds its own tokens.
 
 - ``slots.compact``: once no prompt waits, the live rows gathered into fewer slots
-  (the tail of a call decodes its last rows without the ended rows' slots).
+  (the tail of a call decodes its last rows without the ended rows' slots; dense decode
+  attention only).
 
 ``slots.py`` holds the slots' state and these compiled programs; this module schedules
 them (the queue, refills, stop strings).
@@ -46,6 +47,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 from ..model import network as model
 from ..model.config import GPTJConfig
 from ..options import DecodeConfig
+from ..runtime import hostcopy
 from . import slots as device
 from .static import keys_from_seeds, left_pad
 
@@ -131,6 +133,9 @@ def generate(params, prompts: Sequence[Sequence[int]], seeds: Sequence[int], bud
     few-shot prompt) are prefilled once, not once per prompt. A row's logits then
     differ from a whole-prompt prefill's by rounding only, and the shared length
     is a function of the call's prompts: the same call gives the same tokens.
+
+    On a mesh of several CPU devices the replicated weights are read from one host copy
+    (``runtime.hostcopy.shared``): the same values, less memory traffic.
     """
     n = len(prompts)
     if not (len(seeds) == len(budgets) == n):
@@ -145,6 +150,7 @@ def generate(params, prompts: Sequence[Sequence[int]], seeds: Sequence[int], bud
         progress(n - len(pending))
     if not pending:
         return results
+    params = hostcopy.shared(params)  # one copy of the replicated weights for all CPU devices
     run = _Batcher(params, prompts, seeds, budgets, pending, config, decode, mesh)
     while run.queue or (run.slot_req >= 0).any():
         occupied = run.refill()
@@ -256,7 +262,11 @@ class _Batcher:
         shards: per shard, the power of two that holds its share (at least an eighth of the
         first count), when that drops a quarter of the slots at least. The tail of a call then
         decodes its last long rows without the ended rows' slots (a row's tokens do not depend
-        on its slot, its shard or the slot count)."""
+        on its slot, its shard or the slot count). Not under ``decode.attention = "ragged"``: an
+        ended row's slot reads no cache there, and moving the caches cost more than the ended
+        rows' share of the other layers saves (docs/performance.md §3.8)."""
+        if self.decode.attention == "ragged":
+            return
         live = np.flatnonzero(self.slot_req >= 0)
         share = -(-len(live) // self.dp)
         per = max(count_bucket(share, 1), self.min_per)

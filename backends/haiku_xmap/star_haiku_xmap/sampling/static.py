@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ..model import network as model
-from ..runtime import sharding
+from ..runtime import hostcopy, sharding
 from ..session import distributed as dist
 from ..train.packing import bucket_lengths
 from ..model.config import GPTJConfig
@@ -208,6 +208,7 @@ def generate_batches(params, prompts: Sequence[Sequence[int]], seeds: Sequence[i
             progress(len(prompts))
         return results
     mesh = mesh if mesh is not None else sharding.make_mesh({"dp": 1, "mp": 1}, jax.devices()[:1])
+    params = hostcopy.shared(params)  # one copy of the replicated weights for all CPU devices
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
     dp = sharding.dp_size(mesh)
     rows = -(-slots // dp) * dp
