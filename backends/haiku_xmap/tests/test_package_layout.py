@@ -22,7 +22,7 @@ SUBPACKAGES = {"checkpoint": {"format", "write", "safeio"}, "plan": {"command", 
                "model": {"config", "gptj", "llama", "layers", "architectures", "network", "lora", "lora_options"},
                "train": {"trainer", "step_lr", "loss", "chunked_ce", "fused_ce", "packing", "packplan", "resume", "lora_stage",
                          "preference"},
-               "runtime": {"hugepages", "layout", "coordination", "sharding", "envvars", "speed"},
+               "runtime": {"hugepages", "layout", "coordination", "sharding", "envvars", "speed", "hostcopy"},
                "session": {"machine", "distributed", "weights"}}
 # the door and the modules between the floors; the rest is by concern
 TOP = {"__init__", "plugin", "engine", "options", "tokenizer", "preflight", "inference"}
