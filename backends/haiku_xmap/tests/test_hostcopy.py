@@ -1,6 +1,7 @@
 """runtime.hostcopy.shared: a replicated array on several CPU devices becomes one host buffer
 that every device reads, with the same values; other leaves, a single device and an
-allocation beyond the bound are left as they are; generation's tokens do not change."""
+allocation beyond the bound are left as they are. (Generation's tokens through it on sharded
+meshes: test_continuous.py's sharded-equals-unsharded test.)"""
 
 from __future__ import annotations
 

@@ -261,10 +261,7 @@ void Rows(const Problem& p) {
   std::vector<float> wbuf(static_cast<size_t>(NH * (p.P + p.S + 16)));
   for (int64_t b = 0; b < p.B; ++b) {
     const int64_t n = LastAllowed(p.A + b * p.S, p.S), np = LastAllowed(p.PA + b * p.P, p.P);
-    bool any = false;  // no key allowed (a padding row): zeros, never read
-    for (int64_t s = 0; s < n && !any; ++s) any = p.A[b * p.S + s];
-    for (int64_t s = 0; s < np && !any; ++s) any = p.PA[b * p.P + s];
-    if (!any) {
+    if (n == 0 && np == 0) {  // no key allowed (a padding row): zeros, never read
       std::fill(p.O + b * p.H * p.K, p.O + (b + 1) * p.H * p.K, 0.f);
       continue;
     }
@@ -298,7 +295,6 @@ ffi::Error RaggedDecodeImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ff
 }
 
 }  // namespace
-
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(StarRaggedDecode, RaggedDecodeImpl,
                               ffi::Ffi::Bind()
